@@ -1,0 +1,85 @@
+"""Frozen configuration objects: what a model is, and how the engine runs it.
+
+`ModelConfig` is architecture-neutral: the loaders translate an HF `config.json` or GGUF metadata
+into it, and every other part of inferd (models, KV cache, memory accounting) reads only this.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+FULL_ATTENTION = "full_attention"
+SLIDING_ATTENTION = "sliding_attention"
+
+
+@dataclass(frozen=True)
+class RopeConfig:
+    """Rotary embedding of one kind of layer. `scaling` holds HF's rope_scaling dict (or None)."""
+
+    theta: float = 10000.0
+    scaling: dict[str, Any] | None = None
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    architecture: str  # registry key, e.g. "gemma3", "llama", "qwen2", "qwen3"
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    rms_norm_eps: float = 1e-6
+    max_position_embeddings: int = 4096
+    tie_word_embeddings: bool = False
+    hidden_act: str = "silu"
+    attention_bias: bool = False  # Qwen2: bias on q/k/v projections
+    qk_norm: bool = False  # Qwen3 / Gemma 3: RMSNorm over each head of q and k
+    # One entry per layer: FULL_ATTENTION or SLIDING_ATTENTION.
+    layer_types: tuple[str, ...] = ()
+    sliding_window: int | None = None  # tokens a sliding layer sees, itself included
+    rope: RopeConfig = field(default_factory=RopeConfig)  # full-attention layers
+    rope_local: RopeConfig | None = None  # sliding layers, when they differ (Gemma 3)
+    query_scale: float | None = None  # None: 1/sqrt(head_dim)
+    embedding_multiplier: float = 1.0  # Gemma scales embeddings by sqrt(hidden)
+    final_logit_softcapping: float | None = None
+    attn_logit_softcapping: float | None = None
+    bos_token_id: int | None = None
+    eos_token_ids: tuple[int, ...] = ()
+    pad_token_id: int | None = None
+    checkpoint_dtype: str = "float32"  # the precision the checkpoint was published in
+    name: str = ""
+
+    def __post_init__(self) -> None:
+        if not self.layer_types:
+            object.__setattr__(self, "layer_types", (FULL_ATTENTION,) * self.num_layers)
+        if len(self.layer_types) != self.num_layers:
+            raise ValueError(
+                f"layer_types has {len(self.layer_types)} entries for {self.num_layers} layers"
+            )
+        if self.num_heads % self.num_kv_heads:
+            raise ValueError(
+                f"num_heads ({self.num_heads}) must be a multiple of num_kv_heads "
+                f"({self.num_kv_heads})"
+            )
+
+    @property
+    def scale(self) -> float:
+        return self.query_scale if self.query_scale is not None else 1.0 / math.sqrt(self.head_dim)
+
+    def layer_window(self, layer: int) -> int | None:
+        """The sliding window of `layer`, or None for full attention."""
+        if self.layer_types[layer] == SLIDING_ATTENTION:
+            return self.sliding_window
+        return None
+
+    def layer_rope(self, layer: int) -> RopeConfig:
+        if self.layer_types[layer] == SLIDING_ATTENTION and self.rope_local is not None:
+            return self.rope_local
+        return self.rope
+
+    def with_overrides(self, **changes: Any) -> ModelConfig:
+        return replace(self, **changes)

@@ -1,0 +1,203 @@
+"""GGML tensor types: their block layouts and vectorised dequantisation to float32 in torch.
+
+Each quantised type packs a fixed number of weights (32, or 256 for the "K" types) into a block
+of bytes holding small integers plus one or more fp16 scales. Dequantisation turns the blocks of a
+tensor into a [n_blocks, block_size] float32 matrix in a few whole-tensor operations; the order
+of the floating-point operations follows the reference dequantisers of the `gguf` package, so the
+weights come out bit-identical to what HF transformers loads from the same file.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+
+import numpy as np
+import torch
+
+from inferd.errors import ModelLoadError
+
+F32, F16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0 = 0, 1, 2, 3, 6, 7, 8
+Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, BF16 = 10, 11, 12, 13, 14, 30
+
+# ggml type → (weights per block, bytes per block)
+BLOCK_LAYOUT: dict[int, tuple[int, int]] = {
+    F32: (1, 4), F16: (1, 2), BF16: (1, 2),
+    Q4_0: (32, 18), Q4_1: (32, 20), Q5_0: (32, 22), Q5_1: (32, 24), Q8_0: (32, 34),
+    Q2_K: (256, 84), Q3_K: (256, 110), Q4_K: (256, 144), Q5_K: (256, 176), Q6_K: (256, 210),
+}  # fmt: skip
+
+TYPE_NAMES = {
+    F32: "F32", F16: "F16", BF16: "BF16", Q4_0: "Q4_0", Q4_1: "Q4_1", Q5_0: "Q5_0",
+    Q5_1: "Q5_1", Q8_0: "Q8_0", Q2_K: "Q2_K", Q3_K: "Q3_K", Q4_K: "Q4_K", Q5_K: "Q5_K",
+    Q6_K: "Q6_K",
+}  # fmt: skip
+
+
+def type_name(ggml_type: int) -> str:
+    return TYPE_NAMES.get(ggml_type, f"ggml type {ggml_type}")
+
+
+def bits_per_weight(ggml_type: int) -> float:
+    block, nbytes = BLOCK_LAYOUT[ggml_type]
+    return nbytes * 8 / block
+
+
+def tensor_nbytes(ggml_type: int, shape: tuple[int, ...], name: str = "") -> int:
+    if ggml_type not in BLOCK_LAYOUT:
+        raise ModelLoadError(
+            f"tensor {name!r} uses {type_name(ggml_type)}, which inferd cannot dequantise; "
+            f"supported: {', '.join(sorted(TYPE_NAMES.values()))}"
+        )
+    block, nbytes = BLOCK_LAYOUT[ggml_type]
+    n = math.prod(shape)
+    if n % block:
+        raise ModelLoadError(f"tensor {name!r}: {n} weights is not a whole number of blocks")
+    return n // block * nbytes
+
+
+def _f16(blocks: torch.Tensor, start: int) -> torch.Tensor:
+    """The fp16 at byte `start` of every block, as a float32 column."""
+    return blocks[:, start : start + 2].contiguous().view(torch.float16).float()
+
+
+def _nibbles(packed: torch.Tensor) -> torch.Tensor:
+    """[n, k] bytes → [n, 2k]: all low nibbles first, then all high nibbles (ggml's order)."""
+    return torch.cat([packed & 0xF, packed >> 4], dim=1)
+
+
+def _bits(packed: torch.Tensor, count: int) -> torch.Tensor:
+    """[n, k] bytes → [n, count, k]: bit i of every byte in row i."""
+    shifts = torch.arange(count, dtype=torch.uint8).view(1, count, 1)
+    return (packed.unsqueeze(1) >> shifts) & 1
+
+
+def _q5_high_bits(blocks: torch.Tensor, start: int) -> torch.Tensor:
+    """The 32 fifth bits of a Q5_0/Q5_1 block, stored as one little-endian uint32."""
+    qh = blocks[:, start : start + 4].contiguous().view(torch.int32)
+    return ((qh >> torch.arange(32, dtype=torch.int32)) & 1).to(torch.uint8)
+
+
+def _q4_0(b: torch.Tensor) -> torch.Tensor:
+    q = _nibbles(b[:, 2:18]).to(torch.int8) - 8
+    return _f16(b, 0) * q.float()
+
+
+def _q4_1(b: torch.Tensor) -> torch.Tensor:
+    return _f16(b, 0) * _nibbles(b[:, 4:20]).float() + _f16(b, 2)
+
+
+def _q5_0(b: torch.Tensor) -> torch.Tensor:
+    q = (_nibbles(b[:, 6:22]) | (_q5_high_bits(b, 2) << 4)).to(torch.int8) - 16
+    return _f16(b, 0) * q.float()
+
+
+def _q5_1(b: torch.Tensor) -> torch.Tensor:
+    q = _nibbles(b[:, 8:24]) | (_q5_high_bits(b, 4) << 4)
+    return _f16(b, 0) * q.float() + _f16(b, 2)
+
+
+def _q8_0(b: torch.Tensor) -> torch.Tensor:
+    return b.view(torch.int8)[:, 2:34].float() * _f16(b, 0)
+
+
+def _k_scale_min(s: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Eight 6-bit scales and eight 6-bit mins packed into 12 bytes (Q4_K, Q5_K)."""
+    scale = torch.cat([s[:, 0:4] & 63, (s[:, 8:12] & 0xF) | ((s[:, 0:4] >> 6) << 4)], dim=1)
+    minimum = torch.cat([s[:, 4:8] & 63, (s[:, 8:12] >> 4) | ((s[:, 4:8] >> 6) << 4)], dim=1)
+    return scale.float(), minimum.float()
+
+
+def _k_sub_blocks(qs: torch.Tensor) -> torch.Tensor:
+    """128 bytes → [n, 8, 32] 4-bit values: each 32-byte run gives two sub-blocks (low, high)."""
+    n = qs.shape[0]
+    q = qs.reshape(n, 4, 1, 32) >> torch.tensor([0, 4], dtype=torch.uint8).view(1, 1, 2, 1)
+    return (q & 0xF).reshape(n, 8, 32)
+
+
+def _q4_k(b: torch.Tensor) -> torch.Tensor:
+    n = b.shape[0]
+    scale, minimum = _k_scale_min(b[:, 4:16])
+    d = (_f16(b, 0) * scale).reshape(n, 8, 1)
+    dm = (_f16(b, 2) * minimum).reshape(n, 8, 1)
+    return (d * _k_sub_blocks(b[:, 16:144]).float() - dm).reshape(n, 256)
+
+
+def _q5_k(b: torch.Tensor) -> torch.Tensor:
+    n = b.shape[0]
+    scale, minimum = _k_scale_min(b[:, 4:16])
+    d = (_f16(b, 0) * scale).reshape(n, 8, 1)
+    dm = (_f16(b, 2) * minimum).reshape(n, 8, 1)
+    q = _k_sub_blocks(b[:, 48:176]) | (_bits(b[:, 16:48], 8) << 4)
+    return (d * q.float() - dm).reshape(n, 256)
+
+
+def _q6_k(b: torch.Tensor) -> torch.Tensor:
+    n = b.shape[0]
+    d = (_f16(b, 208) * b[:, 192:208].contiguous().view(torch.int8).float()).reshape(n, 16, 1)
+    ql = b[:, 0:128].reshape(n, 2, 1, 64) >> torch.tensor([0, 4], dtype=torch.uint8).view(
+        1, 1, 2, 1
+    )
+    ql = (ql & 0xF).reshape(n, 8, 32)
+    qh = b[:, 128:192].reshape(n, 2, 1, 32) >> torch.tensor([0, 2, 4, 6], dtype=torch.uint8).view(
+        1, 1, 4, 1
+    )
+    qh = (qh & 3).reshape(n, 8, 32)
+    q = (ql | (qh << 4)).to(torch.int8) - 32
+    return (d * q.reshape(n, 16, 16).float()).reshape(n, 256)
+
+
+def _q2_k(b: torch.Tensor) -> torch.Tensor:
+    n = b.shape[0]
+    scales = b[:, 0:16]
+    dl = (_f16(b, 80) * (scales & 0xF).float()).reshape(n, 16, 1)
+    ml = (_f16(b, 82) * (scales >> 4).float()).reshape(n, 16, 1)
+    shifts = torch.tensor([0, 2, 4, 6], dtype=torch.uint8).view(1, 1, 4, 1)
+    q = ((b[:, 16:80].reshape(n, 2, 1, 32) >> shifts) & 3).reshape(n, 16, 16).float()
+    return (dl * q - ml).reshape(n, 256)
+
+
+def _q3_k(b: torch.Tensor) -> torch.Tensor:
+    n = b.shape[0]
+    s = b[:, 96:108]
+    low = (s[:, 0:8].reshape(n, 1, 8) >> torch.tensor([0, 4], dtype=torch.uint8).view(1, 2, 1))
+    high = s[:, 8:12].reshape(n, 1, 4) >> torch.tensor([0, 2, 4, 6], dtype=torch.uint8).view(
+        1, 4, 1
+    )
+    scales = (low.reshape(n, 16) & 0xF) | ((high.reshape(n, 16) & 3) << 4)
+    dl = (_f16(b, 108) * (scales.to(torch.int8) - 32).float()).reshape(n, 16, 1)
+    shifts = torch.tensor([0, 2, 4, 6], dtype=torch.uint8).view(1, 1, 4, 1)
+    ql = ((b[:, 32:96].reshape(n, 2, 1, 32) >> shifts) & 3).reshape(n, 16, 16)
+    qh = (_bits(b[:, 0:32], 8).reshape(n, 16, 16)) ^ 1  # the offset applies where the bit is 0
+    q = (ql.to(torch.int8) - (qh << 2).to(torch.int8)).float()
+    return (dl * q).reshape(n, 256)
+
+
+_DEQUANTIZERS: dict[int, Callable[[torch.Tensor], torch.Tensor]] = {
+    Q4_0: _q4_0, Q4_1: _q4_1, Q5_0: _q5_0, Q5_1: _q5_1, Q8_0: _q8_0,
+    Q2_K: _q2_k, Q3_K: _q3_k, Q4_K: _q4_k, Q5_K: _q5_k, Q6_K: _q6_k,
+}  # fmt: skip
+
+# Rows dequantised per chunk: bounds the float32 temporaries of huge tensors (the embedding).
+_CHUNK_BLOCKS = 1 << 16
+
+
+def dequantize(
+    raw: np.ndarray, ggml_type: int, shape: tuple[int, ...], dtype: torch.dtype = torch.float32
+) -> torch.Tensor:
+    """Bytes of one tensor (uint8 array) → a `dtype` tensor of `shape`."""
+    # NOTE: a copy, because the file mapping is read-only and parameters must own their memory.
+    data = torch.from_numpy(np.array(raw, copy=True))
+    if ggml_type in (F32, F16, BF16):
+        src = {F32: torch.float32, F16: torch.float16, BF16: torch.bfloat16}[ggml_type]
+        return data.view(src).reshape(shape).to(dtype)
+    if ggml_type not in _DEQUANTIZERS:
+        tensor_nbytes(ggml_type, shape)  # raises the clear "unsupported type" error
+    block, nbytes = BLOCK_LAYOUT[ggml_type]
+    blocks = data.reshape(-1, nbytes)
+    out = torch.empty(blocks.shape[0], block, dtype=dtype)
+    fn = _DEQUANTIZERS[ggml_type]
+    for start in range(0, blocks.shape[0], _CHUNK_BLOCKS):
+        stop = start + _CHUNK_BLOCKS
+        out[start:stop] = fn(blocks[start:stop]).to(dtype)
+    return out.reshape(shape)
