@@ -1,0 +1,105 @@
+"""The attention backend contract and the per-step attention metadata.
+
+A step runs the flattened new tokens of several sequences at once. For every sequence the runner
+knows how many tokens it already has in the KV cache and how many it adds now; it turns that
+into the tensors below once per step, and every attention layer reads them.
+
+KV memory is organised in *groups* of layers that share block tables: a model with only
+full-attention layers has one group; Gemma 3 has a full-attention group and a sliding-window
+group, because the sliding layers only keep the blocks inside their window (see
+`inferd/engine/kv_cache.py`). A layer's cache is a tensor [2, num_blocks, block_size, kv_heads,
+head_dim] from its group's pool; token t of a sequence lives in slot
+`block_table[t // block_size] * block_size + t % block_size`.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+
+@dataclass
+class GroupMetadata:
+    """Where one KV group's layers store and find keys/values this step."""
+
+    slot_mapping: torch.Tensor  # [num_tokens] int64: cache slot of each new token
+    block_tables: torch.Tensor  # [num_seqs, max_blocks] int32; unused entries are 0
+    block_size: int
+    window: int | None  # sliding window of the group's layers (tokens), None = full
+    # Derived tensors a backend computes on the group's first layer and reuses on the others.
+    cache: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class AttentionMetadata:
+    """One step's layout of new tokens, shared by every attention layer."""
+
+    query_start_loc: torch.Tensor  # [num_seqs + 1] int32: offsets of each sequence's new tokens
+    seq_lens: torch.Tensor  # [num_seqs] int32: tokens in context after this step
+    positions: torch.Tensor  # [num_tokens] int64: absolute position of every new token
+    groups: list[GroupMetadata]
+    # Host copies so the reference backend can plan without device synchronisation.
+    query_lens_cpu: list[int]
+    seq_lens_cpu: list[int]
+
+    @property
+    def num_seqs(self) -> int:
+        return len(self.seq_lens_cpu)
+
+    @property
+    def num_tokens(self) -> int:
+        return int(self.positions.shape[0])
+
+    @property
+    def is_decode_only(self) -> bool:
+        return all(n == 1 for n in self.query_lens_cpu)
+
+
+@dataclass(frozen=True)
+class LayerAttentionSpec:
+    """What a backend needs to know about one attention layer."""
+
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    scale: float
+    window: int | None
+    softcap: float | None
+    group: int  # index of the layer's KV group
+    index_in_group: int  # which cache tensor of that group
+
+
+class AttentionBackend(ABC):
+    """Stores the new keys/values of a layer in its cache and attends over the cache."""
+
+    name: str = "abstract"
+
+    @abstractmethod
+    def forward(
+        self,
+        q: torch.Tensor,  # [num_tokens, num_heads, head_dim]
+        k: torch.Tensor,  # [num_tokens, num_kv_heads, head_dim]
+        v: torch.Tensor,
+        kv_cache: torch.Tensor,  # [2, num_blocks, block_size, num_kv_heads, head_dim]
+        spec: LayerAttentionSpec,
+        meta: AttentionMetadata,
+    ) -> torch.Tensor:  # [num_tokens, num_heads, head_dim]
+        ...
+
+
+@dataclass
+class ForwardContext:
+    """Everything a model's attention layers need for one step: passed down, never global."""
+
+    meta: AttentionMetadata
+    kv_caches: list[list[torch.Tensor]]  # [group][index_in_group] → layer cache tensor
+    backend: AttentionBackend
+
+    def attend(
+        self, spec: LayerAttentionSpec, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
+    ) -> torch.Tensor:
+        cache = self.kv_caches[spec.group][spec.index_in_group]
+        return self.backend.forward(q, k, v, cache, spec, self.meta)

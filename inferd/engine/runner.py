@@ -1,0 +1,117 @@
+"""The model runner: owns the device KV cache tensors, turns a scheduled step into input tensors
+and attention metadata, runs the model and returns the logits of the positions to sample.
+
+Only the last new token of a sequence that needs sampling goes through the LM head: on Gemma 3
+270M the head is most of the per-token work, so prompt positions skip it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from inferd.attention.backend import (
+    AttentionBackend,
+    AttentionMetadata,
+    ForwardContext,
+    GroupMetadata,
+)
+from inferd.attention.torch_backend import TorchAttentionBackend
+from inferd.models.base import CausalLM
+
+
+@dataclass
+class SequenceStep:
+    """One sequence's share of a step."""
+
+    token_ids: list[int]  # the new tokens to compute now
+    num_computed: int  # tokens of this sequence already in the KV cache
+    block_tables: list[list[int]]  # one block table per KV group
+    needs_logits: bool = True  # False for a prefill chunk that does not reach the prompt's end
+
+
+class ModelRunner:
+    def __init__(
+        self,
+        model: CausalLM,
+        num_blocks: list[int],  # per KV group
+        block_size: int,
+        kv_dtype: torch.dtype,
+        device: torch.device,
+        backend: AttentionBackend | None = None,
+    ):
+        self.model, self.block_size, self.device = model, block_size, device
+        self.backend = backend or TorchAttentionBackend()
+        cfg = model.config
+        self.groups = cfg.kv_groups()
+        if len(num_blocks) != len(self.groups):
+            raise ValueError(f"{len(self.groups)} KV groups but {len(num_blocks)} pool sizes")
+        shape = (cfg.num_kv_heads, cfg.head_dim)
+        self.kv_caches = [
+            [
+                torch.zeros(2, n, block_size, *shape, dtype=kv_dtype, device=device)
+                for _ in layers
+            ]
+            for n, (_, layers) in zip(num_blocks, self.groups)
+        ]
+
+    def kv_cache_bytes(self) -> int:
+        return sum(t.numel() * t.element_size() for group in self.kv_caches for t in group)
+
+    def build_metadata(self, steps: list[SequenceStep]) -> tuple[torch.Tensor, AttentionMetadata]:
+        bs = self.block_size
+        ids: list[int] = []
+        positions: list[int] = []
+        query_lens, seq_lens = [], []
+        slot_maps: list[list[int]] = [[] for _ in self.groups]
+        for s in steps:
+            n_new = len(s.token_ids)
+            ids.extend(s.token_ids)
+            pos = range(s.num_computed, s.num_computed + n_new)
+            positions.extend(pos)
+            query_lens.append(n_new)
+            seq_lens.append(s.num_computed + n_new)
+            for g, table in enumerate(s.block_tables):
+                slot_maps[g].extend(table[p // bs] * bs + p % bs for p in pos)
+        dev = self.device
+        qsl = [0]
+        for n in query_lens:
+            qsl.append(qsl[-1] + n)
+        groups = []
+        for g, (window, _) in enumerate(self.groups):
+            width = max(len(s.block_tables[g]) for s in steps)
+            tables = [s.block_tables[g] + [0] * (width - len(s.block_tables[g])) for s in steps]
+            groups.append(
+                GroupMetadata(
+                    slot_mapping=torch.tensor(slot_maps[g], dtype=torch.int64, device=dev),
+                    block_tables=torch.tensor(tables, dtype=torch.int32, device=dev),
+                    block_size=bs,
+                    window=window,
+                )
+            )
+        meta = AttentionMetadata(
+            query_start_loc=torch.tensor(qsl, dtype=torch.int32, device=dev),
+            seq_lens=torch.tensor(seq_lens, dtype=torch.int32, device=dev),
+            positions=torch.tensor(positions, dtype=torch.int64, device=dev),
+            groups=groups,
+            query_lens_cpu=query_lens,
+            seq_lens_cpu=seq_lens,
+        )
+        return torch.tensor(ids, dtype=torch.int64, device=dev), meta
+
+    @torch.inference_mode()
+    def execute(self, steps: list[SequenceStep]) -> torch.Tensor:
+        """Run one step; returns float32 logits [number of steps with needs_logits, vocab]."""
+        input_ids, meta = self.build_metadata(steps)
+        ctx = ForwardContext(meta, self.kv_caches, self.backend)
+        hidden = self.model(input_ids, meta.positions, ctx)
+        last, offset = [], 0
+        for s in steps:
+            offset += len(s.token_ids)
+            if s.needs_logits:
+                last.append(offset - 1)
+        if not last:
+            return hidden.new_empty((0, self.model.config.vocab_size), dtype=torch.float32)
+        index = torch.tensor(last, dtype=torch.int64, device=hidden.device)
+        return self.model.compute_logits(hidden.index_select(0, index))

@@ -1,0 +1,71 @@
+"""Rotary position embeddings (RoPE), including Llama 3 and linear frequency scaling.
+
+Frequencies are computed exactly as HF transformers computes them, so float32 runs agree bit for
+bit. The cos/sin of a step are computed once per distinct RoPE config and shared by all layers.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from inferd.config import RopeConfig
+from inferd.errors import ModelLoadError
+
+SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3", "freq_factors")
+
+
+def inv_frequencies(head_dim: int, rope: RopeConfig) -> torch.Tensor:
+    exponent = torch.arange(0, head_dim, 2, dtype=torch.int64).float() / head_dim
+    inv_freq = 1.0 / (rope.theta**exponent)
+    scaling = rope.scaling or {}
+    kind = scaling.get("rope_type", scaling.get("type", "default"))
+    if kind == "default":
+        return inv_freq
+    if kind == "linear":
+        return inv_freq / float(scaling["factor"])
+    if kind == "llama3":
+        return _llama3_inv_freq(inv_freq, scaling)
+    if kind == "freq_factors":  # GGUF's rope_freqs tensor: per-frequency divisors
+        return inv_freq / torch.tensor(scaling["factors"], dtype=torch.float32)
+    raise ModelLoadError(
+        f"unsupported rope_scaling type {kind!r}; supported: {', '.join(SUPPORTED_ROPE_TYPES)}"
+    )
+
+
+def _llama3_inv_freq(inv_freq: torch.Tensor, s: dict) -> torch.Tensor:
+    """Llama 3.1: long wavelengths are divided by `factor`, short ones kept, the band between
+    interpolated smoothly."""
+    factor, low, high = float(s["factor"]), float(s["low_freq_factor"]), float(s["high_freq_factor"])
+    old_len = float(s["original_max_position_embeddings"])
+    low_wavelen, high_wavelen = old_len / low, old_len / high
+    wavelen = 2 * math.pi / inv_freq
+    scaled = torch.where(wavelen > low_wavelen, inv_freq / factor, inv_freq)
+    smooth = (old_len / wavelen - low) / (high - low)
+    smoothed = (1 - smooth) * scaled / factor + smooth * scaled
+    medium = ~(wavelen < high_wavelen) * ~(wavelen > low_wavelen)
+    return torch.where(medium, smoothed, scaled)
+
+
+class RotaryEmbedding:
+    """cos/sin tables for positions, and their application to q and k ("rotate half" layout)."""
+
+    def __init__(self, head_dim: int, rope: RopeConfig, device: torch.device | None = None):
+        self.head_dim = head_dim
+        self.inv_freq = inv_frequencies(head_dim, rope).to(device)
+
+    def cos_sin(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        if self.inv_freq.device != positions.device:
+            self.inv_freq = self.inv_freq.to(positions.device)
+        freqs = positions.float()[:, None] * self.inv_freq[None, :]
+        emb = torch.cat((freqs, freqs), dim=-1)
+        # [tokens, 1, head_dim] so they broadcast over heads
+        return emb.cos().to(dtype)[:, None, :], emb.sin().to(dtype)[:, None, :]
+
+
+def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """x: [tokens, heads, head_dim]."""
+    half = x.shape[-1] // 2
+    rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+    return x * cos + rotated * sin

@@ -1,0 +1,79 @@
+"""One entry point for every model source: `open_checkpoint(path)` → a `Checkpoint` that knows
+its config, its tensors and its tokenizer, whatever the format on disk."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from inferd.config import ModelConfig
+from inferd.errors import ModelLoadError
+from inferd.loader import hf_dir
+from inferd.loader.gguf_file import GGUFFile
+from inferd.loader.gguf_model import gguf_weights, model_config_from_gguf
+from inferd.loader.hf_config import model_config_from_hf
+
+
+@dataclass
+class Checkpoint:
+    path: Path
+    format: str  # "gguf" or "hf"
+    config: ModelConfig
+    gguf: GGUFFile | None = None
+
+    def weights(self, dtype: torch.dtype) -> Iterator[tuple[str, torch.Tensor]]:
+        if self.gguf is not None:
+            return gguf_weights(self.gguf, self.config, dtype)
+        return hf_dir.hf_weights(self.path, dtype)
+
+    def tokenizer(self):
+        from inferd.tokenizer import Tokenizer
+
+        if self.gguf is not None:
+            return Tokenizer.from_gguf(self.gguf)
+        return Tokenizer.from_hf_dir(self.path)
+
+    @property
+    def display_name(self) -> str:
+        return self.config.name or self.path.name
+
+
+def _open_gguf(path: Path) -> Checkpoint:
+    gguf = GGUFFile(path)
+    return Checkpoint(path, "gguf", model_config_from_gguf(gguf), gguf)
+
+
+def open_checkpoint(model: str | Path | None) -> Checkpoint:
+    """`None` → the embedded default model; a .gguf file; an HF folder; a folder with one .gguf."""
+    if model is None:
+        from inferd.loader.default_model import default_model_path
+
+        return _open_gguf(default_model_path())
+    path = Path(model).expanduser()
+    if not path.exists():
+        raise ModelLoadError(f"model path does not exist: {path}")
+    if path.is_file():
+        if path.suffix in hf_dir.PICKLE_SUFFIXES:
+            raise ModelLoadError(hf_dir.pickle_refusal(path))
+        if path.suffix == ".safetensors":
+            path = path.parent
+        else:
+            return _open_gguf(path)
+    config_file = path / "config.json"
+    if config_file.exists():
+        cfg = hf_dir.read_json(config_file)
+        return Checkpoint(path, "hf", model_config_from_hf(cfg, name=path.name))
+    ggufs = sorted(path.glob("*.gguf"))
+    if len(ggufs) == 1:
+        return _open_gguf(ggufs[0])
+    if len(ggufs) > 1:
+        raise ModelLoadError(
+            f"{path} holds several GGUF files ({', '.join(g.name for g in ggufs)}); pass one file"
+        )
+    pickles = [p for p in path.iterdir() if p.suffix in hf_dir.PICKLE_SUFFIXES]
+    if pickles:
+        raise ModelLoadError(hf_dir.pickle_refusal(pickles[0]))
+    raise ModelLoadError(f"{path}: not a model (no config.json and no .gguf file)")

@@ -1,0 +1,73 @@
+"""An HF checkpoint folder: config.json plus single or sharded *.safetensors, memory-mapped and
+read tensor by tensor. Pickle checkpoints are refused: loading one can run arbitrary code."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+
+import torch
+from safetensors import safe_open
+
+from inferd.errors import ModelLoadError
+
+PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".pkl")
+INDEX_FILE = "model.safetensors.index.json"
+
+
+def read_json(path: Path) -> dict:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError) as e:
+        raise ModelLoadError(f"{path}: cannot read JSON ({e})") from e
+
+
+def safetensors_files(folder: Path) -> list[Path]:
+    """The checkpoint's shards, from the index when there is one."""
+    index = folder / INDEX_FILE
+    if index.exists():
+        weight_map = read_json(index).get("weight_map", {})
+        files = sorted({folder / f for f in weight_map.values()})
+        missing = [f.name for f in files if not f.exists()]
+        if missing:
+            raise ModelLoadError(f"{folder}: shards listed in {INDEX_FILE} are missing: {missing}")
+        return files
+    files = sorted(folder.glob("*.safetensors"))
+    if not files:
+        pickles = sorted(p.name for p in folder.iterdir() if p.suffix in PICKLE_SUFFIXES)
+        if pickles:
+            raise ModelLoadError(pickle_refusal(folder / pickles[0]))
+    return files
+
+
+def pickle_refusal(path: Path) -> str:
+    return (
+        f"{path}: pickle checkpoints ({', '.join(PICKLE_SUFFIXES)}) are refused, because "
+        "unpickling can execute arbitrary code; convert the model to safetensors "
+        "(e.g. save_pretrained(..., safe_serialization=True)) or use a GGUF file"
+    )
+
+
+def hf_weights(folder: Path, dtype: torch.dtype) -> Iterator[tuple[str, torch.Tensor]]:
+    files = safetensors_files(folder)
+    if not files:
+        raise ModelLoadError(f"{folder}: no *.safetensors weights in the folder")
+    for file in files:
+        try:
+            with safe_open(str(file), framework="pt") as f:
+                for name in f.keys():
+                    yield name, f.get_tensor(name).to(dtype)
+        except Exception as e:  # safetensors raises its own error type for malformed files
+            raise ModelLoadError(f"{file}: cannot read safetensors file ({e})") from e
+
+
+def hf_tensor_shapes(folder: Path) -> dict[str, tuple[tuple[int, ...], str]]:
+    """name → (shape, dtype) from the safetensors headers alone (nothing is loaded)."""
+    out = {}
+    for file in safetensors_files(folder):
+        with safe_open(str(file), framework="pt") as f:
+            for name in f.keys():
+                sl = f.get_slice(name)
+                out[name] = (tuple(sl.get_shape()), str(sl.get_dtype()))
+    return out

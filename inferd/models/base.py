@@ -1,0 +1,118 @@
+"""What every decoder-only model shares: embedding → layers → final norm → LM head, RoPE
+tables computed once per step, and name-based weight loading with fused projections."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+import torch
+from torch import nn
+
+from inferd.attention.backend import ForwardContext
+from inferd.config import ModelConfig
+from inferd.errors import ModelLoadError
+from inferd.layers.embedding import LMHead, VocabEmbedding
+from inferd.layers.linear import Linear
+from inferd.layers.norm import RMSNorm
+from inferd.layers.rotary import RotaryEmbedding
+
+# checkpoint sub-name → (our fused module, shard index)
+STACKED_PARAMS = {
+    "q_proj": ("qkv_proj", 0),
+    "k_proj": ("qkv_proj", 1),
+    "v_proj": ("qkv_proj", 2),
+    "gate_proj": ("gate_up_proj", 0),
+    "up_proj": ("gate_up_proj", 1),
+}
+
+
+class DecoderBody(nn.Module):
+    """HF's `model.*` submodule: named so checkpoint names map one to one."""
+
+    def __init__(self, config: ModelConfig, layers: list[nn.Module], dtype: torch.dtype,
+                 norm_offset: bool):  # fmt: skip
+        super().__init__()
+        self.embed_tokens = VocabEmbedding(
+            config.vocab_size, config.hidden_size, dtype, config.embedding_multiplier
+        )
+        self.layers = nn.ModuleList(layers)
+        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps, norm_offset, dtype)
+
+
+class CausalLM(nn.Module):
+    """Base of all architectures. Subclasses provide `make_layer` and `norm_offset`."""
+
+    norm_offset = False  # Gemma's RMSNorm scales by (1 + w)
+
+    def __init__(self, config: ModelConfig, dtype: torch.dtype = torch.float32):
+        super().__init__()
+        self.config, self.dtype = config, dtype
+        layers = [self.make_layer(config, i, dtype) for i in range(config.num_layers)]
+        self.model = DecoderBody(config, layers, dtype, self.norm_offset)
+        tied = self.model.embed_tokens if config.tie_word_embeddings else None
+        self.lm_head = LMHead(config.vocab_size, config.hidden_size, dtype, tied)
+        # One RotaryEmbedding per distinct RoPE config; layers index into it.
+        ropes = [config.layer_rope(i) for i in range(config.num_layers)]
+        distinct = list(dict.fromkeys(ropes))
+        self.rotaries = [RotaryEmbedding(config.head_dim, r) for r in distinct]
+        self.rope_index = [distinct.index(r) for r in ropes]
+
+    def make_layer(self, config: ModelConfig, layer: int, dtype: torch.dtype) -> nn.Module:
+        raise NotImplementedError
+
+    def forward(
+        self, input_ids: torch.Tensor, positions: torch.Tensor, ctx: ForwardContext
+    ) -> torch.Tensor:
+        """Flattened new tokens of a step → final hidden states [num_tokens, hidden]."""
+        h = self.model.embed_tokens(input_ids)
+        tables = [rot.cos_sin(positions, h.dtype) for rot in self.rotaries]
+        for layer, rope in zip(self.model.layers, self.rope_index):
+            h = layer(h, tables[rope], ctx)
+        return self.model.norm(h)
+
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        return self.lm_head(hidden, self.config.final_logit_softcapping)
+
+    # ---- weights -------------------------------------------------------------------------
+    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
+        """Copy checkpoint tensors (HF names) into the parameters; every parameter must be set."""
+        modules = dict(self.named_modules())
+        params = dict(self.named_parameters())
+        pending = set(params)
+        if self.config.tie_word_embeddings:
+            pending.discard("lm_head.weight")
+        for name, tensor in weights:
+            if name.endswith("rotary_emb.inv_freq"):
+                continue
+            if name == "lm_head.weight" and self.config.tie_word_embeddings:
+                continue  # some tied checkpoints still store a copy
+            module_name, _, leaf = name.rpartition(".")
+            parent, _, sub = module_name.rpartition(".")
+            if sub in STACKED_PARAMS:
+                fused, shard = STACKED_PARAMS[sub]
+                target = f"{parent}.{fused}"
+                module = modules.get(target)
+                if not isinstance(module, Linear):
+                    raise ModelLoadError(f"checkpoint tensor {name!r} has no place in the model")
+                try:
+                    module.load_shard(leaf, tensor, shard)
+                except ValueError as e:
+                    raise ModelLoadError(f"checkpoint tensor {name!r}: {e}") from e
+                pending.discard(f"{target}.{leaf}")
+                continue
+            param = params.get(name)
+            if param is None:
+                raise ModelLoadError(f"checkpoint tensor {name!r} has no place in the model")
+            if param.shape != tensor.shape:
+                raise ModelLoadError(
+                    f"checkpoint tensor {name!r} has shape {tuple(tensor.shape)}, "
+                    f"the model expects {tuple(param.shape)}"
+                )
+            param.copy_(tensor)
+            pending.discard(name)
+        if pending:
+            missing = ", ".join(sorted(pending)[:5])
+            raise ModelLoadError(f"checkpoint lacks {len(pending)} tensors, e.g. {missing}")
+        for module in self.modules():
+            if isinstance(module, RMSNorm):
+                module.finalize()
