@@ -53,7 +53,7 @@ class CausalLM(nn.Module):
         self.lm_head = LMHead(config.vocab_size, config.hidden_size, dtype, tied)
         # One RotaryEmbedding per distinct RoPE config; layers index into it.
         ropes = [config.layer_rope(i) for i in range(config.num_layers)]
-        distinct = list(dict.fromkeys(ropes))
+        distinct = [r for i, r in enumerate(ropes) if r not in ropes[:i]]
         self.rotaries = [RotaryEmbedding(config.head_dim, r) for r in distinct]
         self.rope_index = [distinct.index(r) for r in ropes]
 
