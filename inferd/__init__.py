@@ -1,0 +1,30 @@
+"""inferd: a readable, measurable LLM inference engine and OpenAI-compatible server.
+
+The offline API keeps vLLM's names so scripts carry over:
+
+    from inferd import LLM, SamplingParams
+    llm = LLM()  # the embedded Gemma 3 270M
+    out = llm.generate(["What is CUDA?"], SamplingParams(temperature=0, max_tokens=32))
+"""
+
+from __future__ import annotations
+
+__version__ = "0.1.0"
+
+# Imported lazily so `inferd --help` and config-only tools do not pay for importing torch.
+_EXPORTS = {
+    "LLM": "inferd.llm",
+    "SamplingParams": "inferd.sampling_params",
+    "RequestOutput": "inferd.outputs",
+    "CompletionOutput": "inferd.outputs",
+}
+
+__all__ = ["__version__", *_EXPORTS]
+
+
+def __getattr__(name: str):
+    if name in _EXPORTS:
+        import importlib
+
+        return getattr(importlib.import_module(_EXPORTS[name]), name)
+    raise AttributeError(f"module 'inferd' has no attribute {name!r}")
