@@ -1,0 +1,1 @@
+"""Memory accounting: what a model costs (weights, KV cache, activations, overhead)."""
