@@ -1,0 +1,193 @@
+"""Per-request sampling parameters with vLLM's names and defaults.
+
+Everything a client can get wrong is checked here, once, when the object is built: a bad value
+raises `ValueError` naming the parameter, the value and the allowed range (the server turns it
+into HTTP 400). Checks that need the model (vocabulary size) or the engine's limits live in
+`verify`. The module stays free of torch so the HTTP layer can validate without importing it.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import math
+from dataclasses import dataclass
+from numbers import Integral, Real
+from typing import Any
+
+MAX_LOGPROBS = 20  # the OpenAI API's limit for top_logprobs
+MAX_LOGIT_BIAS = 100.0  # the OpenAI API's range for logit_bias values
+# Below this temperature, dividing the logits would overflow into a one-hot distribution anyway,
+# so the sampler takes the argmax (vLLM uses the same threshold).
+GREEDY_TEMPERATURE = 1e-5
+
+
+def _is_int(value: Any) -> bool:
+    # bool subclasses int, but `top_k=True` is a client bug, not a number.
+    return isinstance(value, Integral) and not isinstance(value, bool)
+
+
+def _is_real(value: Any) -> bool:
+    return isinstance(value, Real) and not isinstance(value, bool)
+
+
+def _check_float(name: str, value: Any, ok, allowed: str) -> float:
+    """`value` as a plain float when it is a finite real number satisfying `ok`."""
+    try:
+        number = float(value) if _is_real(value) else math.nan
+    except OverflowError:  # an int too large for a float
+        number = math.nan
+    if not math.isfinite(number) or not ok(number):
+        raise ValueError(f"{name} must be {allowed}, got {value!r}")
+    return number
+
+
+def _check_int(name: str, value: Any, ok, allowed: str) -> int:
+    if not _is_int(value) or not ok(int(value)):
+        raise ValueError(f"{name} must be {allowed}, got {value!r}")
+    return int(value)
+
+
+def _token_id(name: str, key: Any) -> int:
+    """A token id given as an int, or as a decimal string (JSON object keys are strings)."""
+    if _is_int(key):
+        return int(key)
+    if isinstance(key, str):
+        try:
+            return int(key.strip())
+        except ValueError:
+            pass
+    raise ValueError(f"{name} keys must be integer token ids, got {key!r}")
+
+
+@dataclass
+class SamplingParams:
+    n: int = 1
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    repetition_penalty: float = 1.0
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0  # 0 or -1: off
+    min_p: float = 0.0
+    seed: int | None = None
+    stop: str | list[str] | None = None  # a list after __post_init__
+    stop_token_ids: list[int] | None = None  # a list after __post_init__
+    include_stop_str_in_output: bool = False
+    ignore_eos: bool = False
+    max_tokens: int | None = 16  # None: up to the context limit (the engine resolves it)
+    min_tokens: int = 0
+    logprobs: int | None = None  # top alternatives per generated token (0: the chosen one only)
+    prompt_logprobs: int | None = None
+    skip_special_tokens: bool = True
+    logit_bias: dict[int, float] | None = None  # token id → added to its logit
+
+    def __post_init__(self) -> None:
+        self.n = _check_int("n", self.n, lambda v: v >= 1, "an integer >= 1")
+        self.temperature = _check_float(
+            "temperature", self.temperature, lambda v: v >= 0, "a finite number >= 0"
+        )
+        self.top_p = _check_float("top_p", self.top_p, lambda v: 0 < v <= 1, "a number in (0, 1]")
+        self.top_k = _check_int(
+            "top_k", self.top_k, lambda v: v >= -1, "an integer >= -1 (0 or -1 disables it)"
+        )
+        self.min_p = _check_float("min_p", self.min_p, lambda v: 0 <= v <= 1, "a number in [0, 1]")
+        for name in ("presence_penalty", "frequency_penalty"):
+            value = _check_float(
+                name, getattr(self, name), lambda v: -2 <= v <= 2, "a finite number in [-2, 2]"
+            )
+            setattr(self, name, value)
+        self.repetition_penalty = _check_float(
+            "repetition_penalty", self.repetition_penalty, lambda v: v > 0, "a finite number > 0"
+        )
+        if self.max_tokens is not None:
+            self.max_tokens = _check_int(
+                "max_tokens", self.max_tokens, lambda v: v >= 1, "None or an integer >= 1"
+            )
+        self.min_tokens = _check_int(
+            "min_tokens", self.min_tokens, lambda v: v >= 0, "an integer >= 0"
+        )
+        if self.max_tokens is not None and self.min_tokens > self.max_tokens:
+            raise ValueError(
+                f"min_tokens must be <= max_tokens ({self.max_tokens}), got {self.min_tokens}"
+            )
+        for name in ("logprobs", "prompt_logprobs"):
+            if getattr(self, name) is not None:
+                value = _check_int(
+                    name,
+                    getattr(self, name),
+                    lambda v: 0 <= v <= MAX_LOGPROBS,
+                    f"None or an integer in [0, {MAX_LOGPROBS}]",
+                )
+                setattr(self, name, value)
+        if self.seed is not None:
+            self.seed = _check_int("seed", self.seed, lambda v: True, "None or an integer")
+        self.stop = self._normalize_stop(self.stop)
+        self.stop_token_ids = self._normalize_stop_token_ids(self.stop_token_ids)
+        self.logit_bias = self._normalize_logit_bias(self.logit_bias)
+
+    @staticmethod
+    def _normalize_stop(stop: Any) -> list[str]:
+        allowed = "a non-empty string or a list of non-empty strings"
+        if stop is None:
+            return []
+        items = [stop] if isinstance(stop, str) else stop
+        if not isinstance(items, list | tuple):
+            raise ValueError(f"stop must be {allowed}, got {stop!r}")
+        for s in items:
+            # An empty stop string would match before every character and end every request.
+            if not isinstance(s, str) or not s:
+                raise ValueError(f"stop must be {allowed}, got {s!r} in {stop!r}")
+        return list(items)
+
+    @staticmethod
+    def _normalize_stop_token_ids(ids: Any) -> list[int]:
+        if ids is None:
+            return []
+        if not isinstance(ids, list | tuple) or not all(_is_int(t) for t in ids):
+            raise ValueError(f"stop_token_ids must be a list of integer token ids, got {ids!r}")
+        return [int(t) for t in ids]
+
+    @staticmethod
+    def _normalize_logit_bias(bias: Any) -> dict[int, float] | None:
+        if bias is None:
+            return None
+        if not isinstance(bias, dict):
+            raise ValueError(f"logit_bias must be a mapping of token id to bias, got {bias!r}")
+        out: dict[int, float] = {}
+        lim = MAX_LOGIT_BIAS
+        for key, value in bias.items():
+            token = _token_id("logit_bias", key)
+            out[token] = _check_float(
+                f"logit_bias[{token}]", value, lambda v: -lim <= v <= lim,
+                f"a finite number in [{-lim:g}, {lim:g}]",
+            )  # fmt: skip
+        return out
+
+    def verify(self, vocab_size: int | None, max_n: int = 128, max_stop_strings: int = 16) -> None:
+        """Checks that depend on the model and the engine's limits; raises ValueError."""
+        if self.n > max_n:
+            raise ValueError(f"n must be <= {max_n}, got {self.n}")
+        if len(self.stop) > max_stop_strings:
+            raise ValueError(
+                f"stop must hold at most {max_stop_strings} strings, got {len(self.stop)}"
+            )
+        ids = [("stop_token_ids", t) for t in self.stop_token_ids]
+        ids += [("logit_bias", t) for t in self.logit_bias or ()]
+        for name, token in ids:
+            if token < 0 or (vocab_size is not None and token >= vocab_size):
+                allowed = ">= 0" if vocab_size is None else f"in [0, {vocab_size})"
+                raise ValueError(f"{name} token ids must be {allowed}, got {token}")
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature < GREEDY_TEMPERATURE
+
+    def clone(self) -> SamplingParams:
+        return copy.deepcopy(self)
+
+    def with_changes(self, **changes: Any) -> SamplingParams:
+        """A copy with some fields replaced, validated again."""
+        # NOTE: __post_init__ copies stop / stop_token_ids / logit_bias, so the copy shares no
+        # mutable state with self.
+        return dataclasses.replace(self, **changes)
