@@ -91,3 +91,25 @@ class ModelConfig:
 
     def with_overrides(self, **changes: Any) -> ModelConfig:
         return replace(self, **changes)
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    """How the engine runs a model. `None` fields get device-dependent defaults at start-up."""
+
+    model: str | None = None  # None = the embedded default model
+    dtype: str = "auto"
+    device: str | None = None  # "cpu", "cuda", "cuda:1"; None = CUDA when available
+    max_model_len: int | None = None  # None = the model's own limit
+    max_num_seqs: int | None = None
+    max_num_batched_tokens: int | None = None
+    kv_cache_memory: int | None = None  # bytes for the KV pool
+    gpu_memory_utilization: float = 0.9
+    block_size: int = 16
+    enable_prefix_caching: bool = True
+    seed: int = 0
+    max_n: int = 128  # largest SamplingParams.n accepted
+    max_stop_strings: int = 16
+    quantization: str | None = None
+    kv_cache_dtype: str = "auto"
+    num_threads: int | None = None  # CPU intra-op threads; None = torch's default

@@ -3,7 +3,7 @@ sample, and per-request timing metrics."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 
 @dataclass
@@ -78,5 +78,3 @@ class RequestOutput:
     metrics: RequestMetrics | None = None
     num_cached_tokens: int = 0
     error: str | None = None  # set when the request failed inside the engine
-    # For streaming: the text/token ids each output gained since the previous RequestOutput.
-    deltas: list[tuple[str, list[int]]] = field(default_factory=list)

@@ -35,3 +35,43 @@ def keep_freed_memory_in_heap() -> bool:
 
 def default_device() -> torch.device:
     return torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu")
+
+
+DTYPES = {
+    "float32": torch.float32, "fp32": torch.float32, "float": torch.float32,
+    "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
+    "float16": torch.float16, "fp16": torch.float16, "half": torch.float16,
+}  # fmt: skip
+
+
+def resolve_device(name: str | None) -> torch.device:
+    if name is None:
+        return default_device()
+    device = torch.device(name)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"device {name!r} requested but CUDA is not available")
+    return device
+
+
+def cpu_has_fast_bf16() -> bool:
+    """avx512_bf16 / AMX: bf16 matmuls run at about twice fp32 speed on such CPUs."""
+    try:
+        flags = open("/proc/cpuinfo").read()
+    except OSError:
+        return False
+    return "avx512_bf16" in flags or "amx_bf16" in flags
+
+
+def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
+    """`auto`: bf16 on GPUs that support it (else fp16); float32 on CPU, where it is the
+    precision parity is checked in (bf16 is a flag away, see docs/performance.md)."""
+    if name != "auto":
+        if name not in DTYPES:
+            raise ValueError(f"dtype must be one of auto, {', '.join(DTYPES)}; got {name!r}")
+        dtype = DTYPES[name]
+        if dtype == torch.float16 and device.type == "cpu":
+            raise ValueError("dtype float16 is not supported on CPU; use bfloat16 or float32")
+        return dtype
+    if device.type == "cuda":
+        return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
+    return torch.float32

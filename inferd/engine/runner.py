@@ -29,6 +29,7 @@ class SequenceStep:
     num_computed: int  # tokens of this sequence already in the KV cache
     block_tables: list[list[int]]  # one block table per KV group
     needs_logits: bool = True  # False for a prefill chunk that does not reach the prompt's end
+    all_logits: bool = False  # also return logits of every new token (prompt logprobs)
 
 
 class ModelRunner:
@@ -48,9 +49,11 @@ class ModelRunner:
         if len(num_blocks) != len(self.groups):
             raise ValueError(f"{len(self.groups)} KV groups but {len(num_blocks)} pool sizes")
         shape = (cfg.num_kv_heads, cfg.head_dim)
+        # NOTE: uninitialised on purpose (no page-touching memset of a large pool): the
+        # attention backends only read slots that a step has written.
         self.kv_caches = [
             [
-                torch.zeros(2, n, block_size, *shape, dtype=kv_dtype, device=device)
+                torch.empty(2, n, block_size, *shape, dtype=kv_dtype, device=device)
                 for _ in layers
             ]
             for n, (_, layers) in zip(num_blocks, self.groups)
@@ -103,15 +106,30 @@ class ModelRunner:
     @torch.inference_mode()
     def execute(self, steps: list[SequenceStep]) -> torch.Tensor:
         """Run one step; returns float32 logits [number of steps with needs_logits, vocab]."""
+        return self.execute_with_prompt_logits(steps)[0]
+
+    @torch.inference_mode()
+    def execute_with_prompt_logits(
+        self, steps: list[SequenceStep]
+    ) -> tuple[torch.Tensor, dict[int, torch.Tensor]]:
+        """Also returns, for steps with `all_logits`, the logits of all their new tokens."""
         input_ids, meta = self.build_metadata(steps)
         ctx = ForwardContext(meta, self.kv_caches, self.backend)
         hidden = self.model(input_ids, meta.positions, ctx)
-        last, offset = [], 0
-        for s in steps:
+        last, offset, every = [], 0, {}
+        for i, s in enumerate(steps):
+            if s.all_logits:
+                every[i] = self.model.compute_logits(hidden[offset : offset + len(s.token_ids)])
             offset += len(s.token_ids)
             if s.needs_logits:
                 last.append(offset - 1)
         if not last:
-            return hidden.new_empty((0, self.model.config.vocab_size), dtype=torch.float32)
+            return hidden.new_empty((0, self.model.config.vocab_size), dtype=torch.float32), every
         index = torch.tensor(last, dtype=torch.int64, device=hidden.device)
-        return self.model.compute_logits(hidden.index_select(0, index))
+        return self.model.compute_logits(hidden.index_select(0, index)), every
+
+    def copy_blocks(self, copies: list[tuple[int, int, int]]) -> None:
+        """Copy whole KV blocks (group, src, dst) in every layer of the group (fork)."""
+        for group, src, dst in copies:
+            for cache in self.kv_caches[group]:
+                cache[:, dst].copy_(cache[:, src])

@@ -1,0 +1,98 @@
+"""Start-up: pick device and dtype, open the checkpoint, load tokenizer and weights, size the
+KV pool from the memory budget, and resolve the scheduler limits."""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+
+import torch
+
+from inferd.config import EngineConfig, ModelConfig
+from inferd.engine.runner import ModelRunner
+from inferd.loader import Checkpoint, load_model, open_checkpoint
+from inferd.memory.kv import KVPoolPlan, plan_kv_pool
+from inferd.platform import keep_freed_memory_in_heap, resolve_device, resolve_dtype
+
+log = logging.getLogger(__name__)
+
+GiB = 1 << 30
+# CPU defaults: a step of 1024 tokens takes ~1-2 s on 2 cores, which bounds how long running
+# decodes stall behind a prefill chunk; 64 sequences keep the LM head a compute-bound GEMM.
+CPU_DEFAULTS = dict(max_num_seqs=64, max_num_batched_tokens=1024, kv_cache_memory=2 * GiB)
+GPU_DEFAULTS = dict(max_num_seqs=256, max_num_batched_tokens=8192)
+
+
+@dataclass
+class EngineSetup:
+    device: torch.device
+    dtype: torch.dtype
+    checkpoint: Checkpoint
+    model_config: ModelConfig
+    tokenizer: object
+    runner: ModelRunner
+    kv_plan: KVPoolPlan
+    max_model_len: int
+    max_num_seqs: int
+    max_num_batched_tokens: int
+    load_seconds: float
+
+
+def _positive(name: str, value: int | None) -> None:
+    if value is not None and (not isinstance(value, int) or value < 1):
+        raise ValueError(f"{name} must be a positive integer, got {value!r}")
+
+
+def _kv_budget(config: EngineConfig, device: torch.device, model: torch.nn.Module) -> int:
+    if config.kv_cache_memory is not None:
+        return int(config.kv_cache_memory)
+    if device.type == "cuda":
+        from inferd.memory.gpu_budget import kv_budget_after_profiling
+
+        return kv_budget_after_profiling(model, device, config.gpu_memory_utilization)
+    return CPU_DEFAULTS["kv_cache_memory"]
+
+
+def set_up_engine(config: EngineConfig) -> EngineSetup:
+    t0 = time.monotonic()
+    for name in ("max_model_len", "max_num_seqs", "max_num_batched_tokens", "block_size"):
+        _positive(name, getattr(config, name))
+    if config.kv_cache_memory is not None and config.kv_cache_memory <= 0:
+        raise ValueError(f"kv_cache_memory must be a positive number of bytes, got {config.kv_cache_memory}")
+    keep_freed_memory_in_heap()
+    if config.num_threads:
+        torch.set_num_threads(config.num_threads)
+    device = resolve_device(config.device)
+    dtype = resolve_dtype(config.dtype, device)
+    kv_dtype = dtype if config.kv_cache_dtype == "auto" else resolve_dtype(config.kv_cache_dtype, device)
+    checkpoint = open_checkpoint(config.model)
+    mc = checkpoint.config
+    tokenizer = checkpoint.tokenizer()
+    model = load_model(checkpoint, dtype, device)
+    defaults = GPU_DEFAULTS if device.type == "cuda" else CPU_DEFAULTS
+    max_num_seqs = config.max_num_seqs or defaults["max_num_seqs"]
+    max_len = config.max_model_len or mc.max_position_embeddings
+    if config.max_model_len and config.max_model_len > mc.max_position_embeddings:
+        raise ValueError(
+            f"max_model_len {config.max_model_len} exceeds the model's limit of "
+            f"{mc.max_position_embeddings} positions"
+        )
+    batched = config.max_num_batched_tokens or defaults["max_num_batched_tokens"]
+    plan = plan_kv_pool(mc, _kv_budget(config, device, model), config.block_size,
+                        kv_dtype.itemsize, max_num_seqs, batched)  # fmt: skip
+    if plan.token_capacity < max_len:
+        if config.max_model_len:
+            raise ValueError(
+                f"max_model_len {max_len} does not fit the KV cache: kv_cache_memory holds "
+                f"{plan.token_capacity} tokens; raise kv_cache_memory or lower max_model_len"
+            )
+        log.warning("max_model_len lowered from %d to %d to fit the KV cache", max_len, plan.token_capacity)
+        max_len = plan.token_capacity
+    runner = ModelRunner(model, plan.num_blocks, config.block_size, kv_dtype, device)
+    seconds = time.monotonic() - t0
+    log.info("loaded %s (%s, %s) in %.2f s; KV pool %.1f MiB = %d tokens",
+             checkpoint.display_name, device, dtype, seconds, plan.total_bytes / 2**20,
+             plan.token_capacity)  # fmt: skip
+    return EngineSetup(device, dtype, checkpoint, mc, tokenizer, runner, plan, max_len,
+                       max_num_seqs, batched, seconds)  # fmt: skip

@@ -1,0 +1,110 @@
+"""Request and sequence state.
+
+A `Request` is what a user submitted: one prompt, one `SamplingParams`, `n` samples. Each sample
+is a `Sequence`, the unit the scheduler and the KV cache work with. With n > 1 the request runs
+as a single sequence until its prompt is computed; then the sequence forks, the children sharing
+the prompt's KV blocks, so the prompt is computed once.
+
+A sequence's progress is two numbers: `num_tokens` (prompt + generated) and `num_computed`
+(tokens whose keys/values are in the KV cache). The scheduler only ever hands out
+`num_tokens - num_computed` more tokens; prefill, chunked prefill, decode and recompute after
+preemption are all that one rule.
+"""
+
+from __future__ import annotations
+
+import enum
+import hashlib
+from array import array
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import torch
+
+    from inferd.outputs import PositionLogprobs, RequestMetrics
+    from inferd.sampling_params import SamplingParams
+    from inferd.tokenizer import IncrementalDetokenizer
+
+
+class SequenceStatus(enum.Enum):
+    WAITING = "waiting"
+    RUNNING = "running"
+    FINISHED = "finished"
+
+
+@dataclass
+class Sequence:
+    seq_id: int
+    request: Request
+    sample_index: int  # which of the request's n samples
+    token_ids: list[int]  # prompt followed by generated tokens
+    num_prompt_tokens: int
+    generator: torch.Generator | None = None
+    num_computed: int = 0
+    status: SequenceStatus = SequenceStatus.WAITING
+    block_tables: list[list[int]] = field(default_factory=list)  # one per KV group
+    block_hashes: list[bytes] = field(default_factory=list)  # chained hashes of full blocks
+    registered_blocks: int = 0  # leading full blocks already entered in the prefix cache
+    finish_reason: str | None = None
+    stop_reason: int | str | None = None
+    cumulative_logprob: float = 0.0
+    logprobs: list[PositionLogprobs] = field(default_factory=list)
+    detokenizer: IncrementalDetokenizer | None = None
+    text: str = ""  # output text so far (stop strings removed)
+    sent_text_len: int = 0  # how much of `text` has been streamed
+    sent_tokens: int = 0  # how many output tokens have been streamed
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.token_ids)
+
+    @property
+    def output_token_ids(self) -> list[int]:
+        return self.token_ids[self.num_prompt_tokens :]
+
+    @property
+    def num_output_tokens(self) -> int:
+        return len(self.token_ids) - self.num_prompt_tokens
+
+    @property
+    def is_finished(self) -> bool:
+        return self.status is SequenceStatus.FINISHED
+
+    @property
+    def prefill_done(self) -> bool:
+        return self.num_computed >= self.num_prompt_tokens
+
+
+@dataclass
+class Request:
+    request_id: str
+    prompt: str | None
+    prompt_token_ids: list[int]
+    params: SamplingParams
+    metrics: RequestMetrics
+    max_tokens: int  # resolved: params.max_tokens or what the context leaves
+    sequences: list[Sequence] = field(default_factory=list)
+    forked: bool = False  # the n samples exist (prompt done), or n == 1
+    prompt_logprobs: list[PositionLogprobs | None] | None = None
+    error: str | None = None
+    stream: bool = False  # emit an output every step, not only when finished
+
+    @property
+    def finished(self) -> bool:
+        return self.forked and all(s.is_finished for s in self.sequences)
+
+
+def block_hash(parent: bytes, token_ids: list[int] | tuple[int, ...]) -> bytes:
+    """Chained hash of one full block: equal hashes mean equal token prefixes (sha256, so an
+    accidental collision, which would silently mix two prompts' caches, is not a concern)."""
+    return hashlib.sha256(parent + array("q", token_ids).tobytes()).digest()
+
+
+def update_block_hashes(seq: Sequence, block_size: int, root: bytes) -> None:
+    """Extend `seq.block_hashes` to cover every full block of its known tokens."""
+    full = seq.num_tokens // block_size
+    while len(seq.block_hashes) < full:
+        i = len(seq.block_hashes)
+        parent = seq.block_hashes[-1] if seq.block_hashes else root
+        seq.block_hashes.append(block_hash(parent, seq.token_ids[i * block_size : (i + 1) * block_size]))

@@ -1,0 +1,137 @@
+"""The offline API, with vLLM's names so scripts carry over:
+
+    llm = LLM()                                   # the embedded Gemma 3 270M
+    outs = llm.generate(["Hello"], SamplingParams(temperature=0, max_tokens=32))
+    print(outs[0].outputs[0].text)
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Sequence
+
+from inferd.config import EngineConfig
+from inferd.engine.engine import LLMEngine
+from inferd.outputs import RequestOutput
+from inferd.sampling_params import SamplingParams
+from inferd.tokenizer.chat_template import ChatTemplate, load_chat_template
+
+PromptType = str | list[int] | dict
+
+
+class LLM:
+    def __init__(
+        self,
+        model: str | None = None,
+        dtype: str = "auto",
+        max_model_len: int | None = None,
+        max_num_seqs: int | None = None,
+        max_num_batched_tokens: int | None = None,
+        kv_cache_memory: int | None = None,
+        enable_prefix_caching: bool = True,
+        seed: int = 0,
+        **kwargs,
+    ):
+        config = EngineConfig(
+            model=model,
+            dtype=dtype,
+            max_model_len=max_model_len,
+            max_num_seqs=max_num_seqs,
+            max_num_batched_tokens=max_num_batched_tokens,
+            kv_cache_memory=kv_cache_memory,
+            enable_prefix_caching=enable_prefix_caching,
+            seed=seed,
+            **kwargs,
+        )
+        self.engine = LLMEngine(config)
+        self._ids = itertools.count()
+
+    def get_tokenizer(self):
+        return self.engine.tokenizer
+
+    def generate(
+        self,
+        prompts: PromptType | Sequence[PromptType],
+        sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
+        use_tqdm: bool = True,
+    ) -> list[RequestOutput]:
+        """Run every prompt to completion; outputs come back in the order of the prompts.
+        All prompts are validated before any is queued, so one bad prompt queues nothing."""
+        if isinstance(prompts, str | dict) or (
+            isinstance(prompts, list) and prompts and isinstance(prompts[0], int)
+        ):
+            prompts = [prompts]
+        prompts = list(prompts)
+        if sampling_params is None:
+            sampling_params = SamplingParams()
+        if isinstance(sampling_params, SamplingParams):
+            params = [sampling_params] * len(prompts)
+        else:
+            params = list(sampling_params)
+            if len(params) != len(prompts):
+                raise ValueError(
+                    f"got {len(params)} SamplingParams for {len(prompts)} prompts; pass one, "
+                    "or one per prompt"
+                )
+        ids = []
+        try:
+            for prompt, p in zip(prompts, params):
+                request_id = f"offline-{next(self._ids)}"
+                self.engine.add_request(request_id, prompt, p)
+                ids.append(request_id)
+        except ValueError:
+            for request_id in ids:
+                self.engine.abort_request(request_id)
+            self.engine.step()  # drain the aborted outputs
+            raise
+        return self._run(ids, use_tqdm)
+
+    def chat(
+        self,
+        messages: list[dict] | list[list[dict]],
+        sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
+        use_tqdm: bool = True,
+        chat_template: str | None = None,
+        add_generation_prompt: bool = True,
+    ) -> list[RequestOutput]:
+        """Render each conversation with the chat template, then generate."""
+        conversations = [messages] if messages and isinstance(messages[0], dict) else messages
+        tok = self.engine.tokenizer
+        template = ChatTemplate(load_chat_template(chat_template)) if chat_template else None
+        prompts = []
+        for conv in conversations:
+            if template is not None:
+                text = template.render(conv, add_generation_prompt, **tok.special_tokens)
+            else:
+                text = tok.apply_chat_template(conv, add_generation_prompt)
+            # NOTE: the template writes BOS itself, so no special tokens are added here.
+            ids = tok.encode(text, add_special_tokens=False)
+            prompts.append({"prompt": text, "prompt_token_ids": ids})
+        return self.generate(prompts, sampling_params, use_tqdm)
+
+    def _run(self, ids: list[str], use_tqdm: bool) -> list[RequestOutput]:
+        done: dict[str, RequestOutput] = {}
+        bar = None
+        if use_tqdm:
+            from tqdm import tqdm
+
+            bar = tqdm(total=len(ids), desc="Processed prompts", unit="req", leave=False)
+        wanted = set(ids)
+        try:
+            while len(done) < len(ids) and self.engine.has_unfinished_requests():
+                for out in self.engine.step():
+                    if out.finished and out.request_id in wanted:
+                        if out.error:
+                            raise RuntimeError(f"request {out.request_id} failed: {out.error}")
+                        done[out.request_id] = out
+                        if bar is not None:
+                            bar.update(1)
+        except BaseException:  # failure or Ctrl-C: leave no request behind in the engine
+            for request_id in wanted - done.keys():
+                self.engine.abort_request(request_id)
+            self.engine.step()
+            raise
+        finally:
+            if bar is not None:
+                bar.close()
+        return [done[i] for i in ids]
