@@ -39,11 +39,17 @@ def _chunk(
     vocab = lp.shape[1]
     chosen = torch.as_tensor(token_ids, dtype=torch.int64, device=lp.device).unsqueeze(1)
     chosen_lp = lp.gather(1, chosen)
-    ids = torch.arange(vocab, device=lp.device)
-    ahead = (lp > chosen_lp).sum(1) + ((lp == chosen_lp) & (ids < chosen)).sum(1)
+    greater = (lp > chosen_lp).sum(1)
+    ahead = greater.tolist()
+    # Tokens tied with the chosen one rank ahead of it when their id is lower. Ties are rare,
+    # so only those rows pay for a second look.
+    tied = ((lp >= chosen_lp).sum(1) - greater > 1).nonzero().flatten().tolist()
+    for r in tied:
+        lower = lp[r, : token_ids[r]] == chosen_lp[r]
+        ahead[r] += int(lower.sum())
     result = [
-        {t: Logprob(v, r + 1)}
-        for t, v, r in zip(token_ids, chosen_lp.squeeze(1).tolist(), ahead.tolist(), strict=True)
+        {t: Logprob(v, a + 1)}
+        for t, v, a in zip(token_ids, chosen_lp.squeeze(1).tolist(), ahead, strict=True)
     ]
     k = min(max(num_top, default=0), vocab)
     if k == 0:
@@ -58,21 +64,22 @@ def _chunk(
 
 def _top_tokens(lp: torch.Tensor, k: int) -> list[tuple[list[int], list[float]]]:
     """Per row, the k best (token ids, logprobs) in rank order, ties broken by lower id."""
-    # topk's order among equal values is unspecified, so take every token at least as good as
-    # the k-th value and order those explicitly.
-    kth = lp.topk(k, dim=-1).values[:, -1:]
-    rows, ids = (lp >= kth).nonzero(as_tuple=True)  # row-major, ids ascending within a row
-    vals = lp[rows, ids]
-    # Stable sorts from the least significant key: value (descending), then row.
-    order = vals.argsort(descending=True, stable=True)
-    order = order[rows[order].argsort(stable=True)]
-    rows, ids, vals = rows[order].tolist(), ids[order].tolist(), vals[order].tolist()
-    out: list[tuple[list[int], list[float]]] = [([], []) for _ in range(lp.shape[0])]
-    for r, t, v in zip(rows, ids, vals, strict=True):
-        tokens, values = out[r]
-        if len(tokens) < k:
-            tokens.append(t)
-            values.append(v)
+    vocab = lp.shape[1]
+    # One more than asked: when the (k+1)-th value is below the k-th, the k best are known and
+    # only their order among equal values needs fixing.
+    vals, ids = lp.topk(min(k + 1, vocab), dim=-1)
+    order = ids.argsort(dim=-1)  # stable sorts: id first, then value (descending)
+    vals, ids = vals.gather(1, order), ids.gather(1, order)
+    order = vals.argsort(dim=-1, descending=True, stable=True)
+    vals, ids = vals.gather(1, order), ids.gather(1, order)
+    out = list(zip(ids[:, :k].tolist(), vals[:, :k].tolist(), strict=True))
+    if k < vocab:
+        # topk chose arbitrarily among values tied with the k-th: list them all, lowest ids first.
+        for r in (vals[:, k] == vals[:, k - 1]).nonzero().flatten().tolist():
+            better = (lp[r] > vals[r, k - 1]).nonzero().flatten()
+            equal = (lp[r] == vals[r, k - 1]).nonzero().flatten()
+            chosen = torch.cat([better[lp[r, better].argsort(descending=True, stable=True)], equal])
+            out[r] = (chosen[:k].tolist(), lp[r, chosen[:k]].tolist())
     return out
 
 

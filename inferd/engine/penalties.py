@@ -10,9 +10,9 @@
    logit -= f * count(token in output); logit -= q if the token occurs in the output.
 
 Only the (row, token) pairs a processor touches are read and written: a penalised row rarely
-mentions more than a few thousand of the vocabulary's 262144 tokens, so the work is a scatter
-over those pairs rather than a pass over [B, V] count tensors, and rows whose knob is off are
-not touched at all (bit-for-bit).
+mentions more than a few thousand of the vocabulary's 262144 tokens, so the work is a gather and
+a scatter over those pairs rather than passes over [B, V] count tensors, and rows whose knob is
+off are not touched at all (bit-for-bit).
 """
 
 from __future__ import annotations
@@ -69,18 +69,10 @@ def _long(values, like: torch.Tensor) -> torch.Tensor:
     return torch.as_tensor(values, dtype=torch.int64, device=like.device)
 
 
-def _pairs(
-    x: torch.Tensor, token_lists: list[tuple[int, list[int]]], counts: bool = False
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
-    """Distinct (row, token) pairs of the given rows' token lists, optionally with how often
-    each occurs. One `unique` over row * V + token replaces a Python set per row."""
+def _keys(x: torch.Tensor, token_lists: list[tuple[int, list[int]]]) -> torch.Tensor:
+    """Flat indices row * V + token into x, one per listed token (repeats included)."""
     vocab = x.shape[1]
-    keys = torch.cat([_long(ids, x) + row * vocab for row, ids in token_lists])
-    if counts:
-        keys, n = torch.unique(keys, return_counts=True)
-    else:
-        keys, n = torch.unique(keys), None
-    return keys // vocab, keys % vocab, n
+    return torch.cat([_long(ids, x) + row * vocab for row, ids in token_lists])
 
 
 def _repetition_penalty(x: torch.Tensor, rows: list[SamplingRow], which: list[int]) -> None:
@@ -88,21 +80,28 @@ def _repetition_penalty(x: torch.Tensor, rows: list[SamplingRow], which: list[in
     lists = [(i, ids) for i, ids in lists if ids]
     if not lists:
         return
-    r, t, _ = _pairs(x, lists)
+    # NOTE: no de-duplication: every copy of a repeated (row, token) computes the same new value
+    # from the same old one, so writing it several times is harmless, and `unique` on CPU costs
+    # more than the whole rest of the step (a long prompt has thousands of repeats).
+    keys = _keys(x, lists)
+    flat = x.view(-1)  # x is the processor's own contiguous copy
     penalty = torch.tensor(
         [row.params.repetition_penalty for row in rows], dtype=x.dtype, device=x.device
-    )[r]
-    vals = x[r, t]
-    x[r, t] = torch.where(vals > 0, vals / penalty, vals * penalty)
+    )[keys // x.shape[1]]
+    vals = flat[keys]
+    flat[keys] = torch.where(vals > 0, vals / penalty, vals * penalty)
 
 
 def _frequency_presence(x: torch.Tensor, rows: list[SamplingRow], which: list[int]) -> None:
-    r, t, n = _pairs(x, [(i, rows[i].output_token_ids) for i in which], counts=True)
-    freq = torch.tensor([row.params.frequency_penalty for row in rows], device=x.device)
-    pres = torch.tensor([row.params.presence_penalty for row in rows], device=x.device)
-    vals = x[r, t]
+    # Counts need distinct pairs; outputs are short next to prompts, so `unique` is cheap here.
+    keys, n = torch.unique(
+        _keys(x, [(i, rows[i].output_token_ids) for i in which]), return_counts=True
+    )
+    row = keys // x.shape[1]
+    freq = torch.tensor([r.params.frequency_penalty for r in rows], device=x.device)
+    pres = torch.tensor([r.params.presence_penalty for r in rows], device=x.device)
+    flat = x.view(-1)
     # Two subtractions in the order of the formula in the docstring, so a reference written
     # from it matches to the last bit.
-    vals = vals - freq[r] * n.to(x.dtype)
-    vals = vals - pres[r]
-    x[r, t] = vals
+    vals = flat[keys] - freq[row] * n.to(x.dtype)
+    flat[keys] = vals - pres[row]
