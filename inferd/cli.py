@@ -17,9 +17,7 @@ from inferd import __version__
 COMMANDS = {
     "generate": "Generate a continuation of a prompt",
     "chat": "Chat with a model in the terminal",
-    "serve": "Run the OpenAI-compatible HTTP server",
     "memory": "Estimate (or measure) what a model costs in memory",
-    "bench": "Benchmark throughput and latency",
 }
 
 

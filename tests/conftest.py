@@ -26,3 +26,23 @@ def hf_gemma_tokenizer(gemma_gguf):
     from transformers import AutoTokenizer
 
     return AutoTokenizer.from_pretrained(str(gemma_gguf.parent), gguf_file=gemma_gguf.name)
+
+
+@pytest.fixture(scope="session")
+def hf_gemma_model(gemma_gguf):
+    """HF transformers' Gemma 3 270M dequantised from the same GGUF, float32 (~45 s, once)."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(
+        str(gemma_gguf.parent), gguf_file=gemma_gguf.name, dtype=torch.float32
+    )
+    return model.eval()
+
+
+@pytest.fixture(scope="session")
+def gemma_llm():
+    """inferd's offline engine on the embedded model, float32, shared by the engine tests."""
+    from inferd import LLM
+
+    return LLM(dtype="float32", kv_cache_memory=512 << 20, max_num_batched_tokens=512)

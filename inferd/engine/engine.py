@@ -22,7 +22,7 @@ from inferd.engine.kv_cache import KVCacheManager
 from inferd.engine.model_setup import EngineSetup, set_up_engine
 from inferd.engine.request import Request, Sequence, SequenceStatus, update_block_hashes
 from inferd.engine.runner import SequenceStep
-from inferd.engine.sampler import Sampler, SamplingRow, prompt_logprobs
+from inferd.engine.sampler import Sampler, SamplingRow, make_generator, prompt_logprobs
 from inferd.engine.scheduler import Scheduler, SchedulerOutput
 from inferd.engine.stopping import append_token, streamable_text_end
 from inferd.outputs import CompletionOutput, RequestMetrics, RequestOutput
@@ -136,8 +136,7 @@ class LLMEngine:
         generator = None
         if req.params.seed is not None:
             # Sample i of a seeded request uses seed + i: reproducible, and distinct samples.
-            generator = torch.Generator(device=self.setup.device)
-            generator.manual_seed(req.params.seed + index)
+            generator = make_generator(req.params.seed + index, self.setup.device)
         seq = Sequence(next(self._seq_ids), req, index, list(req.prompt_token_ids),
                        len(req.prompt_token_ids), generator=generator)  # fmt: skip
         seq.detokenizer = IncrementalDetokenizer(

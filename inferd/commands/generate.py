@@ -1,0 +1,61 @@
+"""`inferd generate PROMPT`: stream the continuation of one prompt to stdout.
+
+Only generated text goes to stdout; logs and the timing summary go to stderr, so the output can
+be piped. Greedy by default (`--temperature 0`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+
+from inferd.commands.engine_args import (
+    add_engine_arguments,
+    add_sampling_arguments,
+    engine_config_from_args,
+    sampling_params_from_args,
+)
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("prompt", help="the prompt text ('-' reads it from stdin)")
+    add_engine_arguments(parser)
+    add_sampling_arguments(parser)
+    parser.add_argument("--quiet", action="store_true", help="no timing summary on stderr")
+
+
+def run(args: argparse.Namespace) -> int:
+    start = time.monotonic()
+    from inferd.engine.engine import LLMEngine
+
+    prompt = sys.stdin.read() if args.prompt == "-" else args.prompt
+    params = sampling_params_from_args(args)
+    engine = LLMEngine(engine_config_from_args(args))
+    ready = time.monotonic()
+    engine.add_request("cli", prompt, params, stream=True)
+    sent, first_token_at, out = 0, None, None
+    while engine.has_unfinished_requests():
+        for out in engine.step():
+            text = out.outputs[0].text
+            if len(text) > sent:
+                sys.stdout.write(text[sent:])
+                sys.stdout.flush()
+                sent = len(text)
+            if first_token_at is None and out.outputs[0].token_ids:
+                first_token_at = time.monotonic()
+    sys.stdout.write("\n")
+    if out is not None and out.error:
+        raise RuntimeError(out.error)
+    if not args.quiet and out is not None:
+        m = out.metrics
+        n = len(out.outputs[0].token_ids)
+        decode = (m.last_token_time - m.first_token_time) if n > 1 else 0.0
+        rate = f", {(n - 1) / decode:.1f} tok/s decode" if decode > 0 else ""
+        print(
+            f"[inferd] ready in {ready - start:.2f} s, first token at "
+            f"{(first_token_at or ready) - start:.2f} s, {len(out.prompt_token_ids)} prompt + "
+            f"{n} generated tokens{rate}, finish: {out.outputs[0].finish_reason}",
+            file=sys.stderr,
+        )
+    return 0

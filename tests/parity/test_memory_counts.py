@@ -1,0 +1,99 @@
+"""Parameter counts three ways, which must agree: from the config (`count_parameters`), from the
+checkpoint's tensor directory (GGUF tensor infos / safetensors headers), and from the loaded
+model (`sum(p.numel())`), on the embedded model and every tiny checkpoint; HF transformers'
+own count of the same checkpoint is the outside reference."""
+
+from __future__ import annotations
+
+import math
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+import torch
+from tiny_models import TINY_CONFIGS, make_tiny_checkpoint
+
+from inferd.loader import load_model, open_checkpoint
+from inferd.memory.weights import checkpoint_weights, count_parameters, weight_bytes
+
+
+def numel(model: torch.nn.Module) -> int:
+    # named_parameters() yields a tied (shared) tensor once, like the count should.
+    return sum(p.numel() for p in model.parameters())
+
+
+@pytest.mark.parametrize("kind", sorted(TINY_CONFIGS))
+def test_tiny_checkpoint_counts(kind, tmp_path):
+    import transformers
+
+    folder = make_tiny_checkpoint(kind, tmp_path / kind)
+    ckpt = open_checkpoint(folder)
+    counts = count_parameters(ckpt.config)
+    model = load_model(ckpt, torch.float32, torch.device("cpu"))
+    assert counts.total == numel(model)
+    assert counts.embedding == model.model.embed_tokens.weight.numel()
+    assert counts.lm_head == (0 if ckpt.config.tie_word_embeddings else counts.embedding)
+    on_disk = checkpoint_weights(ckpt)
+    assert on_disk is not None and on_disk.num_params == counts.total
+    assert on_disk.data_bytes == 4 * on_disk.stored_params  # saved in float32
+    assert on_disk.file_bytes > on_disk.data_bytes  # plus the safetensors headers
+    hf = transformers.AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32)
+    assert hf.num_parameters() == counts.total
+
+
+def test_embedded_model_counts(gemma_gguf):
+    ckpt = open_checkpoint(None)
+    counts = count_parameters(ckpt.config)
+    on_disk = checkpoint_weights(ckpt)
+    model = load_model(ckpt, torch.bfloat16, torch.device("cpu"))
+    assert counts.total == numel(model) == on_disk.num_params == 268_098_176
+    assert counts.lm_head == 0  # tied: the 262144 × 640 matrix is counted once
+    assert counts.embedding == 262_144 * 640
+    # The loaded bf16 weights take exactly what the estimate says.
+    held = sum(p.numel() * p.element_size() for p in model.parameters())
+    assert held == weight_bytes(counts.total, "bf16")
+    # The Q4_K_M file: mostly 4-8 bit blocks, so its data is under 1 byte per weight.
+    assert on_disk.data_bytes == sum(t.n_bytes for t in ckpt.gguf.tensors.values())
+    assert 4 < on_disk.bits_per_weight < 8.5
+    assert on_disk.file_bytes == os.path.getsize(gemma_gguf)
+    assert sum(n for n, _ in on_disk.by_type.values()) == sum(
+        math.prod(t.shape) for t in ckpt.gguf.tensors.values()
+    )
+
+
+_MEASURE = textwrap.dedent("""
+    from inferd.memory.estimate import estimate_memory
+    from inferd.memory.measure import measure_memory
+    from inferd.loader import open_checkpoint
+    cfg = open_checkpoint(None).config
+    est = estimate_memory(cfg, dtype="fp32", device="cpu", max_model_len=512, concurrency=2,
+                          max_num_batched_tokens=256)
+    m = measure_memory(None, cfg, est, max_tokens=4)
+    rows = {what: (pred, got) for what, pred, got, _ in m.rows}
+    pred, got = rows["load: weights + KV pool (anonymous RSS)"]
+    assert m.generated_tokens == 8, m.generated_tokens
+    # The weights are written at load, so the growth covers them; on top come what glibc keeps
+    # of the float32 load buffers (the largest, the embedding, and its raw bytes and
+    # conversions) and the tokenizer: less than two embedding-sized float32 buffers.
+    buffer = cfg.vocab_size * cfg.hidden_size * 4
+    assert est.per_device.weights <= got <= pred + 2 * buffer, (pred, got)
+    assert m.snapshots[2].rss_peak >= m.snapshots[1].rss
+    print("measured", rows)
+""")
+
+
+@pytest.mark.slow
+def test_measure_with_the_engine():
+    try:
+        import inferd.llm  # noqa: F401
+    except ModuleNotFoundError:
+        pytest.skip("inferd.llm (the engine's offline API) is not in this build yet")
+    # A subprocess, so the engine's memory does not mix with this process's and a hang fails.
+    try:
+        proc = subprocess.run([sys.executable, "-c", _MEASURE], capture_output=True, text=True,
+                              timeout=300)  # fmt: skip
+    except subprocess.TimeoutExpired:
+        pytest.fail("loading and generating with the engine took over 300 s")
+    assert proc.returncode == 0, proc.stderr[-3000:]

@@ -1,0 +1,343 @@
+"""Memory accounting: the worked examples, KV against the engine's real pool, tensor parallelism,
+capacity planning, size parsing and the `inferd memory` command. Config arithmetic only, except
+where a test builds a tiny model to compare with the runner's real KV tensors."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+
+import pytest
+import torch
+
+from inferd.config import FULL_ATTENTION, SLIDING_ATTENTION, ModelConfig
+from inferd.memory.activations import estimate_activations
+from inferd.memory.estimate import engine_kv_pool, estimate_memory
+from inferd.memory.kv import kv_bytes_per_token_per_layer
+from inferd.memory.weights import count_parameters, tp_shard, weight_bytes
+
+KiB, GiB = 1 << 10, 1 << 30
+
+
+def llama(layers=32, hidden=4096, heads=32, kv=8, inter=14336, vocab=128256, **kw) -> ModelConfig:
+    return ModelConfig(architecture="llama", vocab_size=vocab, hidden_size=hidden,
+                       intermediate_size=inter, num_layers=layers, num_heads=heads,
+                       num_kv_heads=kv, head_dim=hidden // heads,
+                       max_position_embeddings=kw.pop("max_pos", 8192), **kw)  # fmt: skip
+
+
+LLAMA3_8B = llama()
+LLAMA3_70B = llama(layers=80, hidden=8192, heads=64, kv=8, inter=28672)
+GEMMA_LIKE = ModelConfig(
+    architecture="gemma3", vocab_size=1000, hidden_size=64, intermediate_size=128, num_layers=6,
+    num_heads=4, num_kv_heads=1, head_dim=32, tie_word_embeddings=True, qk_norm=True,
+    layer_types=(SLIDING_ATTENTION,) * 5 + (FULL_ATTENTION,), sliding_window=64,
+    max_position_embeddings=4096,
+)  # fmt: skip
+
+
+# ---- the worked examples ---------------------------------------------------------------------
+def test_seven_billion_parameters_by_precision():
+    n = 7_000_000_000
+    assert weight_bytes(n, "fp32") == 28_000_000_000
+    assert weight_bytes(n, "fp16") == weight_bytes(n, "bfloat16") == 14_000_000_000
+    assert weight_bytes(n, "int8") == weight_bytes(n, "fp8") == 7_000_000_000
+    assert weight_bytes(n, "int4") == 3_500_000_000
+
+
+def test_llama3_70b_kv_per_token_is_320_kib_in_bf16():
+    est = estimate_memory(LLAMA3_70B, dtype="bf16", device="cuda", max_model_len=4096)
+    assert est.kv_bytes_per_token == 320 * KiB  # 2 × 80 layers × 8 heads × 128 × 2 bytes
+    assert est.kv_bytes_per_request == 4096 * 320 * KiB
+    fp8 = estimate_memory(LLAMA3_70B, dtype="bf16", kv_cache_dtype="fp8", device="cuda")
+    assert fp8.kv_bytes_per_token == 160 * KiB
+
+
+def test_published_llama3_parameter_counts():
+    # Meta's published totals for these shapes (untied head, GQA).
+    assert count_parameters(LLAMA3_8B).total == 8_030_261_248
+    assert count_parameters(LLAMA3_70B).total == 70_553_706_496
+
+
+def test_config_only_folder_is_estimated_without_weights(tmp_path, capsys):
+    cfg = {
+        "architectures": ["LlamaForCausalLM"], "hidden_size": 4096, "intermediate_size": 14336,
+        "num_hidden_layers": 32, "num_attention_heads": 32, "num_key_value_heads": 8,
+        "vocab_size": 128256, "max_position_embeddings": 8192, "torch_dtype": "bfloat16",
+    }  # fmt: skip
+    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    out = run_cli(capsys, str(tmp_path), "--json", "--device", "cuda", "--device-memory", "80GiB",
+                  "--max-model-len", "8192", "--concurrency", "4")  # fmt: skip
+    assert out["checkpoint"] is None and out["format"] == "hf"
+    assert out["params"]["total"] == 8_030_261_248
+    assert out["weights_by_precision"]["bf16"] == 16_060_522_496
+    assert out["kv_bytes_per_token"] == 128 * KiB
+    assert out["per_device"]["kv_formula"] == 4 * 8192 * 128 * KiB
+    assert out["fits"] is True and out["min_tensor_parallel_size"] == 1
+    assert out["device_memory_source"] == "--device-memory"
+
+
+# ---- KV: the formula, the window cap and the engine's real pool -----------------------------
+def test_sliding_layers_are_capped_at_their_window():
+    est = estimate_memory(GEMMA_LIKE, dtype="fp32", max_model_len=1000)
+    per_layer = 2 * 1 * 32 * 4
+    assert est.kv_bytes_per_token_per_layer == per_layer
+    assert est.kv_bytes_per_token == 6 * per_layer
+    assert est.kv_bytes_per_request == per_layer * (1000 + 5 * 64)
+    assert est.kv_bytes_per_request_uncapped == per_layer * 6 * 1000
+    short = estimate_memory(GEMMA_LIKE, dtype="fp32", max_model_len=40)
+    assert short.kv_bytes_per_request == short.kv_bytes_per_request_uncapped == per_layer * 6 * 40
+
+
+TINY_LLAMA = llama(layers=3, hidden=64, heads=4, kv=2, inter=128, vocab=300)
+
+
+@pytest.mark.parametrize("config", [TINY_LLAMA, GEMMA_LIKE], ids=["llama", "gemma"])
+def test_kv_figures_equal_the_runner_pool(config):
+    from inferd.engine.runner import ModelRunner
+    from inferd.models.registry import model_class
+
+    est = estimate_memory(config, dtype="fp32", max_model_len=200, concurrency=3)
+    pool = est.per_device.kv_pool
+    model = model_class(config.architecture)(config, torch.float32)
+    runner = ModelRunner(
+        model, pool.num_blocks, pool.block_size, torch.float32, torch.device("cpu")
+    )
+    assert runner.kv_cache_bytes() == est.per_device.kv_cache == pool.total_bytes
+    for g, (_, layers) in enumerate(config.kv_groups()):
+        group = sum(t.numel() * t.element_size() for t in runner.kv_caches[g])
+        per_token = group / (pool.num_blocks[g] * pool.block_size)
+        assert per_token == len(layers) * est.kv_bytes_per_token_per_layer
+    if all(w is None for w, _ in config.kv_groups()):
+        # Full attention only: the pool's bytes over its token slots is the per-token figure.
+        assert runner.kv_cache_bytes() / (pool.num_blocks[0] * pool.block_size) == (
+            est.kv_bytes_per_token
+        )
+    assert pool.token_capacity >= 3 * 200  # the pool holds what it was sized for
+
+
+def test_engine_pool_is_the_smallest_that_holds_the_requests():
+    kw = dict(dtype_bytes=2, block_size=16, max_num_batched_tokens=64)
+    pool = engine_kv_pool(LLAMA3_8B, 2, 100, **kw)
+    assert pool.num_blocks == [2 * 7 + 1]  # ceil(100 / 16) blocks each, plus the null block
+    assert pool.total_bytes == 15 * 16 * 128 * KiB
+    sliding = engine_kv_pool(GEMMA_LIKE, 2, 1000, **kw)
+    assert sliding.token_capacity >= 2 * 1008
+    assert sliding.num_blocks[1] < sliding.num_blocks[0]  # the window caps the sliding pool
+
+
+# ---- tensor parallelism and capacity ---------------------------------------------------------
+def test_tensor_parallel_split():
+    shard = tp_shard(LLAMA3_70B, 8)
+    assert (shard.num_heads, shard.num_kv_heads) == (8, 1)
+    est8 = estimate_memory(LLAMA3_70B, dtype="bf16", device="cuda", tensor_parallel_size=8)
+    assert est8.kv_bytes_per_token_per_device == 40 * KiB
+    # 16 ranks, 8 KV heads: each rank keeps one KV head (replicated), so KV stops shrinking.
+    est16 = estimate_memory(LLAMA3_70B, dtype="bf16", device="cuda", tensor_parallel_size=16)
+    assert est16.kv_bytes_per_token_per_device == 40 * KiB
+    # Everything but the replicated norms is split in two.
+    norms = count_parameters(LLAMA3_8B).layer_norms + LLAMA3_8B.hidden_size
+    est2 = estimate_memory(LLAMA3_8B, dtype="bf16", device="cuda", tensor_parallel_size=2)
+    assert est2.params_per_device == (est2.params.total - norms) // 2 + norms
+    with pytest.raises(ValueError, match="tensor_parallel_size 3"):
+        tp_shard(LLAMA3_8B, 3)
+    with pytest.raises(ValueError, match="KV heads"):
+        tp_shard(llama(hidden=24 * 128, heads=24, kv=8), 12)  # 12 neither divides 8 nor is k×8
+
+
+def test_capacity_answers_are_the_edges_of_fitting():
+    kw = dict(dtype="bf16", device="cuda", max_model_len=8192, device_memory=40 * GiB)
+    est = estimate_memory(LLAMA3_8B, concurrency=2, **kw)
+    c = est.max_concurrency
+    assert c > 2
+    assert estimate_memory(LLAMA3_8B, concurrency=c, **kw).fits
+    assert not estimate_memory(LLAMA3_8B, concurrency=c + 1, **kw).fits
+    big = dict(kw, concurrency=64)
+    est = estimate_memory(LLAMA3_8B, **big)
+    assert not est.fits
+    n = est.max_context
+    assert 0 < n < 8192
+    assert estimate_memory(LLAMA3_8B, **dict(big, max_model_len=n)).fits
+    assert not estimate_memory(LLAMA3_8B, **dict(big, max_model_len=n + 1)).fits
+    tp = est.min_tensor_parallel_size
+    assert tp is not None and tp > 1
+    assert estimate_memory(LLAMA3_8B, tensor_parallel_size=tp, **big).fits
+    assert not estimate_memory(LLAMA3_8B, tensor_parallel_size=tp // 2, **big).fits
+
+
+def test_too_small_device_fits_nothing():
+    est = estimate_memory(LLAMA3_70B, dtype="bf16", device="cuda", device_memory=24 * GiB,
+                          max_model_len=4096)  # fmt: skip
+    assert est.fits is False and est.max_concurrency == 0 and est.max_context == 0
+    assert est.min_tensor_parallel_size == 8  # 141 GB of bf16 weights over 24 GiB devices
+
+
+# ---- activations -----------------------------------------------------------------------------
+def test_activation_terms():
+    kw = dict(num_tokens=256, context_len=1024, act_bytes=2)
+    one, many = (estimate_activations(LLAMA3_8B, num_seqs=s, **kw) for s in (1, 64))
+    logits = {t.name: t.bytes for t in many.terms}["logits"]
+    assert logits == 64 * LLAMA3_8B.vocab_size * (2 + 4)  # model dtype, then float32
+    assert {t.name: t.bytes for t in many.terms}["sampling"] == 64 * LLAMA3_8B.vocab_size * 4
+    assert many.phases["lm head + sampling"] > one.phases["lm head + sampling"]
+    residual = 2 * 256 * 4096 * 2
+    assert many.peak_bytes == residual + max(
+        sum(t.bytes for t in many.terms if t.phase == p) for p in many.phases
+    )
+    fused = estimate_activations(LLAMA3_8B, num_seqs=1, attention_backend="fused", **kw)
+    assert "attention scores" not in {t.name for t in fused.terms}
+    assert fused.phases["attention"] < one.phases["attention"]
+
+
+# ---- parsing and the command -----------------------------------------------------------------
+def test_parse_size():
+    from inferd.commands.memory import parse_size
+
+    assert parse_size("80GiB") == 80 * GiB
+    assert parse_size("80GB") == 80 * 10**9
+    assert parse_size("24G") == parse_size("24gi") == 24 * GiB
+    assert parse_size("1.5 GiB") == 3 * GiB // 2
+    assert parse_size("512MB") == 512 * 10**6
+    assert parse_size("1073741824") == GiB
+    for bad in ("", "GiB", "80 XB", "-5G", "1e9"):
+        with pytest.raises(ValueError, match="cannot parse"):
+            parse_size(bad)
+
+
+def parser() -> argparse.ArgumentParser:
+    from inferd.commands import memory
+
+    p = argparse.ArgumentParser(prog="inferd memory")
+    memory.add_arguments(p)
+    return p
+
+
+def run_cli(capsys, *argv: str) -> dict:
+    from inferd.commands import memory
+
+    assert memory.run(parser().parse_args(list(argv))) == 0
+    return json.loads(capsys.readouterr().out)
+
+
+@pytest.mark.parametrize(("flag", "value"), [("--device-memory", "lots"),
+                                             ("--device-memory", "0"), ("--concurrency", "0"),
+                                             ("--max-model-len", "x")])  # fmt: skip
+def test_bad_flags_are_named(capsys, flag, value):
+    with pytest.raises(SystemExit) as exc:
+        parser().parse_args([flag, value])
+    assert exc.value.code == 2
+    assert flag in capsys.readouterr().err
+
+
+def test_bad_values_raise_value_error(tmp_path):
+    from inferd.commands import memory
+
+    for argv, message in ((["--dtype", "int3"], "precision"), (["--kv-cache-dtype", "int4"],
+                          "kv_cache_dtype"), (["--max-model-len", "999999"], "limit"),
+                          (["--tensor-parallel-size", "3"], "tensor_parallel_size")):  # fmt: skip
+        with pytest.raises(ValueError, match=message):
+            memory.run(parser().parse_args([*argv, "--device", "cpu"]))
+
+
+def test_embedded_model_json(capsys):
+    out = run_cli(capsys, "--json", "--device", "cpu", "--dtype", "bf16",
+                  "--max-model-len", "4096", "--concurrency", "8")  # fmt: skip
+    assert out["format"] == "gguf" and out["params"]["total"] == 268_098_176
+    ck = out["checkpoint"]
+    assert (
+        ck["num_params"] == 268_098_176 and ck["data_bytes"] < out["weights_by_precision"]["int8"]
+    )
+    assert 4 < ck["bits_per_weight"] < 8.5 and set(ck["by_type"]) >= {"Q8_0", "Q4_K"}
+    # 3 full layers × 4096 + 15 sliding layers × 512 tokens, 1 KV head of 256, bf16.
+    assert out["kv_bytes_per_request"] == 2 * 256 * 2 * (3 * 4096 + 15 * 512)
+    assert (
+        out["per_device"]["total"]
+        == sum(out["per_device"][k] for k in ("weights", "kv_cache"))
+        + out["per_device"]["activations"]["peak_bytes"]
+        + out["per_device"]["overhead"]["bytes"]
+    )
+    assert out["device_memory"] > 0 and isinstance(out["max_concurrency"], int)
+
+
+def test_table_output_names_every_section(capsys):
+    from inferd.commands import memory
+
+    assert memory.run(parser().parse_args(["--device", "cpu", "--device-memory", "4GiB"])) == 0
+    text = capsys.readouterr().out
+    for heading in ("Parameters", "Weights", "KV cache", "Activations", "Per device", "Capacity"):
+        assert heading in text
+    assert "268,098,176" in text and "matches the config" in text
+
+
+def test_kv_per_layer_formula_is_kv_py():
+    # One formula in one place: the estimate reports kv.py's figure, not its own.
+    est = estimate_memory(LLAMA3_70B, dtype="bf16", device="cuda")
+    assert est.kv_bytes_per_token_per_layer == kv_bytes_per_token_per_layer(LLAMA3_70B, 2)
+    assert math.isclose(est.kv_bytes_per_token / est.kv_bytes_per_token_per_layer, 80)
+
+
+# ---- measurement -----------------------------------------------------------------------------
+def test_proc_status_reads_this_process():
+    from inferd.memory.measure import proc_status
+
+    st = proc_status()
+    assert st["VmRSS"] > 10 * (1 << 20) and st["VmHWM"] >= st["VmRSS"]
+    assert st["RssAnon"] + st["RssFile"] <= st["VmRSS"]
+
+
+def test_measure_without_the_engine_is_a_clear_error(monkeypatch):
+    import sys
+
+    from inferd.memory.measure import measure_memory
+
+    monkeypatch.setitem(sys.modules, "inferd.llm", None)  # as if the module did not exist
+    est = estimate_memory(GEMMA_LIKE, dtype="fp32", max_model_len=64)
+    with pytest.raises(ValueError, match="inferd.llm"):
+        measure_memory(None, GEMMA_LIKE, est)
+
+
+class _FakeOutput:
+    def __init__(self, n_prompt: int, n_gen: int):
+        self.prompt_token_ids = list(range(n_prompt))
+        self.outputs = [argparse.Namespace(token_ids=list(range(n_gen)))]
+
+
+class _FakeLLM:
+    """Stands in for the engine to test the measuring itself: allocates (and touches) what it
+    is told, as the engine would."""
+
+    def __init__(self, model=None, dtype="auto", max_model_len=None, kv_cache_memory=None):
+        self.pool = torch.ones(kv_cache_memory // 4, dtype=torch.float32)
+
+    def generate(self, prompts, params, use_tqdm=True):
+        scratch = torch.ones(8 << 20)  # 32 MiB of temporaries
+        del scratch
+        return [_FakeOutput(10, params.max_tokens) for _ in prompts]
+
+
+def test_measure_reports_rss_deltas(monkeypatch):
+    from inferd.memory import measure as m
+
+    sampling = lambda **kw: argparse.Namespace(**kw)  # noqa: E731
+    monkeypatch.setattr(m, "_engine", lambda: (_FakeLLM, sampling))
+    est = estimate_memory(LLAMA3_8B, dtype="fp32", max_model_len=2048, concurrency=2)
+    assert est.per_device.kv_cache > 256 << 20
+    result = m.measure_memory(None, LLAMA3_8B, est, max_tokens=3)
+    assert result.prompt_tokens == 20 and result.generated_tokens == 6
+    assert [s.label for s in result.snapshots] == ["before load", "after load", "after generation"]
+    rows = {what: (pred, got) for what, pred, got, _ in result.rows}
+    pred, got = rows["load: weights + KV pool (anonymous RSS)"]
+    # The fake engine allocates only the KV pool; the prediction adds the weights on top.
+    assert got >= 0.95 * est.per_device.kv_cache and pred > est.per_device.kv_cache
+    assert rows["generation: activations of this run"][1] >= 30 << 20
+
+
+def test_measure_refuses_what_if_precisions():
+    from inferd.memory.measure import measure_memory
+
+    for kw in (dict(dtype="int4"), dict(dtype="fp32", tensor_parallel_size=2),
+               dict(dtype="fp32", kv_cache_dtype="fp8")):  # fmt: skip
+        est = estimate_memory(GEMMA_LIKE, max_model_len=64, **kw)
+        with pytest.raises(ValueError, match="--measure"):
+            measure_memory(None, GEMMA_LIKE, est)
