@@ -1,0 +1,236 @@
+"""Measured memory (`inferd memory --measure`): load the model with the engine, run a generation,
+and read what the process holds (CPU: resident set size from /proc) or what the CUDA caching
+allocator holds (GPU: allocated, reserved, peak), next to the estimate's predictions.
+
+Measurements and predictions differ for reasons worth seeing, so each row says why: RSS counts
+touched pages (including pages of the memory-mapped checkpoint), glibc keeps freed memory for
+reuse, the CUDA allocator caches freed blocks (reserved ≥ allocated) and rounds them up, and the
+CUDA context lives outside the allocator altogether.
+"""
+
+from __future__ import annotations
+
+import inspect
+import os
+from dataclasses import dataclass, field
+
+from inferd.config import ModelConfig
+from inferd.memory.activations import estimate_activations
+from inferd.memory.estimate import ELEMENT_BYTES, MemoryEstimate, compute_dtype
+
+_TORCH_DTYPES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
+_PROMPT = "Request {i}: explain in a few sentences why the KV cache grows with the context."
+
+
+def proc_status() -> dict[str, int]:
+    """VmRSS, VmHWM (peak), RssAnon and RssFile of this process in bytes; {} without /proc."""
+    out = {}
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                key, _, value = line.partition(":")
+                if key in ("VmRSS", "VmHWM", "RssAnon", "RssFile"):
+                    out[key] = int(value.split()[0]) * 1024  # reported in kB
+    except OSError:
+        pass
+    return out
+
+
+def reset_peak_rss() -> bool:
+    """Reset VmHWM to the current RSS (Linux ≥ 4.0), so a later peak belongs to what ran since."""
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+    except OSError:
+        return False
+    return True
+
+
+def local_device_memory(device: str) -> int:
+    """Total memory of this machine's device: RAM on CPU, the first GPU's memory on CUDA."""
+    if device == "cuda":
+        import torch
+
+        return int(torch.cuda.get_device_properties(0).total_memory)
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    label: str
+    rss: int | None = None
+    rss_peak: int | None = None
+    rss_anon: int | None = None
+    rss_file: int | None = None
+    cuda_allocated: int | None = None
+    cuda_reserved: int | None = None
+    cuda_peak: int | None = None
+    cuda_device_used: int | None = None  # total - free on the device: context and others too
+
+
+def take_snapshot(label: str, device: str) -> Snapshot:
+    st = proc_status()
+    cuda = {}
+    if device == "cuda":
+        import torch
+
+        torch.cuda.synchronize()
+        free, total = torch.cuda.mem_get_info()
+        cuda = dict(
+            cuda_allocated=torch.cuda.memory_allocated(),
+            cuda_reserved=torch.cuda.memory_reserved(),
+            cuda_peak=torch.cuda.max_memory_allocated(),
+            cuda_device_used=total - free,
+        )
+    return Snapshot(label, st.get("VmRSS"), st.get("VmHWM"), st.get("RssAnon"),
+                    st.get("RssFile"), **cuda)  # fmt: skip
+
+
+@dataclass
+class Measurement:
+    device: str
+    snapshots: list[Snapshot]
+    prompt_tokens: int
+    generated_tokens: int
+    # (what, predicted bytes or None, measured bytes or None, why they differ)
+    rows: list[tuple[str, int | None, int | None, str]] = field(default_factory=list)
+
+
+def _engine():
+    """The engine's offline API, or a clear error when this build does not have it yet."""
+    try:
+        from inferd.llm import LLM
+    except ModuleNotFoundError as e:
+        if e.name != "inferd.llm":
+            raise
+        raise ValueError(
+            "--measure needs the engine's offline API (inferd.llm.LLM), which this build of "
+            "inferd does not include yet; the estimate itself works without it"
+        ) from e
+    from inferd.sampling_params import SamplingParams
+
+    return LLM, SamplingParams
+
+
+def measure_memory(
+    model: str | None, config: ModelConfig, estimate: MemoryEstimate, max_tokens: int = 16
+) -> Measurement:
+    """Load `model` with the engine sized as `estimate` says, generate `max_tokens` tokens for
+    each of `estimate.concurrency` prompts, and compare memory with the predictions."""
+    if estimate.tensor_parallel_size != 1:
+        raise ValueError("--measure runs on one device; drop --tensor-parallel-size")
+    if estimate.dtype not in _TORCH_DTYPES:
+        raise ValueError(
+            f"--measure loads real weights: --dtype {estimate.dtype} is a what-if precision; "
+            "use float32, bfloat16 or float16"
+        )
+    if estimate.kv_cache_dtype not in _TORCH_DTYPES:
+        raise ValueError(
+            f"--measure: the engine keeps its KV cache in float32, bfloat16 or float16, not "
+            f"{estimate.kv_cache_dtype}"
+        )
+    LLM, SamplingParams = _engine()
+    dev, pred = estimate.device, estimate.per_device
+    kwargs = dict(
+        model=model,
+        dtype=_TORCH_DTYPES[estimate.dtype],
+        max_model_len=estimate.max_model_len,
+        kv_cache_memory=pred.kv_cache,
+        device=dev,
+        max_num_seqs=estimate.concurrency,
+        max_num_batched_tokens=estimate.max_num_batched_tokens,
+        kv_cache_dtype=_TORCH_DTYPES[estimate.kv_cache_dtype],
+    )
+    params = inspect.signature(LLM).parameters
+    if not any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
+        optional = ("device", "max_num_seqs", "max_num_batched_tokens", "kv_cache_dtype")
+        kwargs = {k: v for k, v in kwargs.items() if k in params or k not in optional}
+
+    before = take_snapshot("before load", dev)
+    llm = LLM(**kwargs)
+    loaded = take_snapshot("after load", dev)
+    reset_peak_rss()
+    if dev == "cuda":
+        import torch
+
+        torch.cuda.reset_peak_memory_stats()
+    prompts = [_PROMPT.format(i=i) for i in range(estimate.concurrency)]
+    sampling = SamplingParams(temperature=0.0, max_tokens=max_tokens)
+    quiet = {"use_tqdm": False} if "use_tqdm" in inspect.signature(llm.generate).parameters else {}
+    outputs = llm.generate(prompts, sampling, **quiet)
+    done = take_snapshot("after generation", dev)
+
+    prompt_lens = [len(o.prompt_token_ids) for o in outputs]
+    generated = sum(len(c.token_ids) for o in outputs for c in o.outputs)
+    # This run's activations: all prompts in one step when the budget allows, at the context
+    # the longest request reached.
+    run_acts = estimate_activations(
+        config,
+        num_tokens=min(sum(prompt_lens), estimate.max_num_batched_tokens),
+        num_seqs=len(prompts),
+        context_len=max(prompt_lens) + max_tokens,
+        act_bytes=ELEMENT_BYTES[compute_dtype(estimate.dtype)],
+        attention_backend=estimate.attention_backend,
+    ).peak_bytes
+    m = Measurement(dev, [before, loaded, done], sum(prompt_lens), generated)
+    load_pred = pred.weights + pred.kv_cache
+    if dev == "cuda":
+        _gpu_rows(m, before, loaded, done, load_pred, run_acts, pred.overhead.bytes)
+    else:
+        # The loader dequantises one tensor at a time into float32, then converts it to the
+        # model dtype; the embedding is the largest tensor of every supported architecture.
+        convert = 0 if estimate.dtype == "fp32" else ELEMENT_BYTES[estimate.dtype]
+        buffer = config.vocab_size * config.hidden_size * (4 + convert)
+        _cpu_rows(m, before, loaded, done, load_pred, run_acts, pred.overhead.bytes, buffer)
+    return m
+
+
+def _delta(a: int | None, b: int | None) -> int | None:
+    return None if a is None or b is None else a - b
+
+
+def _cpu_rows(m, before, loaded, done, load_pred, run_acts, overhead, buffer) -> None:
+    held = (
+        f"glibc keeps the freed load buffers of the largest tensor (float32 and converted: "
+        f"{_mib(buffer)}, plus its raw bytes) in the heap for reuse, as inferd asks it to; "
+        "the tokenizer counts too; KV pages count only once written (the pool is allocated "
+        "uninitialised)"
+    )
+    m.rows += [
+        ("runtime (RSS before load)", overhead, before.rss,
+         "Python, torch and inferd's imports: the estimate's runtime term"),
+        ("load: weights + KV pool (anonymous RSS)", load_pred,
+         _delta(loaded.rss_anon, before.rss_anon), held),
+        ("load: RSS growth", load_pred, _delta(loaded.rss, before.rss),
+         "adds the pages of the memory-mapped checkpoint read during load (RssFile: file "
+         "cache, reclaimable, not an allocation)"),
+        ("load peak over RSS before load", load_pred + buffer,
+         _delta(loaded.rss_peak, before.rss),
+         "weights + KV pool + the load buffers of the largest tensor, plus its raw bytes and "
+         "the tokenizer loading alongside"),
+        ("generation: activations of this run", run_acts, _delta(done.rss_peak, loaded.rss),
+         "peak RSS during generation over RSS after load: this short run's temporaries, far "
+         "below the estimate's worst case (full token budget at full context)"),
+    ]  # fmt: skip
+
+
+def _mib(n: int) -> str:
+    return f"{n / (1 << 20):,.0f} MiB"
+
+
+def _gpu_rows(m, before, loaded, done, load_pred, run_acts, overhead) -> None:
+    m.rows += [
+        ("load: weights + KV pool (allocated)", load_pred,
+         _delta(loaded.cuda_allocated, before.cuda_allocated),
+         "tensors the engine created; allocations round up to 512-byte blocks"),
+        ("generation: activations (peak − allocated)", run_acts,
+         _delta(done.cuda_peak, loaded.cuda_allocated),
+         "the largest step's temporaries on top of the weights and the KV pool"),
+        ("allocator cache (reserved − allocated)", None,
+         _delta(done.cuda_reserved, done.cuda_allocated),
+         "the caching allocator keeps freed blocks for reuse, and fragmentation strands some"),
+        ("CUDA context (device used − reserved)", overhead,
+         _delta(done.cuda_device_used, done.cuda_reserved),
+         "driver state, kernels, library workspaces: outside torch's allocator (also counts "
+         "other processes on the device)"),
+    ]  # fmt: skip
