@@ -81,7 +81,7 @@ def set_up_engine(config: EngineConfig) -> EngineSetup:
     batched = config.max_num_batched_tokens or defaults["max_num_batched_tokens"]
     plan = plan_kv_pool(mc, _kv_budget(config, device, model), config.block_size,
                         kv_dtype.itemsize, max_num_seqs, batched)  # fmt: skip
-    if plan.token_capacity < max_len:
+    if plan.token_capacity is not None and plan.token_capacity < max_len:
         if config.max_model_len:
             raise ValueError(
                 f"max_model_len {max_len} does not fit the KV cache: kv_cache_memory holds "

@@ -75,7 +75,7 @@ def engine_kv_pool(
     hi = (need // block_size + 1) * block_size * kv_bytes_per_token(config, dtype_bytes)
     top = plan(hi)
     assert top is not None
-    if top.token_capacity < need:
+    if top.token_capacity is None:
         # Only sliding layers: the pool stops growing at the window reserve, which already
         # holds sequences of any length.
         return top
@@ -83,7 +83,8 @@ def engine_kv_pool(
     while lo < hi:
         mid = (lo + hi) // 2
         p = plan(mid)
-        lo, hi = (lo, mid) if p is not None and p.token_capacity >= need else (mid + 1, hi)
+        fits = p is not None and p.token_capacity is not None and p.token_capacity >= need
+        lo, hi = (lo, mid) if fits else (mid + 1, hi)
     return plan(lo)  # type: ignore[return-value]
 
 

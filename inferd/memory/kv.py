@@ -53,7 +53,9 @@ class KVPoolPlan:
     block_size: int
     num_blocks: list[int]  # per KV group, including the null block
     block_bytes: list[int]  # per KV group
-    token_capacity: int  # tokens the full-attention pool holds (context of all sequences)
+    # Tokens of context the full-attention pool holds across all sequences; None when every
+    # layer slides, since then a sequence of any length only ever holds its window.
+    token_capacity: int | None
 
     @property
     def total_bytes(self) -> int:
@@ -100,10 +102,10 @@ def plan_kv_pool(
         lo, hi = (mid, hi) if cost(mid) <= budget_bytes else (lo, mid - 1)
     num_blocks = blocks_at(lo)
     full = [nb for nb, (window, _) in zip(num_blocks, groups) if window is None]
-    usable = (min(full) if full else min(num_blocks)) - NULL_BLOCKS
-    if usable < 1 or min(num_blocks) <= NULL_BLOCKS:
+    if min(num_blocks) <= NULL_BLOCKS:
         raise ValueError(
             f"kv_cache_memory of {budget_bytes} bytes is too small: one block of {block_size} "
             f"tokens needs {sum(sizes)} bytes across all layers"
         )
-    return KVPoolPlan(block_size, num_blocks, sizes, usable * block_size)
+    capacity = (min(full) - NULL_BLOCKS) * block_size if full else None
+    return KVPoolPlan(block_size, num_blocks, sizes, capacity)

@@ -114,7 +114,8 @@ def test_kv_figures_equal_the_runner_pool(config):
         assert runner.kv_cache_bytes() / (pool.num_blocks[0] * pool.block_size) == (
             est.kv_bytes_per_token
         )
-    assert pool.token_capacity >= 3 * 200  # the pool holds what it was sized for
+    # The pool holds what it was sized for (None: every layer slides, any length fits).
+    assert pool.token_capacity is None or pool.token_capacity >= 3 * 200
 
 
 def test_engine_pool_is_the_smallest_that_holds_the_requests():
