@@ -11,6 +11,7 @@ import torch
 
 from inferd.config import EngineConfig, ModelConfig
 from inferd.engine.runner import ModelRunner
+from inferd.layers.quant import check_quantization
 from inferd.loader import Checkpoint, load_model, open_checkpoint
 from inferd.memory.kv import KVPoolPlan, plan_kv_pool
 from inferd.platform import keep_freed_memory_in_heap, resolve_device, resolve_dtype
@@ -65,11 +66,17 @@ def set_up_engine(config: EngineConfig) -> EngineSetup:
         torch.set_num_threads(config.num_threads)
     device = resolve_device(config.device)
     dtype = resolve_dtype(config.dtype, device)
+    if config.quantization:
+        check_quantization(config.quantization, device)
+        if config.dtype == "auto":
+            dtype = torch.bfloat16  # the integer kernels take bf16 activations
+        elif dtype != torch.bfloat16:
+            raise ValueError(f"quantization {config.quantization} needs dtype bfloat16 (or auto)")
     kv_dtype = dtype if config.kv_cache_dtype == "auto" else resolve_dtype(config.kv_cache_dtype, device)
     checkpoint = open_checkpoint(config.model)
     mc = checkpoint.config
     tokenizer = checkpoint.tokenizer()
-    model = load_model(checkpoint, dtype, device)
+    model = load_model(checkpoint, dtype, device, config.quantization)
     defaults = GPU_DEFAULTS if device.type == "cuda" else CPU_DEFAULTS
     max_num_seqs = config.max_num_seqs or defaults["max_num_seqs"]
     max_len = config.max_model_len or mc.max_position_embeddings

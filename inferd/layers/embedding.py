@@ -32,9 +32,12 @@ class LMHead(nn.Module):
             if tied is not None
             else nn.Parameter(torch.empty(vocab_size, dim, dtype=dtype), requires_grad=False)
         )
+        self.small_step = None  # see Linear.small_step
 
     def forward(self, hidden: torch.Tensor, softcap: float | None = None) -> torch.Tensor:
-        logits = F.linear(hidden, self.weight)
+        logits = self.small_step(hidden) if self.small_step is not None else None
+        if logits is None:
+            logits = F.linear(hidden, self.weight)
         if softcap is not None:
             logits = torch.tanh(logits / softcap) * softcap
         return logits.float()

@@ -29,8 +29,14 @@ class Linear(nn.Module):
             if bias
             else None
         )
+        # Set by weight-only quantisation: an integer kernel for steps with few rows.
+        self.small_step = None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.small_step is not None:
+            y = self.small_step(x)
+            if y is not None:
+                return y if self.bias is None else y + self.bias
         return F.linear(x, self.weight, self.bias)
 
     def load_shard(self, param_name: str, tensor: torch.Tensor, shard: int = 0) -> None:
