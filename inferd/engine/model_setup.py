@@ -45,13 +45,15 @@ def _positive(name: str, value: int | None) -> None:
         raise ValueError(f"{name} must be a positive integer, got {value!r}")
 
 
-def _kv_budget(config: EngineConfig, device: torch.device, model: torch.nn.Module) -> int:
+def _kv_budget(config: EngineConfig, device: torch.device, model: torch.nn.Module,
+               max_num_seqs: int, batched: int, kv_dtype: torch.dtype) -> int:  # fmt: skip
     if config.kv_cache_memory is not None:
         return int(config.kv_cache_memory)
     if device.type == "cuda":
-        from inferd.memory.gpu_budget import kv_budget_after_profiling
+        from inferd.memory.gpu_budget import profile_gpu_budget
 
-        return kv_budget_after_profiling(model, device, config.gpu_memory_utilization)
+        return profile_gpu_budget(model, device, config.gpu_memory_utilization, batched,
+                                  max_num_seqs, config.block_size, kv_dtype).kv_budget  # fmt: skip
     return CPU_DEFAULTS["kv_cache_memory"]
 
 
@@ -86,8 +88,8 @@ def set_up_engine(config: EngineConfig) -> EngineSetup:
             f"{mc.max_position_embeddings} positions"
         )
     batched = config.max_num_batched_tokens or defaults["max_num_batched_tokens"]
-    plan = plan_kv_pool(mc, _kv_budget(config, device, model), config.block_size,
-                        kv_dtype.itemsize, max_num_seqs, batched)  # fmt: skip
+    budget = _kv_budget(config, device, model, max_num_seqs, batched, kv_dtype)
+    plan = plan_kv_pool(mc, budget, config.block_size, kv_dtype.itemsize, max_num_seqs, batched)
     if plan.token_capacity is not None and plan.token_capacity < max_len:
         if config.max_model_len:
             raise ValueError(
