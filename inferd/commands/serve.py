@@ -1,0 +1,161 @@
+"""`inferd serve [MODEL]`: the OpenAI-compatible HTTP server (FastAPI + uvicorn).
+
+Flags use vLLM's names. The model loads before the port opens, so a client that can connect
+finds a ready server (`/health` answers 200 from the first connection).
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+
+from inferd.commands.engine_args import add_engine_arguments, engine_config_from_args
+
+log = logging.getLogger("inferd.serve")
+
+
+def _size(text: str) -> int:
+    from inferd.commands.memory import parse_size
+
+    try:
+        value = parse_size(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from e
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"size must be positive, got {text!r}")
+    return int(value)
+
+
+def _positive(kind: type):
+    def parse(text: str):
+        try:
+            value = kind(text)
+        except ValueError as e:
+            raise argparse.ArgumentTypeError(f"expected a positive number, got {text!r}") from e
+        if not value > 0:
+            raise argparse.ArgumentTypeError(f"expected a positive number, got {text!r}")
+        return value
+
+    return parse
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    add_engine_arguments(parser, model_positional=True)
+    parser.add_argument("--host", default="127.0.0.1", help="address to bind (default: loopback)")
+    parser.add_argument("--port", type=int, default=8000)
+    parser.add_argument(
+        "--served-model-name",
+        nargs="+",
+        default=None,
+        help="name(s) clients use for the model (the first is reported)",
+    )
+    parser.add_argument(
+        "--api-key",
+        default=os.environ.get("INFERD_API_KEY"),
+        help="require 'Authorization: Bearer KEY' on every route but /health "
+        "and /metrics (default: $INFERD_API_KEY)",
+    )
+    parser.add_argument(
+        "--chat-template",
+        default=None,
+        help="chat template file (.jinja, or .json with 'chat_template') or "
+        "inline Jinja text; replaces the model's",
+    )
+    parser.add_argument(
+        "--max-queued-requests",
+        type=_positive(int),
+        default=None,
+        help="answer 503 (Retry-After) when this many requests are waiting",
+    )
+    parser.add_argument(
+        "--max-request-bytes",
+        type=_size,
+        default=None,
+        help="largest request body, e.g. 1MiB (default 16MiB); larger is 413",
+    )
+    parser.add_argument(
+        "--stall-timeout",
+        type=float,
+        default=60.0,
+        help="/health answers 503 when no engine step finished for this many "
+        "seconds while requests are pending",
+    )
+
+
+def _show_startup_logs() -> None:
+    # The CLI's default level is WARNING; a server's startup lines (model, template, address)
+    # are what its operator reads, so they show unless the user asked for less.
+    if logging.getLogger().getEffectiveLevel() == logging.WARNING:
+        for name in ("inferd.serve", "inferd.server.app"):
+            logging.getLogger(name).setLevel(logging.INFO)
+
+
+def _set_chat_template(engine, template: str | None) -> None:
+    from inferd.tokenizer.chat_template import default_chat_template
+
+    tok = engine.tokenizer
+    if template:
+        tok.chat_template = template
+        log.info("chat template: from --chat-template")
+        return
+    default = default_chat_template(engine.model_config.architecture)
+    gguf = engine.setup.checkpoint.gguf
+    shipped = gguf is not None and gguf.metadata.get("tokenizer.chat_template")
+    if tok.chat_template is None:
+        log.warning(
+            "this model has no chat template: /v1/chat/completions answers 400 until "
+            "one is given with --chat-template"
+        )
+    elif default is not None and not shipped and tok.chat_template == default:
+        log.info(
+            "chat template: the model file has none; using inferd's bundled %s template "
+            "(override with --chat-template)",
+            engine.model_config.architecture,
+        )
+    else:
+        log.info("chat template: the model's own (override with --chat-template)")
+
+
+def run(args: argparse.Namespace) -> int:
+    _show_startup_logs()
+    import uvicorn
+
+    from inferd.engine.engine import LLMEngine
+    from inferd.server.app import DEFAULT_MAX_REQUEST_BYTES, ServerSettings, create_app
+    from inferd.tokenizer.chat_template import ChatTemplate, load_chat_template
+
+    # Check the template before the model loads: a typo should not cost a model load.
+    template = load_chat_template(args.chat_template) if args.chat_template else None
+    if template is not None:
+        ChatTemplate(template)  # compiles: syntax errors surface now, with their line
+    engine = LLMEngine(engine_config_from_args(args))
+    _set_chat_template(engine, template)
+    model_arg = args.model or args.model_pos
+    settings = ServerSettings(
+        # Like vLLM: the name clients send is the model argument as given, unless renamed.
+        served_model_names=args.served_model_name or ([model_arg] if model_arg else []),
+        api_key=args.api_key or None,
+        max_queued_requests=args.max_queued_requests,
+        max_request_bytes=args.max_request_bytes or DEFAULT_MAX_REQUEST_BYTES,
+        stall_timeout=args.stall_timeout,
+    )
+    app = create_app(engine, settings)
+    level = logging.getLogger().getEffectiveLevel()
+    config = uvicorn.Config(
+        app,
+        host=args.host,
+        port=args.port,
+        access_log=level <= logging.INFO,
+        log_level=logging.getLevelName(level).lower(),
+        timeout_graceful_shutdown=5,
+    )
+    server = uvicorn.Server(config)
+    log.info(
+        "starting the HTTP server on http://%s:%d%s",
+        args.host,
+        args.port,
+        " (API key required)" if settings.api_key else "",
+    )
+    server.run()
+    return 0 if server.started else 1

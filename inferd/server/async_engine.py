@@ -1,0 +1,279 @@
+"""The engine loop: one thread owns the `LLMEngine`, the asyncio event loop owns the clients.
+
+    HTTP handler ──add/abort──▶ command queue ──▶ loop thread: apply commands, engine.step()
+    HTTP handler ◀── per-request asyncio.Queue ◀── call_soon_threadsafe(deliver, outputs)
+
+The engine is not thread-safe, so only the loop thread touches it; the event loop never waits
+on a step. Commands are applied between steps, so an abort takes effect (and frees its KV
+blocks) before the next step. With no work the thread blocks on the command queue instead of
+spinning. Requests are validated by the engine itself in `add_request`: the caller awaits the
+verdict, so a bad request is still answered with a 400 before any streaming starts.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import logging
+import queue
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from inferd.outputs import RequestOutput
+
+log = logging.getLogger(__name__)
+
+# When steps schedule nothing although requests exist (nothing fits yet), the thread waits
+# this long for a command before trying again, rather than spinning on the GIL.
+_STUCK_WAIT_S = 0.005
+
+
+class EngineDeadError(RuntimeError):
+    """The loop thread is gone: no request can be served (HTTP 503)."""
+
+
+class QueueFullError(RuntimeError):
+    """`max_queued_requests` requests are already waiting (HTTP 503 with Retry-After)."""
+
+
+class RequestFailedError(RuntimeError):
+    """The engine failed this request (its step raised); other requests are unaffected."""
+
+
+@dataclass
+class _Add:
+    request_id: str
+    prompt: Any
+    params: Any
+    arrival_time: float
+    future: asyncio.Future
+
+
+@dataclass
+class _Abort:
+    request_id: str
+
+
+_STOP = object()
+
+
+class AsyncEngine:
+    def __init__(
+        self,
+        engine: Any,
+        max_queued_requests: int | None = None,
+        stall_timeout: float = 60.0,
+        on_output: Callable[[RequestOutput], None] | None = None,
+    ):
+        self.engine = engine
+        self.max_queued_requests = max_queued_requests
+        self.stall_timeout = stall_timeout
+        self.on_output = on_output  # called on the event loop for every output (metrics)
+        self.stats = engine.stats()  # latest snapshot, replaced (never mutated) by the thread
+        self._commands: queue.SimpleQueue = queue.SimpleQueue()
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._thread: threading.Thread | None = None
+        # Event-loop side: request id → its consumer's queue; adds not yet answered.
+        self._queues: dict[str, asyncio.Queue] = {}
+        self._pending_adds: set[asyncio.Future] = set()
+        # Loop-thread side (read elsewhere only as whole values).
+        self._active: set[str] = set()
+        self._busy = False
+        self._progress_at = time.monotonic()
+        self._dead_reason: str | None = None
+        self._stopping = False
+
+    # ---- lifecycle (event loop) --------------------------------------------------------------
+    def start(self) -> None:
+        self._loop = asyncio.get_running_loop()
+        self._thread = threading.Thread(target=self._run, name="inferd-engine", daemon=True)
+        self._thread.start()
+
+    def stop(self, timeout: float = 30.0) -> None:
+        self._commands.put(_STOP)
+        if self._thread is not None:
+            self._thread.join(timeout)
+
+    def health(self) -> str | None:
+        """None when healthy, else why not: the loop died or no step finished for too long."""
+        if self._dead_reason is not None:
+            return self._dead_reason
+        if self._thread is None or not self._thread.is_alive():
+            return "the engine loop is not running"
+        idle_for = time.monotonic() - self._progress_at
+        if self._busy and idle_for > self.stall_timeout:
+            return f"the engine made no progress for {idle_for:.0f} s with requests pending"
+        return None
+
+    # ---- requests (event loop) ---------------------------------------------------------------
+    async def add(
+        self,
+        request_id: str,
+        prompt: Any,
+        params: Any,
+        outputs: asyncio.Queue,
+        arrival_time: float | None = None,
+    ) -> None:
+        """Queue a request; its outputs (or an exception) go to `outputs`. Raises ValueError
+        (invalid request), QueueFullError or EngineDeadError, with nothing left queued."""
+        if self._dead_reason is not None or self._loop is None:
+            raise EngineDeadError(self._dead_reason or "the engine loop is not running")
+        future = self._loop.create_future()
+        self._queues[request_id] = outputs
+        self._pending_adds.add(future)
+        arrival = arrival_time if arrival_time is not None else time.monotonic()
+        self._commands.put(_Add(request_id, prompt, params, arrival, future))
+        try:
+            await future
+        except asyncio.CancelledError:
+            self.abort(request_id)  # the add may still succeed; the abort follows it in order
+            self._queues.pop(request_id, None)
+            raise
+        except BaseException:
+            self._queues.pop(request_id, None)
+            raise
+        finally:
+            self._pending_adds.discard(future)
+
+    def abort(self, request_id: str) -> None:
+        """Stop a request (no-op when it already finished); its queue gets no more outputs."""
+        self._queues.pop(request_id, None)
+        if self._dead_reason is None:
+            self._commands.put(_Abort(request_id))
+
+    # ---- the loop thread ---------------------------------------------------------------------
+    def _run(self) -> None:
+        reason = "the engine loop stopped"
+        try:
+            stuck = False
+            while not self._stopping:
+                settled = self._apply(self._take_commands(stuck))
+                self._busy = bool(self._active)
+                outputs: list[RequestOutput] = []
+                failed: list[tuple[str, str]] = []
+                if self._active or self.engine.has_unfinished_requests():
+                    outputs, failed, stuck = self._step()
+                else:
+                    stuck = False
+                self._busy = bool(self._active)
+                self.stats = self.engine.stats()
+                if settled or outputs or failed:
+                    self._post(self._deliver, settled, outputs, failed)
+        except BaseException as e:  # noqa: BLE001 - whatever killed the loop, say so in /health
+            log.exception("the engine loop died")
+            reason = f"the engine loop died: {type(e).__name__}: {e}"
+        finally:
+            self._dead_reason = reason
+            self._post(self._fail_all, reason)
+
+    def _take_commands(self, stuck: bool) -> list[Any]:
+        busy = self._active or self.engine.has_unfinished_requests()
+        commands = []
+        try:
+            if not busy:
+                commands.append(self._commands.get())  # idle: sleep until there is work
+            elif stuck:
+                commands.append(self._commands.get(timeout=_STUCK_WAIT_S))
+        except queue.Empty:
+            pass
+        while True:
+            try:
+                commands.append(self._commands.get_nowait())
+            except queue.Empty:
+                return commands
+
+    def _apply(self, commands: list[Any]) -> list[tuple[asyncio.Future, BaseException | None]]:
+        settled = []
+        for cmd in commands:
+            if cmd is _STOP:
+                self._stopping = True
+            elif isinstance(cmd, _Abort):
+                try:
+                    self.engine.abort_request(cmd.request_id)
+                except Exception:  # noqa: BLE001 - one bad abort must not end the loop
+                    log.exception("abort of %s failed", cmd.request_id)
+            else:
+                settled.append((cmd.future, self._add(cmd)))
+        return settled
+
+    def _add(self, cmd: _Add) -> BaseException | None:
+        try:
+            limit = self.max_queued_requests
+            if limit is not None and self.engine.stats().num_waiting >= limit:
+                raise QueueFullError(f"the server's queue is full ({limit} requests waiting)")
+            self.engine.add_request(
+                cmd.request_id, cmd.prompt, cmd.params, cmd.arrival_time, stream=True
+            )
+        except Exception as e:  # noqa: BLE001 - reported to the client that sent it
+            return e
+        if not self._active:
+            self._progress_at = time.monotonic()  # a stall is measured from when work arrives
+        self._active.add(cmd.request_id)
+        return None
+
+    def _step(self) -> tuple[list[RequestOutput], list[tuple[str, str]], bool]:
+        steps_before = self.stats.steps
+        try:
+            outputs = self.engine.step()
+        except Exception as e:  # noqa: BLE001 - the engine guards its steps; this is a backstop
+            log.exception("engine step raised; failing the requests in flight")
+            message = f"the engine failed: {type(e).__name__}: {e}"
+            failed = [(rid, message) for rid in self._active]
+            for rid in list(self._active):
+                try:
+                    self.engine.abort_request(rid)
+                except Exception:  # noqa: BLE001
+                    log.exception("abort of %s failed", rid)
+            self._active.clear()
+            self._progress_at = time.monotonic()
+            return [], failed, False
+        self._progress_at = time.monotonic()
+        for out in outputs:
+            # NOTE: the engine keeps mutating a request's metrics object; consumers on the event
+            # loop get a snapshot that matches this output.
+            if out.metrics is not None:
+                out.metrics = copy.copy(out.metrics)
+            if out.finished:
+                self._active.discard(out.request_id)
+        stuck = not outputs and self.engine.stats().steps == steps_before
+        return outputs, [], stuck
+
+    def _post(self, callback: Callable[..., None], *args: Any) -> None:
+        if self._loop is None:
+            return
+        try:
+            self._loop.call_soon_threadsafe(callback, *args)
+        except RuntimeError:  # the event loop is closed: the server is shutting down
+            pass
+
+    # ---- delivery (event loop) ---------------------------------------------------------------
+    def _deliver(self, settled, outputs: list[RequestOutput], failed) -> None:
+        for future, error in settled:
+            if not future.done():
+                future.set_result(None) if error is None else future.set_exception(error)
+        for out in outputs:
+            if self.on_output is not None:
+                try:
+                    self.on_output(out)
+                except Exception:  # noqa: BLE001 - metrics must never break delivery
+                    log.exception("output hook failed")
+            q = self._queues.get(out.request_id)
+            if q is not None:
+                q.put_nowait(out)
+                if out.finished:
+                    del self._queues[out.request_id]
+        for request_id, message in failed:
+            q = self._queues.pop(request_id, None)
+            if q is not None:
+                q.put_nowait(RequestFailedError(message))
+
+    def _fail_all(self, reason: str) -> None:
+        for future in list(self._pending_adds):
+            if not future.done():
+                future.set_exception(EngineDeadError(reason))
+        for q in self._queues.values():
+            q.put_nowait(EngineDeadError(reason))
+        self._queues.clear()

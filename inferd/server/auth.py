@@ -1,0 +1,49 @@
+"""API-key check for every route except the probes (`/health`, `/metrics`), which monitoring
+systems call without credentials.
+
+A plain ASGI middleware rather than a FastAPI dependency: it also guards unknown paths and runs
+before the body is read, so an unauthenticated client cannot make the server buffer a body.
+"""
+
+from __future__ import annotations
+
+import hmac
+
+from starlette.types import ASGIApp, Receive, Scope, Send
+
+from inferd.server.errors import APIError
+
+OPEN_PATHS = frozenset({"/health", "/metrics"})
+
+
+def bearer_token(headers: list[tuple[bytes, bytes]]) -> bytes | None:
+    for name, value in headers:
+        if name.lower() == b"authorization":
+            scheme, _, token = value.partition(b" ")
+            return token.strip() if scheme.lower() == b"bearer" else None
+    return None
+
+
+def key_matches(given: bytes | None, expected: bytes) -> bool:
+    # NOTE: compare_digest takes the same time wherever the first differing byte is, so the
+    # key cannot be guessed byte by byte from response times.
+    return given is not None and hmac.compare_digest(given, expected)
+
+
+class APIKeyMiddleware:
+    def __init__(self, app: ASGIApp, api_key: str):
+        self.app = app
+        self.expected = api_key.encode("utf-8")
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or scope["path"] in OPEN_PATHS:
+            return await self.app(scope, receive, send)
+        if not key_matches(bearer_token(scope.get("headers", [])), self.expected):
+            error = APIError(
+                401,
+                "missing or incorrect API key: send 'Authorization: Bearer <key>'",
+                code="invalid_api_key",
+                headers={"WWW-Authenticate": "Bearer"},
+            )
+            return await error.response()(scope, receive, send)
+        return await self.app(scope, receive, send)

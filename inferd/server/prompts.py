@@ -1,0 +1,49 @@
+"""Turning request prompts into token ids (run in a worker thread, never on the engine loop).
+
+Each prompt becomes `{"prompt": text or None, "prompt_token_ids": ids}`, the form the engine
+takes without tokenizing again; the engine checks what is left (empty, vocabulary, length).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+# Template variables the server sets itself; chat_template_kwargs cannot replace them.
+_RESERVED = frozenset({"messages", "add_generation_prompt"})
+
+
+def completion_prompts(tokenizer: Any, prompts: list[str | list[int]]) -> list[dict[str, Any]]:
+    out = []
+    for prompt in prompts:
+        if isinstance(prompt, str):
+            if not prompt:
+                raise ValueError("prompt must not be empty")
+            # Completion prompts get the model's special tokens (BOS), as in HF and vLLM.
+            out.append({"prompt": prompt, "prompt_token_ids": tokenizer.encode(prompt)})
+        else:
+            out.append({"prompt": None, "prompt_token_ids": list(prompt)})
+    return out
+
+
+def prompt_text(tokenizer: Any, prompt: dict[str, Any], vocab_size: int) -> str:
+    """The prompt as text, for `echo` (token-id prompts are decoded)."""
+    if prompt["prompt"] is not None:
+        return prompt["prompt"]
+    ids = prompt["prompt_token_ids"]
+    if any(not 0 <= t < vocab_size for t in ids):
+        return ""  # the engine rejects it with the precise message
+    return tokenizer.decode(ids, skip_special_tokens=True)
+
+
+def chat_prompt(
+    tokenizer: Any,
+    messages: list[dict[str, Any]],
+    add_generation_prompt: bool = True,
+    template_kwargs: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    """Render the chat template (a model without one raises a ValueError naming
+    --chat-template) and tokenize it."""
+    extra = {k: v for k, v in (template_kwargs or {}).items() if k not in _RESERVED}
+    text = tokenizer.apply_chat_template(messages, add_generation_prompt, **extra)
+    # NOTE: templates write BOS themselves; adding special tokens again would double it.
+    return {"prompt": text, "prompt_token_ids": tokenizer.encode(text, add_special_tokens=False)}

@@ -1,0 +1,152 @@
+"""What every generation route shares: submit the engine requests behind one HTTP request, read
+their outputs, and abort them the moment the client goes away.
+
+One HTTP request may carry several prompts (completions) and each prompt n samples; each prompt
+is one engine request, and all of them feed one asyncio queue owned by a `RequestGroup`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator
+from typing import Any
+
+from fastapi import Request
+
+from inferd.outputs import RequestOutput
+from inferd.server.async_engine import (
+    AsyncEngine,
+    EngineDeadError,
+    QueueFullError,
+    RequestFailedError,
+)
+from inferd.server.errors import SERVER_ERROR, APIError
+
+_CLOSED = object()  # wakes a reader blocked on the queue after an abort
+RETRY_AFTER_S = 1
+
+
+class ClientDisconnected(Exception):
+    """The client closed the connection before its answer was ready."""
+
+
+class RequestGroup:
+    """The engine requests serving one HTTP request, and their shared output queue."""
+
+    def __init__(self, engine: AsyncEngine):
+        self.engine = engine
+        self.queue: asyncio.Queue = asyncio.Queue()
+        self.request_ids: list[str] = []
+        self._open: set[str] = set()
+        self.closed = False
+
+    async def submit(self, base_id: str, prompts: list[Any], params: Any, arrival: float) -> None:
+        """Queue one engine request per prompt, all or none: they are sent together (so the loop
+        thread takes them in one batch) and the first failure aborts the others."""
+        ids = [f"{base_id}-{i}" for i in range(len(prompts))]
+        pairs = zip(ids, prompts, strict=True)
+        adds = [self.engine.add(rid, p, params, self.queue, arrival) for rid, p in pairs]
+        try:
+            results = await asyncio.gather(*adds, return_exceptions=True)
+        except asyncio.CancelledError:
+            for rid in ids:
+                self.engine.abort(rid)
+            raise
+        for rid, result in zip(ids, results, strict=True):
+            if result is None:
+                self.request_ids.append(rid)
+                self._open.add(rid)
+        error = next((r for r in results if isinstance(r, BaseException)), None)
+        if error is not None:
+            self.abort()
+            raise as_api_error(error)
+
+    async def outputs(self) -> AsyncIterator[RequestOutput]:
+        """Every output of every request (cumulative, per step) until all have finished."""
+        while self._open and not self.closed:
+            item = await self.queue.get()
+            if item is _CLOSED:
+                return
+            if isinstance(item, BaseException):
+                self.abort()
+                raise item
+            if item.finished:
+                self._open.discard(item.request_id)
+            if item.error:
+                self.abort()
+                raise RequestFailedError(item.error)
+            yield item
+
+    def abort(self) -> None:
+        """Abort what is still running (frees its KV blocks before the next step)."""
+        if self.closed:
+            return
+        self.closed = True
+        for rid in self._open:
+            self.engine.abort(rid)
+        self._open.clear()
+        self.queue.put_nowait(_CLOSED)
+
+
+def as_api_error(error: BaseException) -> BaseException:
+    """Engine-side refusals as HTTP errors; ValueError stays (the 400 handler names the field)."""
+    if isinstance(error, QueueFullError):
+        return APIError(
+            503,
+            str(error),
+            SERVER_ERROR,
+            code="queue_full",
+            headers={"Retry-After": str(RETRY_AFTER_S)},
+        )
+    if isinstance(error, EngineDeadError):
+        return APIError(503, str(error), SERVER_ERROR, code="engine_unavailable")
+    if isinstance(error, RequestFailedError):
+        return APIError(500, str(error), SERVER_ERROR, code="engine_error")
+    return error
+
+
+async def wait_for_disconnect(request: Request) -> None:
+    """Returns when the client closes the connection (the body has been read already, so the
+    next ASGI message is the disconnect)."""
+    while True:
+        message = await request.receive()
+        if message["type"] == "http.disconnect":
+            return
+
+
+async def collect(group: RequestGroup, request: Request) -> dict[str, RequestOutput]:
+    """The final output of each request; raises ClientDisconnected (after aborting everything)
+    if the client leaves first."""
+    final: dict[str, RequestOutput] = {}
+
+    async def read() -> None:
+        async for out in group.outputs():
+            if out.finished:
+                final[out.request_id] = out
+
+    reader = asyncio.ensure_future(read())
+    watcher = asyncio.ensure_future(wait_for_disconnect(request))
+    try:
+        await asyncio.wait({reader, watcher}, return_when=asyncio.FIRST_COMPLETED)
+        if reader.done():
+            error = reader.exception()
+            if error is not None:
+                raise as_api_error(error)
+            return final
+        raise ClientDisconnected()
+    finally:
+        group.abort()
+        for task in (reader, watcher):
+            task.cancel()
+
+
+async def abort_on_disconnect(group: RequestGroup, request: Request) -> None:
+    """For streams: Starlette cancels the body generator on disconnect, but only once it next
+    awaits; aborting from here frees the blocks even while the request is still queued."""
+    await wait_for_disconnect(request)
+    group.abort()
+
+
+def arrival_now() -> float:
+    return time.monotonic()

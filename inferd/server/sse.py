@@ -1,0 +1,32 @@
+"""Server-sent events as the OpenAI streaming API frames them: one `data: <json>` event per chunk,
+then `data: [DONE]`. An error after the stream started can no longer change the HTTP status, so
+it travels as an event holding `{"error": {...}}`, still followed by `[DONE]` so that clients
+waiting for the terminator stop reading."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator
+from typing import Any
+
+from fastapi.responses import StreamingResponse
+
+DONE = b"data: [DONE]\n\n"
+HEADERS = {
+    "Cache-Control": "no-cache",
+    "X-Accel-Buffering": "no",  # reverse proxies must not hold tokens back
+}
+
+
+def encode_event(payload: dict[str, Any]) -> bytes:
+    # Compact separators: a chunk per token makes the framing a visible share of the bytes.
+    text = json.dumps(payload, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
+    return b"data: " + text.encode("utf-8") + b"\n\n"
+
+
+def error_event(message: str, type_: str = "server_error", code: str | None = None) -> bytes:
+    return encode_event({"error": {"message": message, "type": type_, "param": None, "code": code}})
+
+
+def sse_response(events: AsyncIterator[bytes]) -> StreamingResponse:
+    return StreamingResponse(events, media_type="text/event-stream", headers=HEADERS)

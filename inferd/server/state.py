@@ -1,0 +1,53 @@
+"""What the routes share: the engine handle, the tokenizer, the served names and the metrics."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from fastapi import Request
+
+from inferd.server.async_engine import AsyncEngine
+from inferd.server.errors import APIError
+from inferd.server.metrics import ServerMetrics
+from inferd.server.responses import TokenText
+
+
+@dataclass
+class ServerState:
+    engine: AsyncEngine
+    tokenizer: Any
+    model_names: list[str]  # the first is the one reported in responses
+    max_model_len: int
+    vocab_size: int
+    fingerprint: str
+    metrics: ServerMetrics
+    texts: TokenText
+    created: int = field(default_factory=lambda: int(time.time()))
+
+    @property
+    def model_name(self) -> str:
+        return self.model_names[0]
+
+    def check_model(self, name: str | None) -> str:
+        """The model a request names must be one this server serves (404 otherwise)."""
+        if name and name not in self.model_names:
+            raise APIError(
+                404,
+                f"the model {name!r} does not exist; this server serves "
+                f"{', '.join(map(repr, self.model_names))}",
+                param="model",
+                code="model_not_found",
+            )
+        return name or self.model_name
+
+    async def tokenize(self, function: Any, *args: Any) -> Any:
+        """Tokenizer work runs in a worker thread: templates and long prompts take milliseconds
+        that other clients' streams should not wait for."""
+        return await asyncio.to_thread(function, *args)
+
+
+def get_state(request: Request) -> ServerState:
+    return request.app.state.inferd

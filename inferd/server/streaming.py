@@ -1,0 +1,67 @@
+"""The SSE body of a streamed completion or chat completion.
+
+The route supplies how to turn one engine output into chunk choices; this module owns the rest
+of a stream's life: the disconnect watch (abort, so the KV blocks are freed before the next
+step), the usage chunk, errors after the headers went out (an error event, then `[DONE]`), and
+the final `[DONE]`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+from inferd.outputs import RequestOutput
+from inferd.server.async_engine import EngineDeadError, RequestFailedError
+from inferd.server.responses import usage_of
+from inferd.server.serving import RequestGroup, abort_on_disconnect
+from inferd.server.sse import DONE, encode_event, error_event
+
+log = logging.getLogger(__name__)
+
+ChunkChoices = Callable[[int, RequestOutput], list[dict[str, Any]]]
+
+
+def stream_error(error: BaseException) -> bytes:
+    if isinstance(error, RequestFailedError):
+        return error_event(str(error), code="engine_error")
+    if isinstance(error, EngineDeadError):
+        return error_event(str(error), code="engine_unavailable")
+    log.error("stream failed", exc_info=error)
+    return error_event("internal server error")
+
+
+async def stream_events(
+    group: RequestGroup,
+    request: Any,
+    head: dict[str, Any],
+    chunk_choices: ChunkChoices,
+    include_usage: bool,
+    opening: list[dict[str, Any]] | None = None,
+) -> AsyncIterator[bytes]:
+    """`head` holds the fields every chunk repeats (id, object, created, model, fingerprint);
+    `opening` are choices sent before any token (the chat role chunk)."""
+    prompt_index = {rid: i for i, rid in enumerate(group.request_ids)}
+    finals: dict[str, RequestOutput] = {}
+    watcher = asyncio.ensure_future(abort_on_disconnect(group, request))
+    try:
+        if opening:
+            yield encode_event({**head, "choices": opening})
+        async for out in group.outputs():
+            choices = chunk_choices(prompt_index[out.request_id], out)
+            if out.finished:
+                finals[out.request_id] = out
+            if choices:
+                yield encode_event({**head, "choices": choices})
+        if include_usage:
+            outs = [finals[r] for r in group.request_ids if r in finals]
+            yield encode_event({**head, "choices": [], "usage": usage_of(outs)})
+        yield DONE
+    except Exception as e:  # noqa: BLE001 - the status line is sent: report in the stream
+        yield stream_error(e)
+        yield DONE
+    finally:
+        watcher.cancel()
+        group.abort()

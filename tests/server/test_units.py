@@ -1,0 +1,250 @@
+"""The server's pure pieces, without a model or a server: request → SamplingParams mapping, SSE
+framing, error mapping, logprob formats, stream deltas, metrics, the API-key check."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+from fastapi.exceptions import RequestValidationError
+from pydantic import ValidationError
+
+from inferd.outputs import CompletionOutput, Logprob, RequestMetrics, RequestOutput
+from inferd.server.auth import bearer_token, key_matches
+from inferd.server.choices import DeltaTracker
+from inferd.server.errors import from_validation_error, from_value_error, guess_param
+from inferd.server.metrics import ServerMetrics
+from inferd.server.protocol import ChatCompletionRequest, CompletionRequest, request_fields
+from inferd.server.responses import (
+    LOGPROB_FLOOR,
+    TokenText,
+    chat_logprobs,
+    completion_logprobs,
+    usage_of,
+)
+from inferd.server.sse import DONE, encode_event, error_event
+
+FIELDS = request_fields()
+
+
+# ---- protocol -----------------------------------------------------------------------------------
+@pytest.mark.parametrize(
+    "prompt, expected",
+    [("hi", ["hi"]), (["a", "b"], ["a", "b"]), ([1, 2], [[1, 2]]), ([[1], [2, 3]], [[1], [2, 3]])],
+)
+def test_completion_prompt_shapes(prompt, expected):
+    assert CompletionRequest(prompt=prompt).prompts() == expected
+
+
+def test_completion_sampling_mapping_keeps_openai_defaults_and_vllm_extras():
+    p = CompletionRequest(prompt="x").sampling_params()
+    assert p.max_tokens == 16 and p.temperature == 1.0 and p.logprobs is None
+    body = dict(prompt="x", max_tokens=5, temperature=0, top_k=3, min_p=0.1, n=2, seed=7,
+                repetition_penalty=1.2, min_tokens=2, ignore_eos=True, stop=["\n"],
+                stop_token_ids=[9], logit_bias={"5": -100}, logprobs=2, echo=True,
+                include_stop_str_in_output=True, skip_special_tokens=False)  # fmt: skip
+    p = CompletionRequest(**body).sampling_params()
+    assert (p.max_tokens, p.temperature, p.top_k, p.min_p, p.n, p.seed) == (5, 0, 3, 0.1, 2, 7)
+    assert p.repetition_penalty == 1.2 and p.min_tokens == 2 and p.ignore_eos
+    assert p.stop == ["\n"] and p.stop_token_ids == [9] and p.logit_bias == {5: -100.0}
+    assert p.logprobs == 2 and p.prompt_logprobs == 2  # echo asks for the prompt's too
+    assert p.include_stop_str_in_output and not p.skip_special_tokens
+
+
+def test_chat_sampling_mapping():
+    msgs = [{"role": "user", "content": "hi"}]
+    p = ChatCompletionRequest(messages=msgs).sampling_params()
+    assert p.max_tokens is None and p.logprobs is None  # None: what the context leaves
+    p = ChatCompletionRequest(messages=msgs, max_tokens=9, max_completion_tokens=4,
+                              logprobs=True, top_logprobs=3).sampling_params()  # fmt: skip
+    assert p.max_tokens == 4 and p.logprobs == 3
+    with pytest.raises(ValueError, match="top_logprobs"):
+        ChatCompletionRequest(messages=msgs, top_logprobs=2).sampling_params()
+    parts = ChatCompletionRequest(messages=[{"role": "user", "content": [
+        {"type": "text", "text": "a"}]}]).template_messages()  # fmt: skip
+    assert parts == [{"role": "user", "content": [{"type": "text", "text": "a"}]}]
+    with pytest.raises(ValueError, match="image_url"):
+        ChatCompletionRequest(messages=[{"role": "user", "content": [
+            {"type": "image_url"}]}]).template_messages()  # fmt: skip
+
+
+STRICT = [("temperature", True), ("temperature", "0.5"), ("n", 1.5), ("max_tokens", "3"),
+          ("stop", 5)]  # fmt: skip
+
+
+@pytest.mark.parametrize("field, value", STRICT)
+def test_types_are_strict(field, value):
+    with pytest.raises(ValidationError):
+        CompletionRequest(prompt="x", **{field: value})
+
+
+def test_range_errors_name_the_parameter():
+    with pytest.raises(ValueError, match="top_p"):
+        CompletionRequest(prompt="x", top_p=2.0).sampling_params()
+
+
+# ---- errors -------------------------------------------------------------------------------------
+@pytest.mark.parametrize(
+    "message, param",
+    [
+        ("top_p must be a number in (0, 1], got 2.0", "top_p"),
+        ("logit_bias[5] must be a finite number in [-100, 100], got 300", "logit_bias"),
+        ("the prompt is empty: it must contain at least one token", "prompt"),
+        ("prompt token id 300000 is outside the vocabulary [0, 262144)", "prompt"),
+        ("prompt (5 tokens) + max_tokens (9000) = 9005 exceeds max_model_len (7264)", "max_tokens"),
+        ("something unrelated", None),
+    ],
+)
+def test_guess_param(message, param):
+    assert guess_param(message, FIELDS) == param
+
+
+def test_value_error_mapping_for_chat_and_context_length():
+    e = from_value_error(ValueError("the prompt is empty"), FIELDS, prompt_param="messages")
+    assert (e.status, e.param) == (400, "messages")
+    e = from_value_error(ValueError("prompt (5 tokens) + max_tokens (9) exceeds max_model_len"),
+                         FIELDS)  # fmt: skip
+    assert e.code == "context_length_exceeded"
+    body = e.body()["error"]
+    assert set(body) == {"message", "type", "param", "code"}
+
+
+def _validation_error(model, data) -> RequestValidationError:
+    try:
+        model.model_validate(data)
+    except ValidationError as e:
+        return RequestValidationError([{**err, "loc": ("body", *err["loc"])} for err in e.errors()])
+    raise AssertionError("expected a validation error")
+
+
+def test_schema_errors_become_400_naming_the_field_without_internals():
+    e = from_validation_error(_validation_error(CompletionRequest, {"prompt": 5}))
+    assert e.status == 400 and e.param == "prompt" and e.message.startswith("prompt must be")
+    e = from_validation_error(_validation_error(ChatCompletionRequest, {"messages": [{}]}))
+    assert e.param == "messages.0.role" and "required" in e.message
+    e = from_validation_error(_validation_error(CompletionRequest, {"prompt": "x", "n": "two"}))
+    assert e.param == "n" and "str" not in e.param
+    for err in (e,):
+        assert "/" not in err.message and "pydantic" not in err.message
+
+
+# ---- SSE ----------------------------------------------------------------------------------------
+def test_sse_framing():
+    event = encode_event({"a": "é", "b": [1, 2]})
+    assert event == 'data: {"a":"é","b":[1,2]}\n\n'.encode()
+    assert DONE == b"data: [DONE]\n\n"
+    payload = json.loads(error_event("boom", code="engine_error")[6:])
+    assert payload == {"error": {"message": "boom", "type": "server_error", "param": None,
+                                 "code": "engine_error"}}  # fmt: skip
+    with pytest.raises(ValueError):
+        encode_event({"x": math.inf})  # never emit JSON that strict parsers reject
+
+
+# ---- logprobs, usage, deltas --------------------------------------------------------------------
+class CharTokenizer:
+    """Token i is the letter chr(97 + i); 9 is a special token; 10 is the byte token <0xC3>."""
+
+    all_special_ids = (9,)
+
+    def decode(self, ids, skip_special_tokens=True):
+        return "".join("<s>" if i == 9 else "\ufffd" if i == 10 else chr(97 + i) for i in ids)
+
+    def convert_ids_to_tokens(self, ids):
+        return ["<0xC3>" if i == 10 else chr(97 + i) for i in ids]
+
+
+def test_completion_logprobs_format():
+    texts = TokenText(CharTokenizer())
+    entries = [None, {1: Logprob(-0.5, 1), 2: Logprob(-1.5, 2)},
+               {3: Logprob(-float("inf"), 9), 0: Logprob(-0.1, 1)}]  # fmt: skip
+    lp, end = completion_logprobs([0, 1, 3], entries, texts, text_offset=4)
+    assert lp["tokens"] == ["a", "b", "d"] and lp["text_offset"] == [4, 5, 6] and end == 7
+    assert lp["token_logprobs"] == [None, -0.5, LOGPROB_FLOOR]
+    assert lp["top_logprobs"] == [None, {"b": -0.5, "c": -1.5}, {"d": LOGPROB_FLOOR, "a": -0.1}]
+
+
+def test_chat_logprobs_lists_the_top_alternatives_in_rank_order():
+    texts = TokenText(CharTokenizer())
+    entry = {5: Logprob(-3.0, 4), 1: Logprob(-0.2, 1), 10: Logprob(-1.0, 2), 2: Logprob(-2, 3)}
+    [item] = chat_logprobs([5], [entry], texts, top=2)
+    assert item["token"] == "f" and item["logprob"] == -3.0 and item["bytes"] == [ord("f")]
+    assert [a["token"] for a in item["top_logprobs"]] == ["b", "\ufffd"]
+    assert item["top_logprobs"][1]["bytes"] == [0xC3]  # the byte itself, not U+FFFD's bytes
+
+
+def test_usage_counts_each_prompt_once_whatever_n():
+    outs = [
+        RequestOutput("a", None, [1, 2, 3], [CompletionOutput(0, "", [4, 5]),
+                                             CompletionOutput(1, "", [6])], True),
+        RequestOutput("b", None, [1], [CompletionOutput(0, "", [7])], True),
+    ]  # fmt: skip
+    assert usage_of(outs) == {"prompt_tokens": 4, "completion_tokens": 4, "total_tokens": 8}
+
+
+def test_delta_tracker_sends_only_what_is_new_and_finishes_once():
+    t = DeltaTracker()
+    d = t.take(0, "Hel", 2, None, tokens_too=False)
+    assert (d.text, d.token_start, d.token_end, d.finish_reason) == ("Hel", 0, 2, None)
+    assert t.take(0, "Hel", 3, None, tokens_too=False) is None  # a token held back, no text
+    d = t.take(0, "Hel", 3, None, tokens_too=True)  # ...still owed when logprobs want it
+    assert (d.text, d.token_start, d.token_end) == ("", 2, 3)
+    d = t.take(0, "Hello", 4, "stop", tokens_too=False)
+    assert (d.text, d.token_start, d.finish_reason) == ("lo", 3, "stop")
+    assert t.take(0, "Hello", 4, "stop", tokens_too=False) is None and t.finished(0)
+    assert t.take(1, "x", 1, None, tokens_too=False).text == "x"  # choices are independent
+
+
+# ---- metrics ------------------------------------------------------------------------------------
+def _out(rid, n_tokens, t, finished=False, reason=None):
+    m = RequestMetrics(arrival_time=0.0, first_scheduled_time=0.5, first_token_time=1.0,
+                       last_token_time=t, num_generation_tokens=n_tokens)  # fmt: skip
+    if finished:
+        m.finished_time = t
+    return RequestOutput(rid, None, [1], [CompletionOutput(0, "", [0] * n_tokens,
+                                                           finish_reason=reason)], finished,
+                         metrics=m)  # fmt: skip
+
+
+def _sample(text: str, name: str) -> float:
+    line = next(ln for ln in text.splitlines() if ln.startswith(name))
+    return float(line.rsplit(" ", 1)[1])
+
+
+def test_metrics_observe_itl_per_token_and_the_request_histograms():
+    a, b = ServerMetrics("m"), ServerMetrics("m")  # separate registries: no clash
+    a.observe_output(_out("r", 1, 1.0))
+    a.observe_output(_out("r", 2, 1.2))
+    a.observe_output(_out("r", 4, 1.6, finished=True, reason="length"))
+    text = a.render().decode()
+    assert _sample(text, "inferd:inter_token_latency_seconds_count") == 3  # 1 + 2 tokens
+    assert math.isclose(_sample(text, "inferd:inter_token_latency_seconds_sum"), 0.6)
+    assert _sample(text, "inferd:time_to_first_token_seconds_sum") == 1.0
+    assert _sample(text, "inferd:e2e_request_latency_seconds_sum") == 1.6
+    assert _sample(text, "inferd:request_queue_time_seconds_sum") == 0.5
+    assert _sample(text, "inferd:request_prefill_time_seconds_sum") == 0.5
+    assert math.isclose(_sample(text, "inferd:request_decode_time_seconds_sum"), 0.6)
+    assert 'inferd:request_success_total{finished_reason="length",model_name="m"} 1.0' in text
+    assert "inter_token_latency_seconds_count" in b.render().decode()
+
+
+def test_metrics_counters_advance_by_stats_deltas():
+    from inferd.engine.engine import EngineStats
+
+    m = ServerMetrics("m")
+    m.update_stats(EngineStats(2, 1, 0.25, 0, 10, 4, 100, 7, 3))
+    text = m.render(EngineStats(1, 0, 0.5, 1, 12, 6, 120, 9, 4)).decode()
+    assert _sample(text, "inferd:prompt_tokens_total") == 120
+    assert _sample(text, "inferd:generation_tokens_total") == 9
+    assert _sample(text, "inferd:prefix_cache_hits_total") == 6
+    assert _sample(text, "inferd:num_requests_running") == 1
+    assert _sample(text, "inferd:kv_cache_usage_perc") == 0.5
+
+
+# ---- auth ---------------------------------------------------------------------------------------
+def test_bearer_token_and_constant_time_match():
+    assert bearer_token([(b"authorization", b"Bearer abc")]) == b"abc"
+    assert bearer_token([(b"Authorization", b"Basic abc")]) is None
+    assert bearer_token([]) is None
+    assert key_matches(b"abc", b"abc") and not key_matches(b"abd", b"abc")
+    assert not key_matches(None, b"abc") and not key_matches(b"", b"abc")
