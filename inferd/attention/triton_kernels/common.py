@@ -1,0 +1,101 @@
+"""Pieces shared by the paged attention kernels: score transforms, operand preparation and the
+tile sizes chosen on the host.
+
+Scores live in the log2 domain inside the kernels (`exp2` is the cheap exponential on GPUs), so
+every score is multiplied by log2(e) once, after scaling and soft-capping.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import triton
+import triton.language as tl
+
+LOG2E = tl.constexpr(1.4426950408889634)
+
+
+def interpreted(kernel) -> bool:
+    """Whether `kernel` runs under the interpreter: `triton.jit` decides when it decorates,
+    from TRITON_INTERPRET, so this is fixed per process and import."""
+    return not isinstance(kernel, triton.runtime.JITFunction)
+
+
+@triton.jit
+def tanh(x):
+    # Core triton has no tanh that also runs in the interpreter; exp(-2|x|) never overflows.
+    e = tl.exp(-2.0 * tl.abs(x))
+    t = (1.0 - e) / (1.0 + e)
+    return tl.where(x >= 0, t, -t)
+
+
+@triton.jit
+def log2_scores(qk, scale, softcap, HAS_SOFTCAP: tl.constexpr):
+    """Raw q·k products → scaled, optionally soft-capped scores, in the log2 domain."""
+    s = qk * scale
+    if HAS_SOFTCAP:
+        s = softcap * tanh(s / softcap)
+    return s * LOG2E
+
+
+@triton.jit
+def dot_operand(x, INTERPRETED: tl.constexpr):
+    # NOTE: the CPU interpreter stores bfloat16 as raw uint16 and its tl.dot multiplies the bit
+    # patterns (triton-lang/triton#11584), so on CPU the operands go through float32. The
+    # products of two 16-bit floats are exact in float32, so this only changes summation order.
+    if INTERPRETED:
+        x = x.to(tl.float32)
+    return x
+
+
+@triton.jit
+def downcast(x, dtype: tl.constexpr, INTERPRETED: tl.constexpr):
+    """`x.to(dtype)` with round-to-nearest-even everywhere."""
+    # NOTE: the CPU interpreter truncates float32 → bfloat16 where GPUs round to nearest even;
+    # on CPU the rounding is done on the bits, so the tests see the values a GPU produces.
+    if INTERPRETED and dtype == tl.bfloat16 and x.dtype == tl.float32:
+        bits = x.to(tl.uint32, bitcast=True)
+        bits += 0x7FFF + ((bits >> 16) & 1)
+        return (bits >> 16).to(tl.uint16).to(tl.bfloat16, bitcast=True)
+    return x.to(dtype)
+
+
+@triton.jit
+def mma(a, b, IEEE: tl.constexpr):
+    # float32 operands default to TF32 tensor cores (10-bit mantissa); float32 models ask for
+    # exact products so they match the reference. 16-bit operands ignore the choice.
+    if IEEE:
+        return tl.dot(a, b, input_precision="ieee")
+    return tl.dot(a, b)
+
+
+@dataclass(frozen=True)
+class Tiles:
+    group_pad: int  # query heads per KV head, padded to a power of two
+    head_pad: int  # head_dim padded to a power of two (≥ 16, the smallest tl.dot side)
+    block_q: int  # query tokens per prefill program (block_q * group_pad rows)
+    block_n: int  # keys per inner-loop tile
+    num_warps: int
+
+
+def prefill_tiles(head_dim: int, group: int, exact_fp32: bool = False) -> Tiles:
+    """~64 rows (tokens × heads of one KV group) per program, so each K/V tile loaded from the
+    cache serves every query head that shares it. Wide heads get narrower key tiles and more
+    warps, keeping the float32 accumulator [rows, head_dim] within the register file. Exact
+    float32 products run on FMA units, not tensor cores, and need far smaller tiles not to spill.
+    (Sizes checked for register spills with ptxas for sm_90; not tuned on a GPU.)"""
+    head_pad = max(16, triton.next_power_of_2(head_dim))
+    group_pad = triton.next_power_of_2(group)
+    if exact_fp32:
+        return Tiles(group_pad, head_pad, max(1, 16 // group_pad), 16, 4)
+    block_q = max(1, 64 // group_pad)
+    block_n = 64 if head_pad <= 128 else 32
+    return Tiles(group_pad, head_pad, block_q, block_n, 4 if head_pad <= 128 else 8)
+
+
+def decode_tiles(head_dim: int, group: int) -> Tiles:
+    """One query token: the rows are the group's query heads, padded to 16 for tl.dot."""
+    head_pad = max(16, triton.next_power_of_2(head_dim))
+    group_pad = max(16, triton.next_power_of_2(group))
+    block_n = 64 if head_pad <= 128 else 32
+    return Tiles(group_pad, head_pad, 1, block_n, 4)
