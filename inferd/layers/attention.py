@@ -4,12 +4,13 @@ RMSNorm (Qwen3, Gemma 3), RoPE, then the step's attention backend."""
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from inferd.attention.backend import ForwardContext, LayerAttentionSpec
 from inferd.config import ModelConfig
 from inferd.layers.linear import Linear
-from inferd.layers.norm import RMSNorm
+from inferd.layers.norm import RMSNorm, stacked_gain
 from inferd.layers.rotary import apply_rotary
 
 
@@ -44,6 +45,14 @@ class SelfAttention(nn.Module):
             self.k_norm = RMSNorm(hd, config.rms_norm_eps, norm_offset, dtype)
         else:
             self.q_norm = self.k_norm = None
+        self._qk_gain: torch.Tensor | None = None
+
+    def finalize(self) -> None:
+        """After loading: q and k norms as one [q heads + kv heads, head_dim] gain, so one
+        normalisation and one rotation cover both (fewer ops per decode step)."""
+        if self.q_norm is not None:
+            s = self.spec
+            self._qk_gain = stacked_gain([(self.q_norm, s.num_heads), (self.k_norm, s.num_kv_heads)])
 
     def forward(
         self,
@@ -52,14 +61,14 @@ class SelfAttention(nn.Module):
         ctx: ForwardContext,
     ) -> torch.Tensor:
         n = x.shape[0]
-        hd = self.spec.head_dim
-        q, k, v = self.qkv_proj(x).split([self.q_size, self.kv_size, self.kv_size], dim=-1)
-        q = q.view(n, -1, hd)
-        k = k.view(n, -1, hd)
-        v = v.view(n, -1, hd)
-        if self.q_norm is not None:
-            q, k = self.q_norm(q), self.k_norm(k)
-        cos, sin = rope
-        q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
-        out = ctx.attend(self.spec, q, k, v)
+        s = self.spec
+        qkv = self.qkv_proj(x).view(n, s.num_heads + 2 * s.num_kv_heads, s.head_dim)
+        qk, v = qkv[:, : s.num_heads + s.num_kv_heads], qkv[:, s.num_heads + s.num_kv_heads :]
+        if self._qk_gain is not None:
+            qk = F.rms_norm(qk.float(), (s.head_dim,), None, self.q_norm.eps)
+            qk = (qk * self._qk_gain).to(x.dtype)
+        elif self.q_norm is not None:
+            qk = torch.cat([self.q_norm(qk[:, : s.num_heads]), self.k_norm(qk[:, s.num_heads :])], 1)
+        qk = apply_rotary(qk, *rope)
+        out = ctx.attend(s, qk[:, : s.num_heads], qk[:, s.num_heads :], v)
         return self.o_proj(out.reshape(n, -1))

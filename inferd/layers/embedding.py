@@ -12,13 +12,11 @@ class VocabEmbedding(nn.Module):
         super().__init__()
         self.weight = nn.Parameter(torch.empty(vocab_size, dim, dtype=dtype), requires_grad=False)
         # Gemma multiplies by sqrt(hidden) rounded to the weight dtype, as HF does.
-        self.multiplier = multiplier
+        self.multiplier = float(torch.tensor(multiplier, dtype=torch.float32).to(dtype))
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
         x = F.embedding(ids, self.weight)
-        if self.multiplier != 1.0:
-            x = x * torch.tensor(self.multiplier, dtype=torch.float32).to(x.dtype)
-        return x
+        return x * self.multiplier if self.multiplier != 1.0 else x
 
 
 class LMHead(nn.Module):
@@ -35,8 +33,9 @@ class LMHead(nn.Module):
         self.small_step = None  # see Linear.small_step
 
     def forward(self, hidden: torch.Tensor, softcap: float | None = None) -> torch.Tensor:
-        logits = self.small_step(hidden) if self.small_step is not None else None
-        if logits is None:
+        if self.small_step is not None and hidden.shape[0] <= self.small_step.max_rows:
+            logits = self.small_step(hidden)
+        else:
             logits = F.linear(hidden, self.weight)
         if softcap is not None:
             logits = torch.tanh(logits / softcap) * softcap

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 
@@ -11,23 +12,31 @@ class RMSNorm(nn.Module):
 
     The two differ in where they round: Llama-style multiplies the weight after casting back to
     the input dtype, Gemma-style before. Both are kept exactly, so low-precision runs match HF.
+    `F.rms_norm` over float32 input gives the same bits as the written-out formula in one op.
     """
 
     def __init__(self, dim: int, eps: float, unit_offset: bool = False, dtype=None):
         super().__init__()
-        self.eps, self.unit_offset = eps, unit_offset
+        self.dim, self.eps, self.unit_offset = dim, eps, unit_offset
         self.weight = nn.Parameter(torch.ones(dim, dtype=dtype), requires_grad=False)
         self._gain: torch.Tensor | None = None  # float32 (1 + w), set by `finalize`
 
     def finalize(self) -> None:
         """Precompute the float32 gain once the weights are loaded (same bits as per call)."""
-        if self.unit_offset:
-            self._gain = 1.0 + self.weight.float()
+        self._gain = (1.0 + self.weight.float()) if self.unit_offset else None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x32 = x.float()
-        x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
         if self.unit_offset:
             gain = self._gain if self._gain is not None else 1.0 + self.weight.float()
-            return (x32 * gain).to(x.dtype)
-        return self.weight * x32.to(x.dtype)
+            return F.rms_norm(x.float(), (self.dim,), gain, self.eps).to(x.dtype)
+        if x.dtype == torch.float32:
+            return F.rms_norm(x, (self.dim,), self.weight, self.eps)
+        return self.weight * F.rms_norm(x.float(), (self.dim,), None, self.eps).to(x.dtype)
+
+
+def stacked_gain(norms: list[tuple[RMSNorm, int]]) -> torch.Tensor | None:
+    """One [sum(heads), dim] float32 gain for several per-head norms applied as one (q and k
+    norms over the heads of a fused projection). None unless all use the (1 + w) form."""
+    if not all(n.unit_offset for n, _ in norms):
+        return None
+    return torch.cat([(1.0 + n.weight.float()).expand(heads, -1) for n, heads in norms])

@@ -18,52 +18,65 @@ of 32 input channels (the layout `_weight_int4pack_mm_for_cpu` consumes).
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
 import torch
+from torch import nn
 
 INT4_GROUP = 32
 QUANTIZATION_METHODS = ("int8", "int4")
 # Largest step (rows) for which the integer kernel beats bf16 GEMM, per kind of matrix.
 ROW_LIMITS = {("int8", "linear"): 4, ("int4", "linear"): 4, ("int8", "head"): 2, ("int4", "head"): 8}
 
-Kernel = Callable[[torch.Tensor], torch.Tensor]
+class Int8Kernel(nn.Module):
+    """Symmetric per-output-channel int8 weights: w ≈ q * scale."""
+
+    def __init__(self, w: torch.Tensor, max_rows: int):
+        super().__init__()
+        w = w.float()
+        scales = (w.abs().amax(dim=1) / 127).clamp(min=1e-12).to(torch.bfloat16)
+        self.register_buffer("q", torch.round(w / scales.float()[:, None]).clamp(-127, 127).to(torch.int8))
+        self.register_buffer("scales", scales)
+        self.max_rows = max_rows
+
+    def dequantized(self) -> torch.Tensor:
+        return (self.q.float() * self.scales.float()[:, None]).to(torch.bfloat16)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.ops.aten._weight_int8pack_mm(x, self.q, self.scales)
 
 
-def quantize_int8(w: torch.Tensor) -> tuple[Kernel, torch.Tensor]:
-    """(kernel for small steps, bf16 dequantised weight) of a [out, in] matrix."""
-    w = w.float()
-    scales = (w.abs().amax(dim=1) / 127).clamp(min=1e-12).to(torch.bfloat16)
-    q = torch.round(w / scales.float()[:, None]).clamp(-127, 127).to(torch.int8)
-    dequant = (q.float() * scales.float()[:, None]).to(torch.bfloat16)
+class Int4Kernel(nn.Module):
+    """Asymmetric 4-bit groups along the input: w ≈ (q - 8) * scale + zero, q in [0, 15]."""
 
-    def kernel(x: torch.Tensor) -> torch.Tensor:
-        return torch.ops.aten._weight_int8pack_mm(x, q, scales)
+    def __init__(self, w: torch.Tensor, max_rows: int, group: int = INT4_GROUP):
+        super().__init__()
+        out_features, in_features = w.shape
+        if in_features % group or out_features % 16:
+            raise ValueError(
+                f"int4 needs input features divisible by {group} and output features by 16, "
+                f"got a {out_features} x {in_features} matrix"
+            )
+        g = w.float().view(out_features, in_features // group, group)
+        lo, hi = g.amin(dim=-1), g.amax(dim=-1)
+        scale = ((hi - lo) / 15).clamp(min=1e-8).to(torch.bfloat16).float()
+        q = torch.round((g - lo[..., None]) / scale[..., None]).clamp(0, 15)
+        zero = (lo + 8 * scale).to(torch.bfloat16).float()
+        self._dequant = ((q - 8) * scale[..., None] + zero[..., None]).view(w.shape)
+        packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(
+            q.to(torch.int32).view(out_features, in_features), 1
+        )
+        self.register_buffer("packed", packed)
+        sz = torch.stack([scale, zero], dim=-1).transpose(0, 1).contiguous()
+        self.register_buffer("scales_zeros", sz.to(torch.bfloat16))
+        self.group, self.max_rows = group, max_rows
 
-    return kernel, dequant
+    def dequantized(self) -> torch.Tensor:
+        out, self._dequant = self._dequant.to(torch.bfloat16), None  # needed once, at load
+        return out
 
-
-def quantize_int4(w: torch.Tensor, group: int = INT4_GROUP) -> tuple[Kernel, torch.Tensor]:
-    """Asymmetric 4-bit groups: w ≈ (q - 8) * scale + zero, q in [0, 15]."""
-    out_features, in_features = w.shape
-    if in_features % group:
-        raise ValueError(f"int4 needs input features divisible by {group}, got {in_features}")
-    g = w.float().view(out_features, in_features // group, group)
-    lo, hi = g.amin(dim=-1), g.amax(dim=-1)
-    scale = ((hi - lo) / 15).clamp(min=1e-8).to(torch.bfloat16).float()
-    q = torch.round((g - lo[..., None]) / scale[..., None]).clamp(0, 15)
-    zero = (lo + 8 * scale).to(torch.bfloat16).float()
-    dequant = ((q - 8) * scale[..., None] + zero[..., None]).view(out_features, in_features)
-    packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(
-        q.to(torch.int32).view(out_features, in_features), 1
-    )
-    scales_zeros = torch.stack([scale, zero], dim=-1).transpose(0, 1).contiguous()
-    scales_zeros = scales_zeros.to(torch.bfloat16)
-
-    def kernel(x: torch.Tensor) -> torch.Tensor:
-        return torch.ops.aten._weight_int4pack_mm_for_cpu(x, packed, group, scales_zeros)
-
-    return kernel, dequant.to(torch.bfloat16)
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.ops.aten._weight_int4pack_mm_for_cpu(
+            x, self.packed, self.group, self.scales_zeros
+        )
 
 
 def check_quantization(method: str, device: torch.device) -> None:
@@ -75,40 +88,24 @@ def check_quantization(method: str, device: torch.device) -> None:
         raise ValueError(f"--quantization {method} uses CPU kernels; it is not available on {device}")
 
 
-def quantize(w: torch.Tensor, method: str) -> tuple[Kernel, torch.Tensor]:
-    if method == "int8":
-        return quantize_int8(w)
-    if method == "int4":
-        return quantize_int4(w)
-    raise ValueError(
-        f"quantization must be one of {', '.join(QUANTIZATION_METHODS)}, got {method!r}"
-    )
-
-
-class SmallStepKernel:
-    """Run `kernel` for steps of at most `max_rows` rows; larger ones use the bf16 matrix."""
-
-    def __init__(self, kernel: Kernel, max_rows: int):
-        self.kernel, self.max_rows = kernel, max_rows
-
-    def __call__(self, x: torch.Tensor) -> torch.Tensor | None:
-        if x.shape[0] <= self.max_rows:
-            return self.kernel(x)
-        return None
+KERNELS = {"int8": Int8Kernel, "int4": Int4Kernel}
 
 
 def quantize_model(model: torch.nn.Module, method: str) -> None:
-    """Quantise every Linear and the LM head of a loaded bf16 model in place."""
+    """Quantise every Linear and the LM head of a loaded bf16 model in place. Each keeps its
+    integer kernel as `small_step` (used for steps of at most `max_rows` rows) and, as its
+    weight, the exact bf16 dequantisation of the same integers (used for larger steps)."""
     from inferd.layers.embedding import LMHead
     from inferd.layers.linear import Linear
 
-    for module in model.modules():
+    kernel_cls = KERNELS[method]
+    for module in list(model.modules()):
         if isinstance(module, Linear):
-            kernel, dequant = quantize(module.weight.data, method)
-            module.weight.data = dequant
-            module.small_step = SmallStepKernel(kernel, ROW_LIMITS[(method, "linear")])
+            kernel = kernel_cls(module.weight.data, ROW_LIMITS[(method, "linear")])
+            module.weight.data = kernel.dequantized()
+            module.small_step = kernel
         elif isinstance(module, LMHead):
-            kernel, dequant = quantize(module.weight.data, method)
+            kernel = kernel_cls(module.weight.data, ROW_LIMITS[(method, "head")])
             # The head gets its own matrix: the (tied) embedding keeps the original values.
-            module.weight = torch.nn.Parameter(dequant, requires_grad=False)
-            module.small_step = SmallStepKernel(kernel, ROW_LIMITS[(method, "head")])
+            module.weight = nn.Parameter(kernel.dequantized(), requires_grad=False)
+            module.small_step = kernel

@@ -56,16 +56,20 @@ class RotaryEmbedding:
         self.inv_freq = inv_frequencies(head_dim, rope).to(device)
 
     def cos_sin(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos and *signed* sin, [tokens, 1, head_dim], for `apply_rotary`."""
         if self.inv_freq.device != positions.device:
             self.inv_freq = self.inv_freq.to(positions.device)
         freqs = positions.float()[:, None] * self.inv_freq[None, :]
         emb = torch.cat((freqs, freqs), dim=-1)
-        # [tokens, 1, head_dim] so they broadcast over heads
-        return emb.cos().to(dtype)[:, None, :], emb.sin().to(dtype)[:, None, :]
+        sin = emb.sin()
+        half = sin.shape[-1] // 2
+        sin[:, :half].neg_()  # rotate_half(x) * sin == swap_halves(x) * (-sin, +sin)
+        return emb.cos().to(dtype)[:, None, :], sin.to(dtype)[:, None, :]
 
 
-def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """x: [tokens, heads, head_dim]."""
-    half = x.shape[-1] // 2
-    rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
-    return x * cos + rotated * sin
+def apply_rotary(x: torch.Tensor, cos: torch.Tensor, signed_sin: torch.Tensor) -> torch.Tensor:
+    """x: [tokens, heads, head_dim]; the halves of each head rotate as (x1, x2) pairs, HF's
+    "rotate half" layout. Same products and sum as x * cos + rotate_half(x) * sin."""
+    n, heads, dim = x.shape
+    swapped = x.view(n, heads, 2, dim // 2).flip(2).view(n, heads, dim)
+    return torch.addcmul(x * cos, swapped, signed_sin)

@@ -11,6 +11,7 @@ from torch import nn
 from inferd.attention.backend import ForwardContext
 from inferd.config import ModelConfig
 from inferd.errors import ModelLoadError
+from inferd.layers.attention import SelfAttention
 from inferd.layers.embedding import LMHead, VocabEmbedding
 from inferd.layers.linear import Linear
 from inferd.layers.norm import RMSNorm
@@ -115,4 +116,7 @@ class CausalLM(nn.Module):
             raise ModelLoadError(f"checkpoint lacks {len(pending)} tensors, e.g. {missing}")
         for module in self.modules():
             if isinstance(module, RMSNorm):
+                module.finalize()
+        for module in self.modules():
+            if isinstance(module, SelfAttention):
                 module.finalize()

@@ -1,0 +1,59 @@
+"""Weight-only quantisation: the integer kernel (small steps) and the bf16 dequantised matrix
+(large steps) are the same model, and both stay close to the original weights."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from inferd.layers.linear import Linear
+from inferd.layers.quant import Int4Kernel, Int8Kernel, quantize_model
+
+
+@pytest.mark.parametrize("kernel_cls, rel_err", [(Int8Kernel, 0.01), (Int4Kernel, 0.1)])
+def test_kernel_equals_its_dequantised_matrix(kernel_cls, rel_err):
+    torch.manual_seed(0)
+    w = torch.randn(256, 128) * 0.05
+    kernel = kernel_cls(w, max_rows=4)
+    dq = kernel.dequantized()
+    x = torch.randn(3, 128).bfloat16()
+    small = kernel(x).float()
+    large = F.linear(x.float(), dq.float())
+    # Same integers: only rounding of the bf16 products/sums differs.
+    torch.testing.assert_close(small, large, rtol=2e-2, atol=2e-2)
+    # The quantisation error itself is bounded (per-weight, relative to the row's range).
+    err = (dq.float() - w).abs().max() / w.abs().max()
+    assert err < rel_err
+
+
+def test_int4_groups_hold_16_levels_each():
+    w = torch.linspace(-1, 1, 64).repeat(16, 1)
+    kernel = Int4Kernel(w, max_rows=4)
+    dq = kernel.dequantized().float()
+    assert all(len(torch.unique(g)) <= 16 for g in dq.reshape(-1, 32))
+
+
+def test_linear_switches_kernels_by_step_size():
+    torch.manual_seed(1)
+    lin = Linear(64, 96, bias=True, dtype=torch.bfloat16)
+    lin.weight.data.normal_(0, 0.05)
+    lin.bias.data.normal_(0, 0.05)
+    calls = []
+
+    class Spy(torch.nn.Module):
+        def __init__(self, inner):
+            super().__init__()
+            self.inner, self.max_rows = inner, inner.max_rows
+
+        def forward(self, x):
+            calls.append(x.shape[0])
+            return self.inner(x)
+
+    model = torch.nn.Sequential(lin)
+    quantize_model(model, "int8")
+    lin.small_step = Spy(lin.small_step)
+    small = lin(torch.randn(2, 64).bfloat16())
+    large = lin(torch.randn(16, 64).bfloat16())
+    assert calls == [2]  # only the small step used the integer kernel
+    assert small.shape == (2, 96) and large.shape == (16, 96)
