@@ -113,3 +113,5 @@ class EngineConfig:
     quantization: str | None = None
     kv_cache_dtype: str = "auto"
     num_threads: int | None = None  # CPU intra-op threads; None = torch's default
+    attention_backend: str = "auto"  # "torch", "triton"; auto = triton on CUDA when installed
+    enforce_eager: bool = False  # no CUDA graphs

@@ -46,6 +46,8 @@ def add_engine_arguments(parser: argparse.ArgumentParser, model_positional: bool
     parser.add_argument("--quantization", default=None, help="weight-only: int8")
     parser.add_argument("--kv-cache-dtype", default="auto")
     parser.add_argument("--threads", type=_positive_int, default=None, help="CPU threads")
+    parser.add_argument("--attention-backend", default="auto", choices=["auto", "torch", "triton"])
+    parser.add_argument("--enforce-eager", action="store_true", help="no CUDA graphs")
 
 
 def engine_config_from_args(args: argparse.Namespace):
@@ -69,6 +71,8 @@ def engine_config_from_args(args: argparse.Namespace):
         quantization=args.quantization,
         kv_cache_dtype=args.kv_cache_dtype,
         num_threads=args.threads,
+        attention_backend=args.attention_backend,
+        enforce_eager=args.enforce_eager,
     )
 
 

@@ -57,6 +57,26 @@ def _kv_budget(config: EngineConfig, device: torch.device, model: torch.nn.Modul
     return CPU_DEFAULTS["kv_cache_memory"]
 
 
+def _attention_backend(config: EngineConfig, device: torch.device):
+    from inferd.attention.torch_backend import TorchAttentionBackend
+
+    choice = config.attention_backend
+    if choice not in ("auto", "torch", "triton"):
+        raise ValueError(f"attention_backend must be auto, torch or triton, got {choice!r}")
+    if choice == "torch" or (choice == "auto" and device.type != "cuda"):
+        return TorchAttentionBackend()
+    try:
+        from inferd.attention.triton_backend import TritonAttentionBackend
+    except ImportError as e:
+        if choice == "triton":
+            raise ValueError("attention_backend triton needs the triton package") from e
+        log.warning("triton is not installed: using the torch attention backend on %s", device)
+        return TorchAttentionBackend()
+    if device.type != "cuda":
+        raise ValueError("the triton attention backend runs on CUDA devices only")
+    return TritonAttentionBackend()
+
+
 def set_up_engine(config: EngineConfig) -> EngineSetup:
     t0 = time.monotonic()
     for name in ("max_model_len", "max_num_seqs", "max_num_batched_tokens", "block_size"):
@@ -98,7 +118,16 @@ def set_up_engine(config: EngineConfig) -> EngineSetup:
             )
         log.warning("max_model_len lowered from %d to %d to fit the KV cache", max_len, plan.token_capacity)
         max_len = plan.token_capacity
-    runner = ModelRunner(model, plan.num_blocks, config.block_size, kv_dtype, device)
+    runner = ModelRunner(model, plan.num_blocks, config.block_size, kv_dtype, device,
+                         _attention_backend(config, device))  # fmt: skip
+    if device.type == "cuda" and not config.enforce_eager and runner.backend.name == "triton":
+        from inferd.engine.cuda_graphs import CUDAGraphDecoder
+
+        graphs = CUDAGraphDecoder(runner, max_num_seqs, max_len)
+        seconds = graphs.capture()
+        runner.graphs = graphs
+        log.warning("CUDA graphs captured for batch sizes up to %d in %.1f s",
+                    graphs.sizes[-1], seconds)  # fmt: skip
     seconds = time.monotonic() - t0
     log.info("loaded %s (%s, %s) in %.2f s; KV pool %.1f MiB = %d tokens",
              checkpoint.display_name, device, dtype, seconds, plan.total_bytes / 2**20,

@@ -44,6 +44,7 @@ class ModelRunner:
     ):
         self.model, self.block_size, self.device = model, block_size, device
         self.backend = backend or TorchAttentionBackend()
+        self.graphs = None  # a CUDAGraphDecoder once captured (GPU)
         cfg = model.config
         self.groups = cfg.kv_groups()
         if len(num_blocks) != len(self.groups):
@@ -113,6 +114,8 @@ class ModelRunner:
         self, steps: list[SequenceStep]
     ) -> tuple[torch.Tensor, dict[int, torch.Tensor]]:
         """Also returns, for steps with `all_logits`, the logits of all their new tokens."""
+        if self.graphs is not None and self.graphs.can_run(steps):
+            return self.graphs.run(steps), {}
         input_ids, meta = self.build_metadata(steps)
         ctx = ForwardContext(meta, self.kv_caches, self.backend)
         hidden = self.model(input_ids, meta.positions, ctx)
