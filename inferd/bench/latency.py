@@ -1,0 +1,94 @@
+"""Latency: one batch of `batch_size` requests run to completion, `num_iters` times after
+`num_iters_warmup` untimed runs (vLLM's `benchmark_latency`), for every system at once.
+
+Each iteration gets fresh random prompts of the same lengths (seed + iteration): repeating the
+very same prompts would let inferd's prefix cache and llama.cpp's prompt reuse skip the prefill
+from the second iteration on, and measure a cache hit instead of the workload.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from dataclasses import replace
+
+import numpy as np
+
+from inferd.bench.metrics import (
+    DEFAULT_PERCENTILES,
+    RequestTiming,
+    SystemResult,
+    compute_metrics,
+    count_mismatches,
+    summarize,
+)
+from inferd.bench.systems import System
+from inferd.bench.workload import BenchRequest, WorkloadSpec, random_requests
+
+
+def latency_batches(
+    spec: WorkloadSpec, vocab_ids: np.ndarray, num_warmup: int, num_iters: int
+) -> tuple[list[list[BenchRequest]], list[list[BenchRequest]]]:
+    """(warm-up batches, measured batches); `spec.num_prompts` is the batch size."""
+    if num_iters < 1 or num_warmup < 0:
+        raise ValueError(
+            f"need num_iters >= 1 and num_iters_warmup >= 0, got {num_iters}, {num_warmup}"
+        )
+    batches = [
+        random_requests(replace(spec, seed=spec.seed + i), vocab_ids)
+        for i in range(num_warmup + num_iters)
+    ]
+    return batches[:num_warmup], batches[num_warmup:]
+
+
+def prefill_throughput(timings: Sequence[RequestTiming]) -> float | None:
+    """Prompt tokens per second until every request of the batch has its first token; for one
+    request, prompt length / TTFT."""
+    firsts = [t.first_token for t in timings]
+    if not timings or any(f is None for f in firsts):
+        return None
+    elapsed = max(firsts) - min(t.start for t in timings)
+    return sum(t.prompt_tokens for t in timings) / elapsed if elapsed > 0 else None
+
+
+def run_latency(
+    systems: Sequence[System],
+    warmup: Sequence[Sequence[BenchRequest]],
+    batches: Sequence[Sequence[BenchRequest]],
+    percentiles: Sequence[float] = DEFAULT_PERCENTILES,
+) -> list[SystemResult]:
+    """Iterations alternate between the systems (inferd's iteration 1, the peer's iteration 1,
+    inferd's iteration 2, ...), so load that comes and goes on a shared machine lands on all of
+    them alike instead of on whichever ran during the busy minute."""
+    for system in systems:
+        for batch in warmup:
+            system.generate(batch)
+    seconds: list[list[float]] = [[] for _ in systems]
+    timings: list[list[RequestTiming]] = [[] for _ in systems]
+    prefill: list[list[float]] = [[] for _ in systems]
+    output: list[list[float]] = [[] for _ in systems]
+    for batch in batches:
+        for i, system in enumerate(systems):
+            t0 = time.perf_counter()
+            got = system.generate(batch)
+            seconds[i].append(time.perf_counter() - t0)
+            output[i].append(sum(t.output_tokens for t in got) / seconds[i][-1])
+            timings[i] += got
+            rate = prefill_throughput(got)
+            if rate is not None:
+                prefill[i].append(rate)
+    wanted = [r.output_len for batch in batches for r in batch]
+    return [
+        SystemResult(
+            system=system.name,
+            # Throughputs over the measured iterations only (warm-up excluded).
+            metrics=compute_metrics(timings[i], sum(seconds[i]), percentiles),
+            load_seconds=system.load_seconds,
+            info=dict(system.info),
+            iteration=summarize(seconds[i], percentiles),
+            prefill_throughput=float(np.median(prefill[i])) if prefill[i] else None,
+            iteration_output_throughput=float(np.median(output[i])),
+            notes=count_mismatches(timings[i], wanted),
+        )
+        for i, system in enumerate(systems)
+    ]

@@ -1,0 +1,48 @@
+"""The standard workloads of issue 7 as presets, and how flags combine with them.
+
+A preset names a workload so one command measures it the same way every time; any length or
+count flag given explicitly overrides the preset's value for that field only.
+"""
+
+from __future__ import annotations
+
+from inferd.bench.workload import LengthRange, WorkloadSpec
+
+PRESETS: dict[str, dict] = {
+    # Offline throughput: 32 requests, prompts 16–256, outputs 16–128 tokens (EOS ignored).
+    "throughput32": dict(num_prompts=32, input_len=(16, 256), output_len=(16, 128)),
+    # One stream: 128 prompt tokens, then 128 generated (run it with `bench latency`).
+    "single": dict(num_prompts=1, input_len=(128, 128), output_len=(128, 128)),
+    # Prefill: time to the first token of a 512-token prompt (max_tokens=1).
+    "prefill512": dict(num_prompts=1, input_len=(512, 512), output_len=(1, 1)),
+}
+DEFAULT_LEN = 128
+
+
+def resolve_workload(
+    preset: str | None,
+    *,
+    input_len: int | None,
+    output_len: int | None,
+    range_ratio: float,
+    num_prompts: int | None,
+    seed: int,
+    default_prompts: int,
+) -> WorkloadSpec:
+    if preset is not None and preset not in PRESETS:
+        raise ValueError(f"--preset must be one of {', '.join(PRESETS)}, got {preset!r}")
+    chosen = PRESETS.get(preset or "", {})
+
+    def lengths(name: str, given: int | None) -> LengthRange:
+        if given is not None:
+            return LengthRange.around(given, range_ratio)
+        if name in chosen:
+            return LengthRange(*chosen[name])
+        return LengthRange.around(DEFAULT_LEN, range_ratio)
+
+    return WorkloadSpec(
+        num_prompts or chosen.get("num_prompts") or default_prompts,
+        lengths("input_len", input_len),
+        lengths("output_len", output_len),
+        seed=seed,
+    )

@@ -1,0 +1,183 @@
+"""Serving benchmark: drive a running OpenAI-compatible server (`inferd serve`, vLLM, llama.cpp's
+server, ...) with streaming `/v1/completions` requests and time them on the client side.
+
+Requests leave with Poisson arrivals at `request_rate` per second (inf: all at once), at most
+`max_concurrency` in flight. TTFT is the first chunk carrying text, ITL the gaps between such
+chunks, E2EL the last such chunk, as vLLM's `benchmark_serving` measures them. Prompts go as token
+id lists with `ignore_eos`, so the server processes exactly the generated workload.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import math
+import time
+from collections.abc import Sequence
+
+import numpy as np
+
+from inferd.bench.metrics import (
+    DEFAULT_PERCENTILES,
+    RequestTiming,
+    SystemResult,
+    compute_metrics,
+    count_mismatches,
+)
+from inferd.bench.workload import BenchRequest
+
+
+def arrival_gaps(n: int, request_rate: float, seed: int) -> list[float]:
+    """Seconds to wait before each request: 0 for the first, then exponential gaps of mean
+    1/rate (a Poisson process); all zeros for an infinite rate."""
+    if request_rate <= 0:
+        raise ValueError(f"--request-rate must be positive (or inf), got {request_rate}")
+    if math.isinf(request_rate) or n == 0:
+        return [0.0] * n
+    rng = np.random.default_rng(seed)
+    return [0.0, *rng.exponential(1.0 / request_rate, size=n - 1).tolist()]
+
+
+def _payload(model: str, r: BenchRequest) -> dict:
+    return {
+        "model": model,
+        "prompt": r.prompt_token_ids,
+        "max_tokens": r.output_len,
+        "temperature": 0.0,
+        "ignore_eos": True,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+    }
+
+
+async def _send(client, url: str, model: str, r: BenchRequest) -> RequestTiming:
+    import httpx
+
+    start = time.perf_counter()
+    chunks: list[float] = []
+    usage_tokens = finish = None
+    try:
+        async with client.stream("POST", url, json=_payload(model, r)) as resp:
+            if resp.status_code != 200:
+                body = (await resp.aread()).decode(errors="replace")[:300]
+                return RequestTiming(
+                    start,
+                    None,
+                    time.perf_counter(),
+                    r.prompt_len,
+                    0,
+                    error=f"HTTP {resp.status_code}: {body}",
+                )
+            async for line in resp.aiter_lines():
+                if not line.startswith("data:"):
+                    continue
+                data = line[5:].strip()
+                if data == "[DONE]":
+                    break
+                now = time.perf_counter()
+                event = json.loads(data)
+                if event.get("usage"):
+                    usage_tokens = event["usage"].get("completion_tokens")
+                for choice in event.get("choices") or []:
+                    if choice.get("text"):
+                        chunks.append(now)
+                    finish = choice.get("finish_reason") or finish
+    except (httpx.HTTPError, json.JSONDecodeError) as e:
+        return RequestTiming(
+            start, None, time.perf_counter(), r.prompt_len, 0, error=f"{type(e).__name__}: {e}"
+        )
+    if usage_tokens is not None:
+        n = int(usage_tokens)
+    else:  # no usage chunk: a length finish means all asked tokens; else count text chunks
+        n = r.output_len if finish == "length" else len(chunks)
+    end = chunks[-1] if chunks else time.perf_counter()
+    first = chunks[0] if chunks else None
+    error = None if chunks else "the stream carried no text"
+    return RequestTiming(start, first, end, r.prompt_len, n, tuple(chunks), error)
+
+
+async def _model_name(client, base_url: str) -> str:
+    resp = await client.get(f"{base_url}/v1/models")
+    resp.raise_for_status()
+    models = resp.json().get("data") or []
+    if not models:
+        raise ValueError(f"{base_url}/v1/models lists no model; pass --served-model-name")
+    return models[0]["id"]
+
+
+async def _run(
+    base_url: str,
+    model: str | None,
+    requests: Sequence[BenchRequest],
+    request_rate: float,
+    max_concurrency: int | None,
+    seed: int,
+    timeout: float,
+) -> tuple[list[RequestTiming], float, str]:
+    import httpx
+
+    base_url = base_url.rstrip("/")
+    url = f"{base_url}/v1/completions"
+    # No connection limit: a request waiting for a pooled connection would have its queueing
+    # counted as server latency; --max-concurrency is the only limit.
+    limits = httpx.Limits(max_connections=None, max_keepalive_connections=None)
+    async with httpx.AsyncClient(timeout=httpx.Timeout(timeout), limits=limits) as client:
+        try:
+            model = model or await _model_name(client, base_url)
+        except httpx.HTTPError as e:
+            raise ValueError(f"cannot reach the server at {base_url}: {e}") from e
+        probe = await _send(client, url, model, BenchRequest(requests[0].prompt_token_ids, 2))
+        if probe.error:
+            raise ValueError(f"the test request to {url} failed: {probe.error}")
+        gate = asyncio.Semaphore(max_concurrency) if max_concurrency else None
+
+        async def limited(r: BenchRequest) -> RequestTiming:
+            if gate is None:
+                return await _send(client, url, model, r)
+            async with gate:
+                return await _send(client, url, model, r)
+
+        gaps = arrival_gaps(len(requests), request_rate, seed)
+        tasks = []
+        t0 = time.perf_counter()
+        for gap, r in zip(gaps, requests, strict=True):
+            if gap:
+                await asyncio.sleep(gap)
+            tasks.append(asyncio.create_task(limited(r)))
+        timings = await asyncio.gather(*tasks)
+        return list(timings), time.perf_counter() - t0, model
+
+
+def run_serve(
+    base_url: str,
+    requests: Sequence[BenchRequest],
+    *,
+    model: str | None = None,
+    request_rate: float = math.inf,
+    max_concurrency: int | None = None,
+    seed: int = 0,
+    timeout: float = 600.0,
+    percentiles: Sequence[float] = DEFAULT_PERCENTILES,
+) -> SystemResult:
+    try:
+        import httpx  # noqa: F401
+    except ImportError as e:
+        raise ValueError("bench serve needs httpx: pip install 'inferd[bench]'") from e
+    timings, duration, model = asyncio.run(
+        _run(base_url, model, requests, request_rate, max_concurrency, seed, timeout)
+    )
+    rate = "inf" if math.isinf(request_rate) else f"{request_rate:g}/s"
+    result = SystemResult(
+        system="server",
+        metrics=compute_metrics(timings, duration, percentiles),
+        info={
+            "base_url": base_url,
+            "model": model,
+            "request_rate": rate,
+            "max_concurrency": str(max_concurrency or "unlimited"),
+        },
+        notes=count_mismatches(timings, [r.output_len for r in requests]),
+    )
+    errors = sorted({t.error for t in timings if t.error})
+    result.notes += [f"failed: {e}" for e in errors[:3]]
+    return result

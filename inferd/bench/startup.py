@@ -1,0 +1,101 @@
+"""Start-up: seconds from launching a fresh process to its first generated token.
+
+inferd is timed as a user meets it, `python -m inferd generate ... --max-tokens 1`; the clock
+stops at the first byte on its stdout, which `generate` writes once the first token is decoded
+(or, for a token with no text, right after it with the closing newline). llama.cpp is timed the
+same way: a fresh interpreter imports llama_cpp, loads the GGUF, generates one token and writes a
+byte. Both pay for interpreter start and imports. Caches are warm: one untimed run each first.
+Runs alternate between the systems, so background load on a shared machine hits both alike.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+
+_LLAMA_CPP_FIRST_TOKEN = """\
+import sys
+import llama_cpp
+llm = llama_cpp.Llama(model_path=sys.argv[1], n_ctx=512, n_threads=int(sys.argv[2]), verbose=False)
+next(llm.generate(llm.tokenize(b"Hello"), temp=0.0))
+sys.stdout.write("x")
+sys.stdout.flush()
+"""
+
+
+@dataclass
+class StartupResult:
+    system: str
+    seconds: list[float] = field(default_factory=list)
+    command: str = ""
+
+    @property
+    def median(self) -> float:
+        return float(np.median(self.seconds))
+
+    def to_dict(self) -> dict:
+        return {
+            "system": self.system,
+            "median_s": self.median,
+            "min_s": min(self.seconds),
+            "max_s": max(self.seconds),
+            "runs_s": self.seconds,
+            "command": self.command,
+        }
+
+
+def time_to_first_byte(cmd: Sequence[str], timeout: float = 600.0) -> float:
+    """Seconds from spawning `cmd` to the first byte on its stdout; the process must exit 0."""
+    with tempfile.TemporaryFile() as err:
+        t0 = time.perf_counter()
+        proc = subprocess.Popen(list(cmd), stdout=subprocess.PIPE, stderr=err)
+        first = proc.stdout.read(1)
+        elapsed = time.perf_counter() - t0
+        proc.stdout.read()
+        proc.stdout.close()
+        code = proc.wait(timeout)
+        if code != 0 or not first:
+            err.seek(0)
+            tail = err.read().decode(errors="replace").strip().splitlines()[-5:]
+            raise RuntimeError(f"{' '.join(cmd[:4])} ... exited {code}: " + " | ".join(tail))
+    return elapsed
+
+
+def inferd_command(engine_flags: Sequence[str]) -> list[str]:
+    return [
+        sys.executable,
+        "-m",
+        "inferd",
+        "generate",
+        "Hello",
+        "--max-tokens",
+        "1",
+        "--ignore-eos",
+        "--quiet",
+        *engine_flags,
+    ]
+
+
+def llama_cpp_command(model_path: str, threads: int | None = None) -> list[str]:
+    threads = threads or os.cpu_count() or 1
+    return [sys.executable, "-c", _LLAMA_CPP_FIRST_TOKEN, str(model_path), str(threads)]
+
+
+def run_startup(commands: dict[str, list[str]], num_runs: int) -> list[StartupResult]:
+    """`commands`: system name → command line. One warm-up run each, then `num_runs` rounds."""
+    if num_runs < 1:
+        raise ValueError(f"--num-runs must be >= 1, got {num_runs}")
+    results = {name: StartupResult(name, command=" ".join(cmd)) for name, cmd in commands.items()}
+    for cmd in commands.values():
+        time_to_first_byte(cmd)
+    for _ in range(num_runs):
+        for name, cmd in commands.items():
+            results[name].seconds.append(time_to_first_byte(cmd))
+    return list(results.values())

@@ -1,0 +1,106 @@
+"""Random-token workloads, as vLLM's "random" dataset: each request gets a prompt of random
+ordinary token ids and an output length, both drawn uniformly from a range.
+
+Prompts are token-id lists, never text: decoding random ids and re-encoding the text changes
+the count, and the benchmark must feed every system exactly the same number of tokens.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+
+@dataclass(frozen=True)
+class LengthRange:
+    """Inclusive bounds [low, high] of a length."""
+
+    low: int
+    high: int
+
+    def __post_init__(self) -> None:
+        if not 1 <= self.low <= self.high:
+            raise ValueError(
+                f"a length range needs 1 <= low <= high, got [{self.low}, {self.high}]"
+            )
+
+    @classmethod
+    def around(cls, length: int, range_ratio: float) -> LengthRange:
+        """vLLM's `--range-ratio`: uniform in [floor(len·(1−r)), ceil(len·(1+r))], at least 1."""
+        if length < 1:
+            raise ValueError(f"length must be >= 1, got {length}")
+        if not 0.0 <= range_ratio < 1.0:
+            raise ValueError(f"range_ratio must be in [0, 1), got {range_ratio}")
+        # Rounding first keeps 72·(1 − 56/72) at 16, not 15.999… → 15.
+        low = math.floor(round(length * (1 - range_ratio), 9))
+        high = math.ceil(round(length * (1 + range_ratio), 9))
+        return cls(max(1, low), max(1, high))
+
+    def __str__(self) -> str:
+        return str(self.low) if self.low == self.high else f"{self.low}-{self.high}"
+
+
+@dataclass(frozen=True)
+class BenchRequest:
+    prompt_token_ids: list[int]
+    output_len: int  # tokens to generate, EOS ignored
+
+    @property
+    def prompt_len(self) -> int:
+        return len(self.prompt_token_ids)
+
+
+@dataclass(frozen=True)
+class WorkloadSpec:
+    num_prompts: int
+    input_len: LengthRange
+    output_len: LengthRange
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if self.num_prompts < 1:
+            raise ValueError(f"num_prompts must be >= 1, got {self.num_prompts}")
+
+    def to_dict(self) -> dict:
+        return {
+            "num_prompts": self.num_prompts,
+            "input_len": [self.input_len.low, self.input_len.high],
+            "output_len": [self.output_len.low, self.output_len.high],
+            "seed": self.seed,
+        }
+
+
+def ordinary_token_ids(vocab_size: int, special_ids: Iterable[int]) -> np.ndarray:
+    """Every id in [0, vocab_size) that is not a special/control token (BOS, EOS, pad, unused
+    slots, image markers): the ids ordinary text can tokenize to."""
+    keep = np.ones(vocab_size, dtype=bool)
+    special = np.fromiter((i for i in special_ids if 0 <= i < vocab_size), dtype=np.int64)
+    keep[special] = False
+    ids = np.flatnonzero(keep)
+    if ids.size == 0:
+        raise ValueError("the vocabulary has no ordinary tokens to draw prompts from")
+    return ids
+
+
+def random_requests(
+    spec: WorkloadSpec, vocab_ids: Sequence[int] | np.ndarray
+) -> list[BenchRequest]:
+    """The same spec and vocabulary always give the same requests (numpy's PCG64 stream)."""
+    vocab = np.asarray(vocab_ids, dtype=np.int64)
+    rng = np.random.default_rng(spec.seed)
+    # Lengths first, then tokens, so changing the vocabulary does not change the lengths.
+    in_lens = rng.integers(spec.input_len.low, spec.input_len.high + 1, size=spec.num_prompts)
+    out_lens = rng.integers(spec.output_len.low, spec.output_len.high + 1, size=spec.num_prompts)
+    return [
+        BenchRequest(vocab[rng.integers(0, vocab.size, size=int(n))].tolist(), int(m))
+        for n, m in zip(in_lens, out_lens, strict=True)
+    ]
+
+
+def workload_vocab(tokenizer) -> np.ndarray:
+    """Ordinary ids of an inferd (or HF) tokenizer: anything with `len()`, added tokens
+    included, and `all_special_ids`."""
+    return ordinary_token_ids(len(tokenizer), tokenizer.all_special_ids)

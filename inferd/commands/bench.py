@@ -1,0 +1,302 @@
+"""`inferd bench throughput | latency | serve | startup`: measure inferd with vLLM's metric
+definitions, and with `--compare llamacpp,hf` the peers on the same workload in the same run.
+
+    inferd bench throughput --preset throughput32 --compare llamacpp
+    inferd bench latency --preset single --compare llamacpp,hf --json out.json --plot out.png
+    inferd bench serve --base-url http://127.0.0.1:8000 --request-rate 4 --num-prompts 64
+    inferd bench startup --compare llamacpp
+
+Tables go to stdout (stderr when `--json -` puts the JSON there); a peer that is not installed
+is skipped with a message. Ratios are inferd / peer, measured minutes apart on the same machine.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import time
+
+from inferd.bench.presets import PRESETS
+from inferd.commands.engine_args import add_engine_arguments, engine_config_from_args
+
+DEFAULT_PROMPTS = dict(throughput=32, latency=1, serve=64)
+
+
+def _positive_int(text: str) -> int:
+    if not text.isdigit() or int(text) < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
+    return int(text)
+
+
+def _percentiles(text: str) -> list[float]:
+    try:
+        values = [float(p) for p in text.split(",") if p.strip()]
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(f"expected numbers like 50,90,99, got {text!r}") from e
+    if not values or any(not 0 <= p <= 100 for p in values):
+        raise argparse.ArgumentTypeError(f"percentiles must lie in [0, 100], got {text!r}")
+    return values
+
+
+def _workload_arguments(p: argparse.ArgumentParser, prompts_flag: str = "--num-prompts") -> None:
+    p.add_argument(
+        "--preset", choices=sorted(PRESETS), help="a standard workload (docs/benchmarks.md)"
+    )
+    p.add_argument("--input-len", type=_positive_int, help="prompt tokens (default 128)")
+    p.add_argument("--output-len", type=_positive_int, help="generated tokens (default 128)")
+    p.add_argument(
+        "--range-ratio",
+        type=float,
+        default=0.0,
+        help="lengths uniform in [len·(1−r), len·(1+r)], 0 <= r < 1",
+    )
+    p.add_argument(prompts_flag, dest="num_prompts", type=_positive_int, default=None)
+    p.add_argument("--percentiles", type=_percentiles, default=[50.0, 90.0, 99.0])
+    p.add_argument("--json", metavar="PATH", help="write the results as JSON ('-': stdout)")
+    p.add_argument("--plot", metavar="PNG", help="plot throughput and latency percentiles")
+
+
+def _local_arguments(p: argparse.ArgumentParser) -> None:
+    add_engine_arguments(p)  # its --seed seeds the workload too, as vLLM's benchmarks do
+    p.add_argument("--compare", help="peers on the same workload: llamacpp,hf")
+    p.add_argument("--hf-dtype", help="HF peer dtype (default: the dtype inferd runs in)")
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    sub = parser.add_subparsers(dest="mode", metavar="MODE", required=True)
+    p = sub.add_parser("throughput", help="offline: all requests at once")
+    _workload_arguments(p)
+    _local_arguments(p)
+    p.add_argument(
+        "--rounds",
+        type=_positive_int,
+        default=1,
+        help="workload runs per system, fresh prompts each",
+    )
+    p = sub.add_parser("latency", help="one batch, repeated")
+    _workload_arguments(p, "--batch-size")
+    _local_arguments(p)
+    p.add_argument("--num-iters-warmup", type=int, default=1)
+    p.add_argument("--num-iters", type=_positive_int, default=5)
+    p = sub.add_parser("serve", help="drive a running OpenAI-compatible server")
+    _workload_arguments(p)
+    p.add_argument("--base-url", default="http://127.0.0.1:8000")
+    p.add_argument("--served-model-name", help="model name in requests (default: first listed)")
+    p.add_argument("--tokenizer", help="model whose vocabulary the prompts use (default: embedded)")
+    p.add_argument("--request-rate", type=float, default=math.inf, help="requests/s (inf: all)")
+    p.add_argument("--max-concurrency", type=_positive_int, default=None)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--timeout", type=float, default=600.0, help="seconds per request")
+    p = sub.add_parser("startup", help="process start → first token, fresh processes")
+    add_engine_arguments(p)
+    p.add_argument("--num-runs", type=_positive_int, default=5)
+    p.add_argument("--compare", help="llamacpp")
+    p.add_argument("--json", metavar="PATH", help="write the results as JSON ('-': stdout)")
+
+
+def workload_spec(args: argparse.Namespace):
+    from inferd.bench.presets import resolve_workload
+
+    return resolve_workload(
+        args.preset,
+        input_len=args.input_len,
+        output_len=args.output_len,
+        range_ratio=args.range_ratio,
+        num_prompts=args.num_prompts,
+        seed=args.seed,
+        default_prompts=DEFAULT_PROMPTS[args.mode],
+    )
+
+
+def _console(args: argparse.Namespace):
+    from rich.console import Console
+
+    console = Console(stderr=getattr(args, "json", None) == "-", highlight=False)
+    if not console.is_terminal:  # piped or logged: 80 columns would wrap the table
+        console.width = 140
+    return console
+
+
+def run(args: argparse.Namespace) -> int:
+    if args.mode == "startup":
+        return _run_startup(args)
+    if args.mode == "serve":
+        return _run_serve(args)
+    return _run_local(args)
+
+
+def _run_local(args: argparse.Namespace) -> int:
+    from rich.markup import escape
+
+    from inferd.bench import latency, report, throughput
+    from inferd.bench.peers import parse_peers
+    from inferd.bench.systems import InferdSystem
+    from inferd.bench.workload import workload_vocab
+
+    console = _console(args)
+    peer_names = parse_peers(args.compare)
+    spec = workload_spec(args)
+    env_start = report.environment()
+    inferd = InferdSystem(engine_config_from_args(args))
+    vocab = workload_vocab(inferd.tokenizer)
+    if args.mode == "latency":
+        warm, batches = latency.latency_batches(spec, vocab, args.num_iters_warmup, args.num_iters)
+        every = [r for b in warm + batches for r in b]
+        title = (
+            f"latency: batch {spec.num_prompts}, prompt {spec.input_len}, output "
+            f"{spec.output_len} tokens, {args.num_iters} iterations after "
+            f"{args.num_iters_warmup} warm-up, systems alternating"
+        )
+    else:
+        rounds = throughput.round_workloads(spec, vocab, args.rounds)
+        every = [r for requests in rounds for r in requests]
+        title = (
+            f"throughput: {spec.num_prompts} requests, prompts {spec.input_len}, outputs "
+            f"{spec.output_len} tokens (seed {spec.seed}, EOS ignored), {args.rounds} round(s)"
+        )
+    if args.preset:
+        title += f" [preset {args.preset}]"
+    longest = max(r.prompt_len + r.output_len for r in every)
+    systems, skipped = [inferd], []
+    for name in peer_names:
+        peer, why = _load_peer(name, inferd, args, n_ctx=max(512, longest + 16))
+        if peer is None:
+            console.print(f"[yellow]{escape(why)}[/]")
+            skipped.append(why)
+        else:
+            systems.append(peer)
+    loaded = ", ".join(f"{s.name} {s.load_seconds:.1f} s" for s in systems)
+    console.print(f"[dim]loaded ({loaded}); measuring…[/]")
+    t0 = time.perf_counter()
+    if args.mode == "latency":
+        results = latency.run_latency(systems, warm, batches, args.percentiles)
+    else:
+        results = throughput.run_throughput(systems, rounds, args.percentiles)
+    console.print(f"[dim]measured in {time.perf_counter() - t0:.1f} s[/]")
+    for system in systems:
+        system.close()
+    env_end = report.environment()
+    report.print_results(title, results, console, skipped)
+    console.print(
+        f"  machine: {env_end['cpu_count']} CPUs, load average (1 min) "
+        f"{_load(env_start)} at start → {_load(env_end)} at end"
+    )
+    if args.json:
+        report.write_json(args.json, _document(args, spec, env_start, env_end, results, skipped))
+    if args.plot:
+        report.plot(results, args.plot, title)
+    return 0
+
+
+def _load_peer(name: str, inferd, args: argparse.Namespace, n_ctx: int):
+    """(peer, None), or (None, why) when it cannot run here."""
+    from inferd.bench.peers import PeerUnavailable, load_peer
+
+    try:
+        dtype = args.hf_dtype or inferd.info["dtype"]
+        return load_peer(
+            name, inferd.model_path, n_ctx=n_ctx, dtype=dtype, threads=args.threads
+        ), None
+    except PeerUnavailable as e:
+        return None, str(e)
+
+
+def _document(args, spec, env_start, env_end, results, skipped) -> dict:
+    from inferd.bench.report import comparison_ratios
+
+    return {
+        "benchmark": args.mode,
+        "preset": args.preset,
+        "workload": spec.to_dict(),
+        "settings": {k: v for k, v in vars(args).items() if not k.startswith("_")},
+        "environment": {"start": env_start, "end": env_end},
+        "results": [r.to_dict() for r in results],
+        "ratios": comparison_ratios(results),
+        "skipped": skipped,
+    }
+
+
+def _load(env: dict) -> str:
+    return "n/a" if env["loadavg"] is None else f"{env['loadavg'][0]:.2f}"
+
+
+def _run_serve(args: argparse.Namespace) -> int:
+    from inferd.bench import report
+    from inferd.bench.serve import run_serve
+    from inferd.bench.workload import random_requests, workload_vocab
+    from inferd.loader import open_checkpoint
+
+    console = _console(args)
+    spec = workload_spec(args)
+    requests = random_requests(spec, workload_vocab(open_checkpoint(args.tokenizer).tokenizer()))
+    env_start = report.environment()
+    result = run_serve(
+        args.base_url,
+        requests,
+        model=args.served_model_name,
+        request_rate=args.request_rate,
+        max_concurrency=args.max_concurrency,
+        seed=args.seed,
+        timeout=args.timeout,
+        percentiles=args.percentiles,
+    )
+    env_end = report.environment()
+    title = (
+        f"serve: {spec.num_prompts} requests at {result.info['request_rate']}, prompts "
+        f"{spec.input_len}, outputs {spec.output_len} tokens"
+    )
+    report.print_results(title, [result], console)
+    console.print(f"  client machine load average (1 min) {_load(env_start)} → {_load(env_end)}")
+    if args.json:
+        report.write_json(args.json, _document(args, spec, env_start, env_end, [result], []))
+    if args.plot:
+        report.plot([result], args.plot, title)
+    return 0 if result.metrics.completed else 1
+
+
+def _engine_flags(args: argparse.Namespace) -> list[str]:
+    """The engine flags the user set, handed on to `inferd generate`."""
+    flags = []
+    names = ("model", "dtype", "device", "quantization", "threads", "max_model_len")
+    for name in names:
+        value = getattr(args, name)
+        default = {"dtype": "auto", "kv_cache_dtype": "auto"}.get(name)
+        if value is not None and value != default:
+            flags += [f"--{name.replace('_', '-')}", str(value)]
+    return flags
+
+
+def _run_startup(args: argparse.Namespace) -> int:
+    from inferd.bench import report, startup
+    from inferd.bench.peers import parse_peers
+
+    console = _console(args)
+    commands = {"inferd": startup.inferd_command(_engine_flags(args))}
+    for name in parse_peers(args.compare):
+        if name != "llamacpp":
+            console.print(f"[yellow]startup compares with llamacpp only; {name} skipped[/]")
+            continue
+        try:
+            import llama_cpp  # noqa: F401
+        except ImportError:
+            console.print("[yellow]llama.cpp peer skipped: llama-cpp-python is not installed[/]")
+            continue
+        from inferd.loader import open_checkpoint
+
+        commands["llama.cpp"] = startup.llama_cpp_command(
+            str(open_checkpoint(args.model).path), args.threads
+        )
+    env_start = report.environment()
+    results = startup.run_startup(commands, args.num_runs)
+    report.print_startup(results, console)
+    console.print(f"  load average (1 min) {_load(env_start)} → {_load(report.environment())}")
+    if args.json:
+        report.write_json(
+            args.json,
+            {
+                "benchmark": "startup",
+                "environment": env_start,
+                "results": [r.to_dict() for r in results],
+            },
+        )
+    return 0
