@@ -76,6 +76,9 @@ class AttentionBackend(ABC):
     """Stores the new keys/values of a layer in its cache and attends over the cache."""
 
     name: str = "abstract"
+    # Whether q (and k) may arrive in float32 for a lower-precision model; otherwise the layer
+    # hands them over in the projections' dtype.
+    float32_queries: bool = False
 
     @abstractmethod
     def forward(

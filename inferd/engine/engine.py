@@ -185,6 +185,7 @@ class LLMEngine:
             for s in sched.scheduled
         ]
         try:
+            self.runner.clear_blocks(self.kv.take_fresh_blocks())
             logits, every = self.runner.execute_with_prompt_logits(steps)
             touched = self._sample_and_update(sched, logits, every)
         except Exception as e:  # a failed step fails its requests, not the engine
@@ -233,7 +234,10 @@ class LLMEngine:
             now = time.monotonic()
             for k, (_, seq, parent) in enumerate(plan):
                 if parent is not None:
-                    self.runner.copy_blocks(self.scheduler.fork(parent, seq))
+                    copies = self.scheduler.fork(parent, seq)
+                    # Zero first-use blocks now, or the next step would wipe the copies.
+                    self.runner.clear_blocks(self.kv.take_fresh_blocks())
+                    self.runner.copy_blocks(copies)
                 self._append(seq, result.token_ids[k], result.logprobs[k], now)
         for s in sched.scheduled:
             self.kv.cache_computed_blocks(s.seq)

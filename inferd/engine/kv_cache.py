@@ -36,6 +36,10 @@ class BlockPool:
         self.cached: dict[bytes, int] = {}
         # Free blocks, first = reused first. Cached ones go to the end, uncached to the front.
         self.free: OrderedDict[int, None] = OrderedDict.fromkeys(range(NULL_BLOCKS, num_blocks))
+        # Blocks never handed out hold whatever the allocator left there; the runner zeroes
+        # each on first use (`fresh`), so stale slots are always finite numbers.
+        self.untouched = set(range(NULL_BLOCKS, num_blocks))
+        self.fresh: list[int] = []
 
     @property
     def num_free(self) -> int:
@@ -56,6 +60,9 @@ class BlockPool:
                     del self.cached[h]
                 self.hash_of[block] = None
             self.ref[block] = 1
+            if block in self.untouched:
+                self.untouched.discard(block)
+                self.fresh.append(block)
             out.append(block)
         return out
 
@@ -235,6 +242,13 @@ class KVCacheManager:
         child.num_computed = parent.num_computed
         child.registered_blocks = parent.registered_blocks
         return copies
+
+    def take_fresh_blocks(self) -> list[list[int]]:
+        """Per group, blocks handed out for the first time since the last call."""
+        fresh = [pool.fresh for pool in self.pools]
+        for pool in self.pools:
+            pool.fresh = []
+        return fresh
 
     def reset_prefix_cache(self) -> None:
         for pool in self.pools:

@@ -118,8 +118,10 @@ def set_up_engine(config: EngineConfig) -> EngineSetup:
             )
         log.warning("max_model_len lowered from %d to %d to fit the KV cache", max_len, plan.token_capacity)
         max_len = plan.token_capacity
+    # lazy_zero: touching a GiB-sized pool at start-up costs seconds on CPU; the engine zeroes
+    # each block on first use instead (KVCacheManager.take_fresh_blocks).
     runner = ModelRunner(model, plan.num_blocks, config.block_size, kv_dtype, device,
-                         _attention_backend(config, device))  # fmt: skip
+                         _attention_backend(config, device), lazy_zero=True)  # fmt: skip
     if device.type == "cuda" and not config.enforce_eager and runner.backend.name == "triton":
         from inferd.engine.cuda_graphs import CUDAGraphDecoder
 

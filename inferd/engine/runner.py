@@ -41,7 +41,10 @@ class ModelRunner:
         kv_dtype: torch.dtype,
         device: torch.device,
         backend: AttentionBackend | None = None,
+        lazy_zero: bool = False,
     ):
+        """`lazy_zero`: leave the KV pool uninitialised and let the caller zero each block
+        before its first use (`clear_blocks`), as the engine does; otherwise zero it now."""
         self.model, self.block_size, self.device = model, block_size, device
         self.backend = backend or TorchAttentionBackend()
         self.graphs = None  # a CUDAGraphDecoder once captured (GPU)
@@ -50,15 +53,15 @@ class ModelRunner:
         if len(num_blocks) != len(self.groups):
             raise ValueError(f"{len(self.groups)} KV groups but {len(num_blocks)} pool sizes")
         shape = (cfg.num_kv_heads, cfg.head_dim)
-        # NOTE: uninitialised on purpose (no page-touching memset of a large pool): the
-        # attention backends only read slots that a step has written.
+        alloc = torch.empty if lazy_zero else torch.zeros
         self.kv_caches = [
             [
-                torch.empty(2, n, block_size, *shape, dtype=kv_dtype, device=device)
+                alloc(2, n, block_size, *shape, dtype=kv_dtype, device=device)
                 for _ in layers
             ]
             for n, (_, layers) in zip(num_blocks, self.groups)
         ]
+        self.clear_blocks([[0]] * len(self.groups))  # the null block pads gathers: keep it 0
 
     def kv_cache_bytes(self) -> int:
         return sum(t.numel() * t.element_size() for group in self.kv_caches for t in group)
@@ -130,6 +133,15 @@ class ModelRunner:
             return hidden.new_empty((0, self.model.config.vocab_size), dtype=torch.float32), every
         index = torch.tensor(last, dtype=torch.int64, device=hidden.device)
         return self.model.compute_logits(hidden.index_select(0, index)), every
+
+    def clear_blocks(self, blocks: list[list[int]]) -> None:
+        """Zero blocks (per group) before their first use: the torch backend reads whole blocks,
+        including slots not written yet, and masks them; uninitialised memory could be NaN."""
+        for group, ids in enumerate(blocks):
+            if ids:
+                index = torch.tensor(ids, device=self.device)
+                for cache in self.kv_caches[group]:
+                    cache.index_fill_(1, index, 0)
 
     def copy_blocks(self, copies: list[tuple[int, int, int]]) -> None:
         """Copy whole KV blocks (group, src, dst) in every layer of the group (fork)."""

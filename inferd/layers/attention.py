@@ -64,11 +64,17 @@ class SelfAttention(nn.Module):
         s = self.spec
         qkv = self.qkv_proj(x).view(n, s.num_heads + 2 * s.num_kv_heads, s.head_dim)
         qk, v = qkv[:, : s.num_heads + s.num_kv_heads], qkv[:, s.num_heads + s.num_kv_heads :]
+        # q and k continue in float32: normalised, rotated, then the backend stores k in the
+        # cache dtype and attends in float32 (decode) or the cache dtype (prefill).
         if self._qk_gain is not None:
-            qk = F.rms_norm(qk.float(), (s.head_dim,), None, self.q_norm.eps)
-            qk = (qk * self._qk_gain).to(x.dtype)
+            qk = F.rms_norm(qk.float(), (s.head_dim,), None, self.q_norm.eps) * self._qk_gain
         elif self.q_norm is not None:
             qk = torch.cat([self.q_norm(qk[:, : s.num_heads]), self.k_norm(qk[:, s.num_heads :])], 1)
+            qk = qk.float()
+        else:
+            qk = qk.float()
         qk = apply_rotary(qk, *rope)
+        if not ctx.backend.float32_queries:
+            qk = qk.to(x.dtype)
         out = ctx.attend(s, qk[:, : s.num_heads], qk[:, s.num_heads :], v)
         return self.o_proj(out.reshape(n, -1))

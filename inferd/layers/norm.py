@@ -15,9 +15,12 @@ class RMSNorm(nn.Module):
     `F.rms_norm` over float32 input gives the same bits as the written-out formula in one op.
     """
 
-    def __init__(self, dim: int, eps: float, unit_offset: bool = False, dtype=None):
+    def __init__(self, dim: int, eps: float, unit_offset: bool = False, dtype=None,
+                 out_dtype: torch.dtype | None = None):  # fmt: skip
         super().__init__()
         self.dim, self.eps, self.unit_offset = dim, eps, unit_offset
+        # None: the weights' dtype (the input of a matmul); float32 for the residual stream.
+        self.out_dtype = out_dtype
         self.weight = nn.Parameter(torch.ones(dim, dtype=dtype), requires_grad=False)
         self._gain: torch.Tensor | None = None  # float32 (1 + w), set by `finalize`
 
@@ -26,12 +29,16 @@ class RMSNorm(nn.Module):
         self._gain = (1.0 + self.weight.float()) if self.unit_offset else None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out = self.out_dtype or self.weight.dtype
+        x32 = x if x.dtype == torch.float32 else x.float()
         if self.unit_offset:
             gain = self._gain if self._gain is not None else 1.0 + self.weight.float()
-            return F.rms_norm(x.float(), (self.dim,), gain, self.eps).to(x.dtype)
-        if x.dtype == torch.float32:
-            return F.rms_norm(x, (self.dim,), self.weight, self.eps)
-        return self.weight * F.rms_norm(x.float(), (self.dim,), None, self.eps).to(x.dtype)
+            y = F.rms_norm(x32, (self.dim,), gain, self.eps)
+            return y if out == torch.float32 else y.to(out)
+        if self.weight.dtype == torch.float32:
+            return F.rms_norm(x32, (self.dim,), self.weight, self.eps).to(out)
+        y = self.weight * F.rms_norm(x32, (self.dim,), None, self.eps).to(self.weight.dtype)
+        return y.to(out)
 
 
 def stacked_gain(norms: list[tuple[RMSNorm, int]]) -> torch.Tensor | None:

@@ -64,9 +64,14 @@ class CausalLM(nn.Module):
     def forward(
         self, input_ids: torch.Tensor, positions: torch.Tensor, ctx: ForwardContext
     ) -> torch.Tensor:
-        """Flattened new tokens of a step → final hidden states [num_tokens, hidden]."""
-        h = self.model.embed_tokens(input_ids)
-        tables = [rot.cos_sin(positions, h.dtype) for rot in self.rotaries]
+        """Flattened new tokens of a step → final hidden states [num_tokens, hidden].
+
+        NOTE: the residual stream is float32 whatever the weights' dtype: matmuls run in the
+        model dtype, but the running sum of layer outputs is not rounded to bf16 after every
+        layer (HF rounds it; inferd is more precise there, and skips converting it back to
+        float32 in every norm). In float32 runs this is exactly HF's computation."""
+        h = self.model.embed_tokens(input_ids).float()
+        tables = [rot.cos_sin(positions, torch.float32) for rot in self.rotaries]
         for layer, rope in zip(self.model.layers, self.rope_index):
             h = layer(h, tables[rope], ctx)
         return self.model.norm(h)

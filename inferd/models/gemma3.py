@@ -21,10 +21,11 @@ class Gemma3DecoderLayer(nn.Module):
         dim, eps = config.hidden_size, config.rms_norm_eps
         self.input_layernorm = RMSNorm(dim, eps, True, dtype)
         self.self_attn = SelfAttention(config, layer, dtype, norm_offset=True)
-        self.post_attention_layernorm = RMSNorm(dim, eps, True, dtype)
+        # The sandwich norms' outputs join the float32 residual stream (see CausalLM.forward).
+        self.post_attention_layernorm = RMSNorm(dim, eps, True, dtype, out_dtype=torch.float32)
         self.pre_feedforward_layernorm = RMSNorm(dim, eps, True, dtype)
         self.mlp = GatedMLP(config, dtype)
-        self.post_feedforward_layernorm = RMSNorm(dim, eps, True, dtype)
+        self.post_feedforward_layernorm = RMSNorm(dim, eps, True, dtype, out_dtype=torch.float32)
 
     def forward(self, h: torch.Tensor, rope, ctx: ForwardContext) -> torch.Tensor:
         h = h + self.post_attention_layernorm(self.self_attn(self.input_layernorm(h), rope, ctx))

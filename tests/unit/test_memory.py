@@ -304,16 +304,26 @@ class _FakeOutput:
         self.outputs = [argparse.Namespace(token_ids=list(range(n_gen)))]
 
 
+def _touched(size: int):
+    """Fresh anonymous memory with every page written. NOTE: not a tensor, because the heap may
+    hold freed memory from earlier tests (inferd keeps it), which would not add to RSS."""
+    import mmap
+
+    buf = mmap.mmap(-1, size, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)  # RssAnon, not shmem
+    for i in range(0, size, 4096):
+        buf[i] = 1
+    return buf
+
+
 class _FakeLLM:
     """Stands in for the engine to test the measuring itself: allocates (and touches) what it
     is told, as the engine would."""
 
     def __init__(self, model=None, dtype="auto", max_model_len=None, kv_cache_memory=None):
-        self.pool = torch.ones(kv_cache_memory // 4, dtype=torch.float32)
+        self.pool = _touched(kv_cache_memory)
 
     def generate(self, prompts, params, use_tqdm=True):
-        scratch = torch.ones(8 << 20)  # 32 MiB of temporaries
-        del scratch
+        self.scratch = _touched(32 << 20)  # 32 MiB of temporaries
         return [_FakeOutput(10, params.max_tokens) for _ in prompts]
 
 

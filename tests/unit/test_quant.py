@@ -16,6 +16,7 @@ def test_kernel_equals_its_dequantised_matrix(kernel_cls, rel_err):
     torch.manual_seed(0)
     w = torch.randn(256, 128) * 0.05
     kernel = kernel_cls(w, max_rows=4)
+    # (int8 also quantises the activations, so its tolerance covers that rounding too)
     dq = kernel.dequantized()
     x = torch.randn(3, 128).bfloat16()
     small = kernel(x).float()
@@ -32,6 +33,15 @@ def test_int4_groups_hold_16_levels_each():
     kernel = Int4Kernel(w, max_rows=4)
     dq = kernel.dequantized().float()
     assert all(len(torch.unique(g)) <= 16 for g in dq.reshape(-1, 32))
+
+
+def test_int8_rows_do_not_depend_on_the_rest_of_the_batch():
+    torch.manual_seed(2)
+    kernel = Int8Kernel(torch.randn(96, 64) * 0.05)
+    x = torch.randn(9, 64).bfloat16()
+    together = kernel(x)
+    for i in range(9):
+        assert torch.equal(kernel(x[i : i + 1]), together[i : i + 1])
 
 
 def test_linear_switches_kernels_by_step_size():
@@ -51,7 +61,7 @@ def test_linear_switches_kernels_by_step_size():
             return self.inner(x)
 
     model = torch.nn.Sequential(lin)
-    quantize_model(model, "int8")
+    quantize_model(model, "int4")
     lin.small_step = Spy(lin.small_step)
     small = lin(torch.randn(2, 64).bfloat16())
     large = lin(torch.randn(16, 64).bfloat16())
