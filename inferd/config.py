@@ -115,3 +115,5 @@ class EngineConfig:
     num_threads: int | None = None  # CPU intra-op threads; None = torch's default
     attention_backend: str = "auto"  # "torch", "triton"; auto = triton on CUDA when installed
     enforce_eager: bool = False  # no CUDA graphs
+    tensor_parallel_size: int = 1
+    distributed_timeout: float | None = None  # seconds a collective may wait (None: 60)

@@ -48,6 +48,10 @@ def add_engine_arguments(parser: argparse.ArgumentParser, model_positional: bool
     parser.add_argument("--threads", type=_positive_int, default=None, help="CPU threads")
     parser.add_argument("--attention-backend", default="auto", choices=["auto", "torch", "triton"])
     parser.add_argument("--enforce-eager", action="store_true", help="no CUDA graphs")
+    parser.add_argument("--tensor-parallel-size", "-tp", type=_positive_int, default=1,
+                        help="split the model across N processes/devices (gloo on CPU, NCCL)")
+    parser.add_argument("--distributed-timeout", type=float, default=None,
+                        help="seconds a tensor-parallel collective may wait (default 60)")
 
 
 def engine_config_from_args(args: argparse.Namespace):
@@ -73,6 +77,8 @@ def engine_config_from_args(args: argparse.Namespace):
         num_threads=args.threads,
         attention_backend=args.attention_backend,
         enforce_eager=args.enforce_eager,
+        tensor_parallel_size=args.tensor_parallel_size,
+        distributed_timeout=args.distributed_timeout,
     )
 
 

@@ -25,6 +25,7 @@ from inferd.engine.runner import SequenceStep
 from inferd.engine.sampler import Sampler, SamplingRow, make_generator, prompt_logprobs
 from inferd.engine.scheduler import Scheduler, SchedulerOutput
 from inferd.engine.stopping import append_token, streamable_text_end
+from inferd.errors import EngineDeadError
 from inferd.outputs import CompletionOutput, RequestMetrics, RequestOutput
 from inferd.sampling_params import SamplingParams
 from inferd.tokenizer import IncrementalDetokenizer
@@ -71,6 +72,7 @@ class LLMEngine:
         self.requests: dict[str, Request] = {}
         self._seq_ids = itertools.count()
         self._pending: list[RequestOutput] = []  # outputs of aborted requests, sent next step
+        self.dead: str | None = None  # why the engine can run no more steps
         self.generation_tokens = 0
         self.steps = 0
 
@@ -99,6 +101,8 @@ class LLMEngine:
     ) -> Request:
         """Validate and queue a request. Raises ValueError (nothing queued) on bad input."""
         params = params or SamplingParams()
+        if self.dead is not None:
+            raise EngineDeadError(self.dead)
         if request_id in self.requests:
             raise ValueError(f"request_id {request_id!r} is already in use")
         text, ids = self.tokenize_prompt(prompt)
@@ -188,6 +192,11 @@ class LLMEngine:
             self.runner.clear_blocks(self.kv.take_fresh_blocks())
             logits, every = self.runner.execute_with_prompt_logits(steps)
             touched = self._sample_and_update(sched, logits, every)
+        except EngineDeadError as e:  # e.g. a tensor-parallel worker died: nothing can run
+            self.dead = str(e)
+            log.error("engine dead: %s", e)
+            self._fail(set(self.requests), e)
+            raise
         except Exception as e:  # a failed step fails its requests, not the engine
             log.exception("step failed")
             return outputs + self._fail({s.seq.request.request_id for s in sched.scheduled}, e)
@@ -317,6 +326,12 @@ class LLMEngine:
             num_cached_tokens=req.metrics.num_cached_tokens,
             error=req.error,
         )
+
+    def shutdown(self) -> None:
+        """Release what outlives the object: tensor-parallel worker processes."""
+        stop = getattr(self.runner, "shutdown", None)
+        if stop is not None:
+            stop()
 
     # ---- statistics --------------------------------------------------------------------------
     def stats(self) -> EngineStats:

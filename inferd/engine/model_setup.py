@@ -11,9 +11,11 @@ import torch
 
 from inferd.config import EngineConfig, ModelConfig
 from inferd.engine.runner import ModelRunner
+from inferd.distributed.state import SINGLE, TPGroup
 from inferd.layers.quant import check_quantization
 from inferd.loader import Checkpoint, load_model, open_checkpoint
 from inferd.memory.kv import KVPoolPlan, plan_kv_pool
+from inferd.memory.weights import tp_shard
 from inferd.platform import keep_freed_memory_in_heap, resolve_device, resolve_dtype
 
 log = logging.getLogger(__name__)
@@ -77,16 +79,8 @@ def _attention_backend(config: EngineConfig, device: torch.device):
     return TritonAttentionBackend()
 
 
-def set_up_engine(config: EngineConfig) -> EngineSetup:
-    t0 = time.monotonic()
-    for name in ("max_model_len", "max_num_seqs", "max_num_batched_tokens", "block_size"):
-        _positive(name, getattr(config, name))
-    if config.kv_cache_memory is not None and config.kv_cache_memory <= 0:
-        raise ValueError(f"kv_cache_memory must be a positive number of bytes, got {config.kv_cache_memory}")
-    keep_freed_memory_in_heap()
-    if config.num_threads:
-        torch.set_num_threads(config.num_threads)
-    device = resolve_device(config.device)
+def resolve_dtypes(config: EngineConfig, device: torch.device) -> tuple[torch.dtype, torch.dtype]:
+    """(weights/activations dtype, KV cache dtype)."""
     dtype = resolve_dtype(config.dtype, device)
     if config.quantization:
         check_quantization(config.quantization, device)
@@ -94,11 +88,60 @@ def set_up_engine(config: EngineConfig) -> EngineSetup:
             dtype = torch.bfloat16  # the integer kernels take bf16 activations
         elif dtype != torch.bfloat16:
             raise ValueError(f"quantization {config.quantization} needs dtype bfloat16 (or auto)")
-    kv_dtype = dtype if config.kv_cache_dtype == "auto" else resolve_dtype(config.kv_cache_dtype, device)
+    if config.kv_cache_dtype == "auto":
+        return dtype, dtype
+    return dtype, resolve_dtype(config.kv_cache_dtype, device)
+
+
+def load_rank_model(config: EngineConfig, device: torch.device, tp: TPGroup = SINGLE,
+                    checkpoint: Checkpoint | None = None):  # fmt: skip
+    """What every rank does: this rank's shard of the model, its dtypes and attention backend."""
+    keep_freed_memory_in_heap()
+    if config.num_threads:
+        torch.set_num_threads(config.num_threads)
+    dtype, kv_dtype = resolve_dtypes(config, device)
+    checkpoint = checkpoint or open_checkpoint(config.model)
+    model = load_model(checkpoint, dtype, device, config.quantization, tp)
+    return model, dtype, kv_dtype, _attention_backend(config, device)
+
+
+def _check_limits(config: EngineConfig) -> None:
+    for name in ("max_model_len", "max_num_seqs", "max_num_batched_tokens", "block_size",
+                 "tensor_parallel_size"):  # fmt: skip
+        _positive(name, getattr(config, name))
+    if config.kv_cache_memory is not None and config.kv_cache_memory <= 0:
+        raise ValueError(
+            f"kv_cache_memory must be a positive number of bytes, got {config.kv_cache_memory}"
+        )
+
+
+def set_up_engine(config: EngineConfig) -> EngineSetup:
+    t0 = time.monotonic()
+    _check_limits(config)
+    device = resolve_device(config.device)
+    resolve_dtypes(config, device)  # fail on bad dtype flags before starting anything
     checkpoint = open_checkpoint(config.model)
     mc = checkpoint.config
+    tp, control, procs = SINGLE, None, []
+    if config.tensor_parallel_size > 1:
+        from inferd.distributed.launch import start_ranks
+
+        tp_shard(mc, config.tensor_parallel_size)  # heads must divide: say so before spawning
+        tp, control, procs = start_ranks(config, device)
+    try:
+        return _set_up_rank0(config, device, checkpoint, tp, control, procs, t0)
+    except BaseException:
+        if procs or tp.enabled:
+            from inferd.distributed.tp_runner import TPModelRunner
+
+            TPModelRunner(None, control, procs).shutdown()
+        raise
+
+
+def _set_up_rank0(config, device, checkpoint, tp, control, procs, t0) -> EngineSetup:
+    mc = checkpoint.config
     tokenizer = checkpoint.tokenizer()
-    model = load_model(checkpoint, dtype, device, config.quantization)
+    model, dtype, kv_dtype, backend = load_rank_model(config, device, tp, checkpoint)
     defaults = GPU_DEFAULTS if device.type == "cuda" else CPU_DEFAULTS
     max_num_seqs = config.max_num_seqs or defaults["max_num_seqs"]
     max_len = config.max_model_len or mc.max_position_embeddings
@@ -109,20 +152,30 @@ def set_up_engine(config: EngineConfig) -> EngineSetup:
         )
     batched = config.max_num_batched_tokens or defaults["max_num_batched_tokens"]
     budget = _kv_budget(config, device, model, max_num_seqs, batched, kv_dtype)
-    plan = plan_kv_pool(mc, budget, config.block_size, kv_dtype.itemsize, max_num_seqs, batched)
+    # Every rank holds the same blocks, each for its own KV heads (tp_shard: this rank's slice).
+    rank_config = tp_shard(mc, tp.world_size)
+    plan = plan_kv_pool(rank_config, budget, config.block_size, kv_dtype.itemsize, max_num_seqs,
+                        batched)  # fmt: skip
     if plan.token_capacity is not None and plan.token_capacity < max_len:
         if config.max_model_len:
             raise ValueError(
                 f"max_model_len {max_len} does not fit the KV cache: kv_cache_memory holds "
                 f"{plan.token_capacity} tokens; raise kv_cache_memory or lower max_model_len"
             )
-        log.warning("max_model_len lowered from %d to %d to fit the KV cache", max_len, plan.token_capacity)
+        log.warning("max_model_len lowered from %d to %d to fit the KV cache", max_len,
+                    plan.token_capacity)  # fmt: skip
         max_len = plan.token_capacity
     # lazy_zero: touching a GiB-sized pool at start-up costs seconds on CPU; the engine zeroes
     # each block on first use instead (KVCacheManager.take_fresh_blocks).
-    runner = ModelRunner(model, plan.num_blocks, config.block_size, kv_dtype, device,
-                         _attention_backend(config, device), lazy_zero=True)  # fmt: skip
-    if device.type == "cuda" and not config.enforce_eager and runner.backend.name == "triton":
+    runner = ModelRunner(model, plan.num_blocks, config.block_size, kv_dtype, device, backend,
+                         lazy_zero=True)  # fmt: skip
+    if tp.enabled:
+        from inferd.distributed.tp_runner import TPModelRunner
+        from inferd.distributed.worker import broadcast
+
+        broadcast(plan.num_blocks, control)
+        runner = TPModelRunner(runner, control, procs)
+    elif device.type == "cuda" and not config.enforce_eager and backend.name == "triton":
         from inferd.engine.cuda_graphs import CUDAGraphDecoder
 
         graphs = CUDAGraphDecoder(runner, max_num_seqs, max_len)
@@ -131,8 +184,7 @@ def set_up_engine(config: EngineConfig) -> EngineSetup:
         log.warning("CUDA graphs captured for batch sizes up to %d in %.1f s",
                     graphs.sizes[-1], seconds)  # fmt: skip
     seconds = time.monotonic() - t0
-    log.info("loaded %s (%s, %s) in %.2f s; KV pool %.1f MiB = %d tokens",
-             checkpoint.display_name, device, dtype, seconds, plan.total_bytes / 2**20,
-             plan.token_capacity)  # fmt: skip
+    log.info("loaded %s (%s, %s, TP=%d) in %.2f s; KV pool %.1f MiB", checkpoint.display_name,
+             device, dtype, tp.world_size, seconds, plan.total_bytes / 2**20)  # fmt: skip
     return EngineSetup(device, dtype, checkpoint, mc, tokenizer, runner, plan, max_len,
                        max_num_seqs, batched, seconds)  # fmt: skip

@@ -52,7 +52,7 @@ class ModelRunner:
         self.groups = cfg.kv_groups()
         if len(num_blocks) != len(self.groups):
             raise ValueError(f"{len(self.groups)} KV groups but {len(num_blocks)} pool sizes")
-        shape = (cfg.num_kv_heads, cfg.head_dim)
+        shape = (model.local_kv_heads, cfg.head_dim)  # this rank's KV heads under TP
         alloc = torch.empty if lazy_zero else torch.zeros
         self.kv_caches = [
             [

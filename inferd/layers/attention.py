@@ -9,17 +9,20 @@ from torch import nn
 
 from inferd.attention.backend import ForwardContext, LayerAttentionSpec
 from inferd.config import ModelConfig
+from inferd.distributed.state import SINGLE, TPGroup, kv_head_range
 from inferd.layers.linear import Linear
 from inferd.layers.norm import RMSNorm, stacked_gain
 from inferd.layers.rotary import apply_rotary
 
 
-def attention_spec(config: ModelConfig, layer: int) -> LayerAttentionSpec:
+def attention_spec(config: ModelConfig, layer: int, num_heads: int | None = None,
+                   num_kv_heads: int | None = None) -> LayerAttentionSpec:  # fmt: skip
+    """The spec of `layer`; under tensor parallelism with this rank's head counts."""
     for group, (_, layers) in enumerate(config.kv_groups()):
         if layer in layers:
             return LayerAttentionSpec(
-                num_heads=config.num_heads,
-                num_kv_heads=config.num_kv_heads,
+                num_heads=num_heads or config.num_heads,
+                num_kv_heads=num_kv_heads or config.num_kv_heads,
                 head_dim=config.head_dim,
                 scale=config.scale,
                 window=config.layer_window(layer),
@@ -31,15 +34,19 @@ def attention_spec(config: ModelConfig, layer: int) -> LayerAttentionSpec:
 
 
 class SelfAttention(nn.Module):
-    def __init__(self, config: ModelConfig, layer: int, dtype: torch.dtype, norm_offset: bool):
+    def __init__(self, config: ModelConfig, layer: int, dtype: torch.dtype, norm_offset: bool,
+                 tp: TPGroup = SINGLE):  # fmt: skip
         super().__init__()
-        self.spec = attention_spec(config, layer)
         hd, nh, nkv = config.head_dim, config.num_heads, config.num_kv_heads
-        self.q_size, self.kv_size = nh * hd, nkv * hd
-        self.qkv_proj = Linear(
-            config.hidden_size, [nh * hd, nkv * hd, nkv * hd], config.attention_bias, dtype
-        )
-        self.o_proj = Linear(nh * hd, config.hidden_size, False, dtype)
+        q0, nq = tp.split(nh, "the number of attention heads")
+        k0, nk = kv_head_range(nkv, tp)
+        self.spec = attention_spec(config, layer, nq, nk)
+        self.q_size, self.kv_size = nq * hd, nk * hd
+        rows = [(q0 * hd, nq * hd), (k0 * hd, nk * hd), (k0 * hd, nk * hd)]
+        self.qkv_proj = Linear(config.hidden_size, [nh * hd, nkv * hd, nkv * hd],
+                               config.attention_bias, dtype, row_ranges=rows, tp=tp)  # fmt: skip
+        self.o_proj = Linear(nh * hd, config.hidden_size, False, dtype,
+                             col_range=(q0 * hd, nq * hd) if tp.enabled else None, tp=tp)  # fmt: skip
         if config.qk_norm:
             self.q_norm = RMSNorm(hd, config.rms_norm_eps, norm_offset, dtype)
             self.k_norm = RMSNorm(hd, config.rms_norm_eps, norm_offset, dtype)

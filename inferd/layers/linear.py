@@ -1,13 +1,23 @@
-"""Linear layers. A `Linear` may hold several logical matrices stacked along its output
-(q/k/v, or gate/up): one matmul instead of several is fewer kernel launches per token, which
-dominates decode on small models. Checkpoints still store them separately; `load_shard` puts each
-into its rows."""
+"""Linear layers, plain or tensor-parallel.
+
+A `Linear` may hold several logical matrices stacked along its output (q/k/v, or gate/up): one
+matmul instead of several is fewer kernel launches per token, which dominates decode on small
+models. Checkpoints store them separately; `load_shard` puts each into its rows, reading only
+the part of the checkpoint tensor this rank keeps:
+
+* column-parallel (`row_ranges`): each logical matrix contributes the checkpoint rows (output
+  features) of this rank's heads or MLP slice; no communication in forward;
+* row-parallel (`col_range`): this rank keeps a slice of the input features, and the partial
+  products of all ranks are summed by an all-reduce.
+"""
 
 from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
 from torch import nn
+
+from inferd.distributed.state import SINGLE, TPGroup
 
 
 class Linear(nn.Module):
@@ -17,37 +27,57 @@ class Linear(nn.Module):
         out_features: int | list[int],
         bias: bool = False,
         dtype: torch.dtype | None = None,
+        *,
+        row_ranges: list[tuple[int, int]] | None = None,
+        col_range: tuple[int, int] | None = None,
+        tp: TPGroup = SINGLE,
     ):
+        """`out_features`: the full size of each logical matrix. `row_ranges`: per logical
+        matrix, the (start, count) of checkpoint rows this rank keeps (default: all).
+        `col_range`: the (start, count) of input features this rank keeps (row-parallel)."""
         super().__init__()
-        self.shard_sizes = out_features if isinstance(out_features, list) else [out_features]
-        self.in_features, self.out_features = in_features, sum(self.shard_sizes)
+        full = out_features if isinstance(out_features, list) else [out_features]
+        self.row_ranges = row_ranges or [(0, n) for n in full]
+        self.shard_sizes = [n for _, n in self.row_ranges]
+        self.col_range = col_range
+        self.tp = tp
+        self.in_features = col_range[1] if col_range else in_features
+        self.out_features = sum(self.shard_sizes)
         self.weight = nn.Parameter(
-            torch.empty(self.out_features, in_features, dtype=dtype), requires_grad=False
+            torch.empty(self.out_features, self.in_features, dtype=dtype), requires_grad=False
         )
         self.bias = (
             nn.Parameter(torch.zeros(self.out_features, dtype=dtype), requires_grad=False)
             if bias
             else None
         )
-        # Set by weight-only quantisation: an integer kernel for steps with few rows.
+        # Set by quantisation: an integer kernel, for every step or steps of few rows.
         self.small_step = None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.small_step is not None and x.shape[0] <= self.small_step.max_rows:
             y = self.small_step(x)
-            return y if self.bias is None else y + self.bias
-        return F.linear(x, self.weight, self.bias)
+            y = y if self.bias is None else y + self.bias
+        else:
+            y = F.linear(x, self.weight, self.bias)
+        if self.col_range is not None:
+            y = self.tp.all_reduce(y)  # NOTE: row-parallel layers here have no bias
+        return y
 
-    def load_shard(self, param_name: str, tensor: torch.Tensor, shard: int = 0) -> None:
-        """Copy one logical matrix (or bias) into its rows of `weight` (or `bias`)."""
+    def load_shard(self, param_name: str, weight, shard: int = 0) -> None:
+        """Copy this rank's part of one logical matrix (or bias) of the checkpoint (a lazy
+        weight: only the needed rows/columns are read) into its rows of the parameter."""
         target = self.weight if param_name == "weight" else self.bias
         if target is None:
             raise ValueError(f"checkpoint has a {param_name} for a layer without one")
+        rows = self.row_ranges[shard]
+        cols = self.col_range if param_name == "weight" else None
+        tensor = weight.load(target.dtype, rows=rows, cols=cols)
         start = sum(self.shard_sizes[:shard])
-        rows = target[start : start + self.shard_sizes[shard]]
-        if rows.shape != tensor.shape:
-            raise ValueError(f"shape mismatch: checkpoint {tuple(tensor.shape)} vs {tuple(rows.shape)}")
-        rows.copy_(tensor)
+        dest = target[start : start + self.shard_sizes[shard]]
+        if dest.shape != tensor.shape:
+            raise ValueError(f"shape mismatch: checkpoint {tuple(tensor.shape)} vs {tuple(dest.shape)}")
+        dest.copy_(tensor)
 
     def extra_repr(self) -> str:
         return f"in={self.in_features}, out={self.shard_sizes}, bias={self.bias is not None}"

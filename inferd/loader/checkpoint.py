@@ -7,8 +7,6 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-import torch
-
 from inferd.config import ModelConfig
 from inferd.errors import ModelLoadError
 from inferd.loader import hf_dir
@@ -24,10 +22,12 @@ class Checkpoint:
     config: ModelConfig
     gguf: GGUFFile | None = None
 
-    def weights(self, dtype: torch.dtype) -> Iterator[tuple[str, torch.Tensor]]:
+    def weights(self) -> Iterator[tuple[str, object]]:
+        """(HF name, lazy weight) pairs; `weight.load(dtype, rows=, cols=)` reads a tensor or
+        just the slice a tensor-parallel rank keeps."""
         if self.gguf is not None:
-            return gguf_weights(self.gguf, self.config, dtype)
-        return hf_dir.hf_weights(self.path, dtype)
+            return gguf_weights(self.gguf, self.config)
+        return hf_dir.hf_weights(self.path)
 
     def tokenizer(self):
         from inferd.tokenizer import Tokenizer

@@ -11,7 +11,7 @@ import torch
 from inferd.config import FULL_ATTENTION, SLIDING_ATTENTION, ModelConfig, RopeConfig
 from inferd.errors import ModelLoadError
 from inferd.loader.gguf_file import GGUFFile
-from inferd.loader.gguf_quants import dequantize
+from inferd.loader.gguf_quants import BLOCK_LAYOUT, dequantize
 from inferd.models.registry import GGUF_ARCHITECTURES
 
 _LAYER_NAMES = {
@@ -146,30 +146,72 @@ def load_tensor(gguf: GGUFFile, name: str, dtype: torch.dtype) -> torch.Tensor:
     return dequantize(gguf.raw(name), info.ggml_type, info.shape, dtype)
 
 
-def _unpermute_rope(w: torch.Tensor, n_heads: int) -> torch.Tensor:
+def _unpermute_rope(w: torch.Tensor, head_dim: int) -> torch.Tensor:
     """llama.cpp's converter reorders Llama's q/k rows so each head's rotary pairs interleave;
-    undo it to get HF's "rotate half" layout."""
-    rows = w.shape[0]
-    return w.reshape(n_heads, rows // n_heads // 2, 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
+    undo it to get HF's "rotate half" layout (within each head, so a slice of whole heads can
+    be undone on its own)."""
+    n_heads = w.shape[0] // head_dim
+    return w.reshape(n_heads, head_dim // 2, 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
 
 
-def gguf_weights(
-    gguf: GGUFFile, config: ModelConfig, dtype: torch.dtype
-) -> Iterator[tuple[str, torch.Tensor]]:
-    kind = config.architecture
-    for name in gguf.tensors:
-        target = hf_name(name, kind)
-        if target is None:
-            continue
-        # Dequantise in float32 and convert once: the same values HF transformers loads.
-        w = load_tensor(gguf, name, torch.float32)
+class GGUFWeight:
+    """One tensor of a GGUF file, read (and dequantised) only as far as a rank needs it."""
+
+    def __init__(self, gguf: GGUFFile, name: str, target: str, config: ModelConfig):
+        self.gguf, self.name, self.target, self.config = gguf, name, target, config
+        self.info = gguf.tensors[name]
+        self.shape = self.info.shape
+
+    def _raw(self, rows: tuple[int, int] | None, cols: tuple[int, int] | None):
+        """Bytes of the requested rows/columns, and the shape they dequantise to, when the
+        slice falls on whole quantisation blocks; else None (dequantise all, then slice)."""
+        info, raw = self.info, self.gguf.raw(self.name)
+        block, block_bytes = BLOCK_LAYOUT[info.ggml_type]
+        shape = list(info.shape)
+        if len(shape) == 1:
+            if rows is None:
+                return raw, tuple(shape)
+            if rows[0] % block or rows[1] % block:
+                return None
+            start = rows[0] // block * block_bytes
+            return raw[start : start + rows[1] // block * block_bytes], (rows[1],)
+        row_bytes = raw.size // shape[0]
+        if rows is not None:
+            raw = raw[rows[0] * row_bytes : (rows[0] + rows[1]) * row_bytes]
+            shape[0] = rows[1]
+        if cols is not None:
+            if cols[0] % block or cols[1] % block:
+                return None
+            first, count = cols[0] // block * block_bytes, cols[1] // block * block_bytes
+            raw = raw.reshape(shape[0], row_bytes)[:, first : first + count].reshape(-1)
+            shape[1] = cols[1]
+        return raw, tuple(shape)
+
+    def load(self, dtype: torch.dtype, rows=None, cols=None) -> torch.Tensor:
+        sliced = self._raw(rows, cols)
+        if sliced is None:
+            w = load_tensor(self.gguf, self.name, torch.float32)
+            if rows is not None:
+                w = w[rows[0] : rows[0] + rows[1]]
+            if cols is not None:
+                w = w[:, cols[0] : cols[0] + cols[1]]
+        else:
+            # Dequantise in float32 and convert once: the same values HF transformers loads.
+            w = dequantize(sliced[0], self.info.ggml_type, sliced[1], torch.float32)
+        kind, target = self.config.architecture, self.target
         if kind == "gemma3" and target.endswith("norm.weight"):
             w = w - 1  # llama.cpp stores Gemma's (1 + w) norm gains; models add the 1 back
-        if kind == "llama" and target.endswith(("q_proj.weight", "q_proj.bias")):
-            w = _unpermute_rope(w, config.num_heads)
-        elif kind == "llama" and target.endswith(("k_proj.weight", "k_proj.bias")):
-            w = _unpermute_rope(w, config.num_kv_heads)
-        yield target, w.to(dtype)
+        if kind == "llama" and target.endswith(("q_proj.weight", "q_proj.bias", "k_proj.weight",
+                                                "k_proj.bias")):  # fmt: skip
+            w = _unpermute_rope(w, self.config.head_dim)
+        return w.to(dtype)
+
+
+def gguf_weights(gguf: GGUFFile, config: ModelConfig) -> Iterator[tuple[str, GGUFWeight]]:
+    for name in gguf.tensors:
+        target = hf_name(name, config.architecture)
+        if target is not None:
+            yield target, GGUFWeight(gguf, name, target, config)
 
 
 def gguf_parameter_bytes(gguf: GGUFFile) -> int:

@@ -49,17 +49,38 @@ def pickle_refusal(path: Path) -> str:
     )
 
 
-def hf_weights(folder: Path, dtype: torch.dtype) -> Iterator[tuple[str, torch.Tensor]]:
+class HFWeight:
+    """One tensor of a safetensors file; `load` reads only the requested rows/columns."""
+
+    def __init__(self, file: Path, handle, name: str):
+        self.file, self.handle, self.name = file, handle, name
+        self.shape = tuple(handle.get_slice(name).get_shape())
+
+    def load(self, dtype: torch.dtype, rows=None, cols=None) -> torch.Tensor:
+        try:
+            sl = self.handle.get_slice(self.name)
+            r = slice(rows[0], rows[0] + rows[1]) if rows else slice(None)
+            if cols is None:
+                t = sl[r]
+            else:
+                t = sl[r, cols[0] : cols[0] + cols[1]]
+        except Exception as e:  # safetensors raises its own error type for malformed files
+            raise ModelLoadError(f"{self.file}: cannot read tensor {self.name!r} ({e})") from e
+        return t.to(dtype)
+
+
+def hf_weights(folder: Path) -> Iterator[tuple[str, HFWeight]]:
     files = safetensors_files(folder)
     if not files:
         raise ModelLoadError(f"{folder}: no *.safetensors weights in the folder")
     for file in files:
         try:
-            with safe_open(str(file), framework="pt") as f:
-                for name in f.keys():
-                    yield name, f.get_tensor(name).to(dtype)
+            handle = safe_open(str(file), framework="pt")
+            names = list(handle.keys())
         except Exception as e:  # safetensors raises its own error type for malformed files
             raise ModelLoadError(f"{file}: cannot read safetensors file ({e})") from e
+        for name in names:
+            yield name, HFWeight(file, handle, name)
 
 
 def hf_tensor_shapes(folder: Path) -> dict[str, tuple[tuple[int, ...], str]]:

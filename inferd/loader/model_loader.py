@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import torch
 
+from inferd.distributed.state import SINGLE, TPGroup
+from inferd.errors import ModelLoadError
 from inferd.layers.quant import quantize_model
 from inferd.loader.checkpoint import Checkpoint
 from inferd.models.base import CausalLM
@@ -15,13 +17,17 @@ def load_model(
     dtype: torch.dtype,
     device: torch.device,
     quantization: str | None = None,
+    tp: TPGroup = SINGLE,
 ) -> CausalLM:
     cls = model_class(checkpoint.config.architecture)
     # Parameters are created uninitialised on the target device, then overwritten by load.
     with torch.device(device):
-        model = cls(checkpoint.config, dtype)
+        try:
+            model = cls(checkpoint.config, dtype, tp)
+        except ValueError as e:  # e.g. heads that do not divide among the ranks
+            raise ModelLoadError(str(e)) from e
     with torch.no_grad():
-        model.load_weights(checkpoint.weights(dtype))
+        model.load_weights(checkpoint.weights())
         if quantization:
             quantize_model(model, quantization)
     return model.eval()

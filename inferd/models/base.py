@@ -10,6 +10,7 @@ from torch import nn
 
 from inferd.attention.backend import ForwardContext
 from inferd.config import ModelConfig
+from inferd.distributed.state import SINGLE, TPGroup, kv_head_range
 from inferd.errors import ModelLoadError
 from inferd.layers.attention import SelfAttention
 from inferd.layers.embedding import LMHead, VocabEmbedding
@@ -31,10 +32,10 @@ class DecoderBody(nn.Module):
     """HF's `model.*` submodule: named so checkpoint names map one to one."""
 
     def __init__(self, config: ModelConfig, layers: list[nn.Module], dtype: torch.dtype,
-                 norm_offset: bool):  # fmt: skip
+                 norm_offset: bool, tp: TPGroup):  # fmt: skip
         super().__init__()
         self.embed_tokens = VocabEmbedding(
-            config.vocab_size, config.hidden_size, dtype, config.embedding_multiplier
+            config.vocab_size, config.hidden_size, dtype, config.embedding_multiplier, tp
         )
         self.layers = nn.ModuleList(layers)
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps, norm_offset, dtype)
@@ -45,20 +46,24 @@ class CausalLM(nn.Module):
 
     norm_offset = False  # Gemma's RMSNorm scales by (1 + w)
 
-    def __init__(self, config: ModelConfig, dtype: torch.dtype = torch.float32):
+    def __init__(self, config: ModelConfig, dtype: torch.dtype = torch.float32,
+                 tp: TPGroup = SINGLE):  # fmt: skip
         super().__init__()
-        self.config, self.dtype = config, dtype
-        layers = [self.make_layer(config, i, dtype) for i in range(config.num_layers)]
-        self.model = DecoderBody(config, layers, dtype, self.norm_offset)
+        self.config, self.dtype, self.tp = config, dtype, tp
+        layers = [self.make_layer(config, i, dtype, tp) for i in range(config.num_layers)]
+        self.model = DecoderBody(config, layers, dtype, self.norm_offset, tp)
         tied = self.model.embed_tokens if config.tie_word_embeddings else None
-        self.lm_head = LMHead(config.vocab_size, config.hidden_size, dtype, tied)
+        self.lm_head = LMHead(config.vocab_size, config.hidden_size, dtype, tied, tp)
+        # KV heads this rank caches (all of them without tensor parallelism).
+        self.local_kv_heads = kv_head_range(config.num_kv_heads, tp)[1]
         # One RotaryEmbedding per distinct RoPE config; layers index into it.
         ropes = [config.layer_rope(i) for i in range(config.num_layers)]
         distinct = [r for i, r in enumerate(ropes) if r not in ropes[:i]]
         self.rotaries = [RotaryEmbedding(config.head_dim, r) for r in distinct]
         self.rope_index = [distinct.index(r) for r in ropes]
 
-    def make_layer(self, config: ModelConfig, layer: int, dtype: torch.dtype) -> nn.Module:
+    def make_layer(self, config: ModelConfig, layer: int, dtype: torch.dtype,
+                   tp: TPGroup) -> nn.Module:  # fmt: skip
         raise NotImplementedError
 
     def forward(
@@ -80,42 +85,40 @@ class CausalLM(nn.Module):
         return self.lm_head(hidden, self.config.final_logit_softcapping)
 
     # ---- weights -------------------------------------------------------------------------
-    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
-        """Copy checkpoint tensors (HF names) into the parameters; every parameter must be set."""
+    def load_weights(self, weights: Iterable[tuple[str, object]]) -> None:
+        """Fill the parameters from checkpoint weights (HF names; lazy: each `.load(dtype,
+        rows=, cols=)` reads only what this rank keeps). Every parameter must be set."""
         modules = dict(self.named_modules())
         params = dict(self.named_parameters())
         pending = set(params)
         if self.config.tie_word_embeddings:
             pending.discard("lm_head.weight")
-        for name, tensor in weights:
+        for name, weight in weights:
             if name.endswith("rotary_emb.inv_freq"):
                 continue
             if name == "lm_head.weight" and self.config.tie_word_embeddings:
                 continue  # some tied checkpoints still store a copy
             module_name, _, leaf = name.rpartition(".")
             parent, _, sub = module_name.rpartition(".")
-            if sub in STACKED_PARAMS:
-                fused, shard = STACKED_PARAMS[sub]
-                target = f"{parent}.{fused}"
-                module = modules.get(target)
-                if not isinstance(module, Linear):
-                    raise ModelLoadError(f"checkpoint tensor {name!r} has no place in the model")
-                try:
-                    module.load_shard(leaf, tensor, shard)
-                except ValueError as e:
-                    raise ModelLoadError(f"checkpoint tensor {name!r}: {e}") from e
-                pending.discard(f"{target}.{leaf}")
-                continue
-            param = params.get(name)
-            if param is None:
-                raise ModelLoadError(f"checkpoint tensor {name!r} has no place in the model")
-            if param.shape != tensor.shape:
-                raise ModelLoadError(
-                    f"checkpoint tensor {name!r} has shape {tuple(tensor.shape)}, "
-                    f"the model expects {tuple(param.shape)}"
-                )
-            param.copy_(tensor)
-            pending.discard(name)
+            fused, shard = STACKED_PARAMS.get(sub, (sub, 0))
+            target = f"{parent}.{fused}" if parent else fused
+            module = modules.get(target)
+            try:
+                if isinstance(module, Linear):
+                    module.load_shard(leaf, weight, shard)
+                elif isinstance(module, VocabEmbedding | LMHead) and leaf == "weight":
+                    module.load(weight)
+                elif name in params:
+                    tensor = weight.load(params[name].dtype)
+                    if params[name].shape != tensor.shape:
+                        raise ValueError(f"shape {tuple(tensor.shape)}, the model expects "
+                                         f"{tuple(params[name].shape)}")  # fmt: skip
+                    params[name].copy_(tensor)
+                else:
+                    raise ValueError("it has no place in the model")
+            except ValueError as e:
+                raise ModelLoadError(f"checkpoint tensor {name!r}: {e}") from e
+            pending.discard(f"{target}.{leaf}" if target in modules else name)
         if pending:
             missing = ", ".join(sorted(pending)[:5])
             raise ModelLoadError(f"checkpoint lacks {len(pending)} tensors, e.g. {missing}")

@@ -9,6 +9,7 @@ from torch import nn
 
 from inferd.attention.backend import ForwardContext
 from inferd.config import ModelConfig
+from inferd.distributed.state import TPGroup
 from inferd.layers.attention import SelfAttention
 from inferd.layers.norm import RMSNorm
 from inferd.models.base import CausalLM
@@ -16,15 +17,15 @@ from inferd.models.llama import GatedMLP
 
 
 class Gemma3DecoderLayer(nn.Module):
-    def __init__(self, config: ModelConfig, layer: int, dtype: torch.dtype):
+    def __init__(self, config: ModelConfig, layer: int, dtype: torch.dtype, tp: TPGroup):
         super().__init__()
         dim, eps = config.hidden_size, config.rms_norm_eps
         self.input_layernorm = RMSNorm(dim, eps, True, dtype)
-        self.self_attn = SelfAttention(config, layer, dtype, norm_offset=True)
+        self.self_attn = SelfAttention(config, layer, dtype, norm_offset=True, tp=tp)
         # The sandwich norms' outputs join the float32 residual stream (see CausalLM.forward).
         self.post_attention_layernorm = RMSNorm(dim, eps, True, dtype, out_dtype=torch.float32)
         self.pre_feedforward_layernorm = RMSNorm(dim, eps, True, dtype)
-        self.mlp = GatedMLP(config, dtype)
+        self.mlp = GatedMLP(config, dtype, tp)
         self.post_feedforward_layernorm = RMSNorm(dim, eps, True, dtype, out_dtype=torch.float32)
 
     def forward(self, h: torch.Tensor, rope, ctx: ForwardContext) -> torch.Tensor:
@@ -35,5 +36,5 @@ class Gemma3DecoderLayer(nn.Module):
 class Gemma3ForCausalLM(CausalLM):
     norm_offset = True
 
-    def make_layer(self, config: ModelConfig, layer: int, dtype: torch.dtype) -> nn.Module:
-        return Gemma3DecoderLayer(config, layer, dtype)
+    def make_layer(self, config: ModelConfig, layer: int, dtype: torch.dtype, tp: TPGroup):
+        return Gemma3DecoderLayer(config, layer, dtype, tp)

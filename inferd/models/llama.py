@@ -8,6 +8,7 @@ from torch import nn
 
 from inferd.attention.backend import ForwardContext
 from inferd.config import ModelConfig
+from inferd.distributed.state import SINGLE, TPGroup
 from inferd.layers.activation import gated
 from inferd.layers.attention import SelfAttention
 from inferd.layers.linear import Linear
@@ -16,11 +17,14 @@ from inferd.models.base import CausalLM
 
 
 class GatedMLP(nn.Module):
-    def __init__(self, config: ModelConfig, dtype: torch.dtype):
+    def __init__(self, config: ModelConfig, dtype: torch.dtype, tp: TPGroup = SINGLE):
         super().__init__()
         inter = config.intermediate_size
-        self.gate_up_proj = Linear(config.hidden_size, [inter, inter], False, dtype)
-        self.down_proj = Linear(inter, config.hidden_size, False, dtype)
+        i0, ni = tp.split(inter, "the MLP's intermediate size")
+        self.gate_up_proj = Linear(config.hidden_size, [inter, inter], False, dtype,
+                                   row_ranges=[(i0, ni), (i0, ni)], tp=tp)  # fmt: skip
+        self.down_proj = Linear(inter, config.hidden_size, False, dtype,
+                                col_range=(i0, ni) if tp.enabled else None, tp=tp)  # fmt: skip
         self.act = gated(config.hidden_act)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -28,13 +32,13 @@ class GatedMLP(nn.Module):
 
 
 class LlamaDecoderLayer(nn.Module):
-    def __init__(self, config: ModelConfig, layer: int, dtype: torch.dtype):
+    def __init__(self, config: ModelConfig, layer: int, dtype: torch.dtype, tp: TPGroup):
         super().__init__()
         eps = config.rms_norm_eps
         self.input_layernorm = RMSNorm(config.hidden_size, eps, dtype=dtype)
-        self.self_attn = SelfAttention(config, layer, dtype, norm_offset=False)
+        self.self_attn = SelfAttention(config, layer, dtype, norm_offset=False, tp=tp)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, eps, dtype=dtype)
-        self.mlp = GatedMLP(config, dtype)
+        self.mlp = GatedMLP(config, dtype, tp)
 
     def forward(self, h: torch.Tensor, rope, ctx: ForwardContext) -> torch.Tensor:
         h = h + self.self_attn(self.input_layernorm(h), rope, ctx)
@@ -42,5 +46,5 @@ class LlamaDecoderLayer(nn.Module):
 
 
 class LlamaForCausalLM(CausalLM):
-    def make_layer(self, config: ModelConfig, layer: int, dtype: torch.dtype) -> nn.Module:
-        return LlamaDecoderLayer(config, layer, dtype)
+    def make_layer(self, config: ModelConfig, layer: int, dtype: torch.dtype, tp: TPGroup):
+        return LlamaDecoderLayer(config, layer, dtype, tp)

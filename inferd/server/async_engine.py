@@ -22,6 +22,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from inferd.errors import EngineDeadError
 from inferd.outputs import RequestOutput
 
 log = logging.getLogger(__name__)
@@ -29,10 +30,6 @@ log = logging.getLogger(__name__)
 # When steps schedule nothing although requests exist (nothing fits yet), the thread waits
 # this long for a command before trying again, rather than spinning on the GIL.
 _STUCK_WAIT_S = 0.005
-
-
-class EngineDeadError(RuntimeError):
-    """The loop thread is gone: no request can be served (HTTP 503)."""
 
 
 class QueueFullError(RuntimeError):
@@ -218,6 +215,8 @@ class AsyncEngine:
         steps_before = self.stats.steps
         try:
             outputs = self.engine.step()
+        except EngineDeadError:
+            raise  # fatal (e.g. a tensor-parallel worker died): the loop ends, /health says why
         except Exception as e:  # noqa: BLE001 - the engine guards its steps; this is a backstop
             log.exception("engine step raised; failing the requests in flight")
             message = f"the engine failed: {type(e).__name__}: {e}"

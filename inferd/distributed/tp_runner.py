@@ -1,0 +1,92 @@
+"""Rank 0's runner under tensor parallelism: before running a step on its own shard it sends
+the step to every worker, so all ranks enter the same collectives. A worker that died or hung
+turns into `WorkerFailure` (the collectives time out or lose their peer): the engine then fails
+every request and reports itself dead, instead of waiting forever."""
+
+from __future__ import annotations
+
+import atexit
+import logging
+import time
+
+import torch
+
+from inferd.distributed.worker import broadcast, gather_reports, rank_report
+from inferd.engine.runner import ModelRunner, SequenceStep
+from inferd.errors import EngineDeadError
+
+log = logging.getLogger(__name__)
+
+
+class WorkerFailure(EngineDeadError):
+    """A tensor-parallel rank is gone: the engine cannot run another step."""
+
+
+class TPModelRunner:
+    def __init__(self, local: ModelRunner, control, procs: list):
+        self.local, self.control, self.procs = local, control, procs
+        self._stopped = False
+        atexit.register(self.shutdown)  # reap the workers however the engine ends
+
+    def __getattr__(self, name: str):
+        return getattr(self.local, name)  # model, kv_caches, block_size, graphs, ...
+
+    def _check_workers(self) -> None:
+        dead = [p for p in self.procs if not p.is_alive()]
+        if dead:
+            codes = ", ".join(f"{p.name} (exit code {p.exitcode})" for p in dead)
+            raise WorkerFailure(f"tensor-parallel worker exited: {codes}")
+
+    def _send(self, message) -> None:
+        self._check_workers()
+        try:
+            broadcast(message, self.control)
+        except RuntimeError as e:
+            raise WorkerFailure(f"tensor-parallel worker unreachable: {e}") from e
+
+    def execute_with_prompt_logits(self, steps: list[SequenceStep]):
+        self._send(("step", steps))
+        try:
+            return self.local.execute_with_prompt_logits(steps)
+        except RuntimeError as e:  # a collective lost its peer or timed out
+            self._check_workers()
+            raise WorkerFailure(f"tensor-parallel step failed: {e}") from e
+
+    def execute(self, steps: list[SequenceStep]) -> torch.Tensor:
+        return self.execute_with_prompt_logits(steps)[0]
+
+    def clear_blocks(self, blocks: list[list[int]]) -> None:
+        if any(blocks):
+            self._send(("clear", blocks))
+        self.local.clear_blocks(blocks)
+
+    def copy_blocks(self, copies: list[tuple[int, int, int]]) -> None:
+        if copies:
+            self._send(("copy", copies))
+        self.local.copy_blocks(copies)
+
+    def reports(self) -> list[dict]:
+        """Per rank: pid, bytes of weights and of KV cache it holds (measured on each rank)."""
+        self._send(("report",))
+        return gather_reports(rank_report(self.local.model, self.local), self.control)
+
+    def shutdown(self, timeout: float = 10.0) -> None:
+        """Stop the workers (politely, then by force) and leave the process group."""
+        import torch.distributed as dist
+
+        if self._stopped:
+            return
+        self._stopped = True
+        try:
+            if all(p.is_alive() for p in self.procs):
+                broadcast(("stop",), self.control)
+        except RuntimeError:
+            log.warning("could not tell the workers to stop; terminating them")
+        deadline = time.monotonic() + timeout
+        for p in self.procs:
+            p.join(max(0.0, deadline - time.monotonic()))
+            if p.is_alive():
+                p.kill()
+                p.join(5)
+        if dist.is_initialized():
+            dist.destroy_process_group()
