@@ -1,0 +1,1 @@
+"""Multi-process execution: tensor parallelism over torch.distributed (see state.py)."""
