@@ -55,12 +55,15 @@ def add_engine_arguments(parser: argparse.ArgumentParser, model_positional: bool
 
 
 def engine_config_from_args(args: argparse.Namespace):
+    """The EngineConfig of the flags. NOTE: under torchrun (RANK, WORLD_SIZE, MASTER_ADDR,
+    MASTER_PORT set) a rank other than 0 becomes a tensor-parallel worker right here and exits
+    when rank 0 stops, so every command can be launched the same way on every machine."""
     from inferd.config import EngineConfig
 
     model = args.model or getattr(args, "model_pos", None)
     if args.model and getattr(args, "model_pos", None):
         raise ValueError("give the model either as MODEL or with --model, not both")
-    return EngineConfig(
+    config = EngineConfig(
         model=model,
         dtype=args.dtype,
         device=args.device,
@@ -80,6 +83,14 @@ def engine_config_from_args(args: argparse.Namespace):
         tensor_parallel_size=args.tensor_parallel_size,
         distributed_timeout=args.distributed_timeout,
     )
+    from inferd.distributed.launch import env_rank, launched_by_torchrun
+
+    if config.tensor_parallel_size > 1 and launched_by_torchrun() and env_rank() != 0:
+        from inferd.distributed.worker import torchrun_worker
+
+        torchrun_worker(config)
+        raise SystemExit(0)
+    return config
 
 
 def add_sampling_arguments(parser: argparse.ArgumentParser) -> None:

@@ -128,3 +128,34 @@ def test_hung_worker_times_out(checkpoints):
 def test_heads_that_do_not_divide_are_refused_before_spawning(checkpoints):
     with pytest.raises(ValueError, match="tensor_parallel_size 3"):
         LLM(model=str(checkpoints["llama"]), dtype="float32", tensor_parallel_size=3)
+
+
+def test_ranks_started_like_torchrun_join_over_loopback(checkpoints):
+    """Two separate `inferd generate` processes given torchrun's environment (as on two
+    machines): rank 0 prints the continuation, rank 1 serves its shard and exits with it."""
+    import socket
+    import subprocess
+    import sys
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    cmd = [sys.executable, "-m", "inferd", "generate", "The quick brown fox", "--model",
+           str(checkpoints["llama"]), "--dtype", "float32", "--max-tokens", "8", "--quiet",
+           "--kv-cache-memory", "8MiB", "--max-model-len", "128"]  # fmt: skip
+    single = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+    assert single.returncode == 0, single.stderr
+    env = dict(os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), WORLD_SIZE="2")
+    procs = [
+        subprocess.Popen(cmd + ["--tensor-parallel-size", "2"], env=dict(env, RANK=str(rank)),
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)  # fmt: skip
+        for rank in (0, 1)
+    ]
+    try:
+        outs = [p.communicate(timeout=180) for p in procs]
+    finally:
+        for p in procs:
+            p.kill()
+    assert [p.returncode for p in procs] == [0, 0], [o[1][-2000:] for o in outs]
+    assert outs[0][0] == single.stdout  # the same continuation as one process
+    assert outs[1][0] == ""  # the worker prints nothing

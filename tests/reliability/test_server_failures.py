@@ -58,6 +58,7 @@ class FakeEngine:
         self.model_config = SimpleNamespace(vocab_size=VOCAB, architecture="fake")
         self.max_model_len = 128
         self.fail_at, self.die_at, self.error_at, self.gate = fail_at, die_at, error_at, gate
+        self.dead_at = None  # step that raises EngineDeadError (the engine's own fatal error)
         self.schedulable = schedulable
         self.requests: dict[str, dict] = {}
         self.pending: list[RequestOutput] = []
@@ -94,6 +95,8 @@ class FakeEngine:
         self.steps += 1
         if self.steps == self.die_at:
             raise Fatal("the loop itself broke")
+        if self.steps == self.dead_at:
+            raise EngineDeadError("tensor-parallel worker exited: inferd-tp-rank1 (exit code -9)")
         if self.steps == self.fail_at:
             raise RuntimeError("kernel exploded")
         for rid, req in list(self.requests.items()):
@@ -187,6 +190,22 @@ def test_a_dead_loop_errors_in_flight_and_new_requests_and_fails_health():
     in_flight, health = with_engine(FakeEngine(die_at=2), body)
     assert isinstance(in_flight[-1], EngineDeadError)
     assert health is not None and "Fatal" in health
+
+
+def test_an_engine_that_reports_itself_dead_ends_the_loop_and_fails_health():
+    """The engine raises EngineDeadError when it cannot run another step (a tensor-parallel
+    worker died): not a per-request failure, so the loop stops and /health goes red."""
+
+    async def body(engine):
+        in_flight = await run_request(engine, "a")
+        await asyncio.sleep(0.05)
+        return in_flight, engine.health()
+
+    fake = FakeEngine()
+    fake.dead_at = 2
+    in_flight, health = with_engine(fake, body)
+    assert isinstance(in_flight[-1], EngineDeadError)
+    assert health is not None and "worker exited" in health
 
 
 def test_a_stalled_loop_fails_health_until_it_moves_again():
