@@ -22,11 +22,12 @@ _TORCH_DTYPES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
 _PROMPT = "Request {i}: explain in a few sentences why the KV cache grows with the context."
 
 
-def proc_status() -> dict[str, int]:
-    """VmRSS, VmHWM (peak), RssAnon and RssFile of this process in bytes; {} without /proc."""
+def proc_status(pid: int | str = "self") -> dict[str, int]:
+    """VmRSS, VmHWM (peak), RssAnon and RssFile of a process (this one) in bytes; {} without
+    /proc."""
     out = {}
     try:
-        with open("/proc/self/status") as f:
+        with open(f"/proc/{pid}/status") as f:
             for line in f:
                 key, _, value = line.partition(":")
                 if key in ("VmRSS", "VmHWM", "RssAnon", "RssFile"):
@@ -117,8 +118,9 @@ def measure_memory(
 ) -> Measurement:
     """Load `model` with the engine sized as `estimate` says, generate `max_tokens` tokens for
     each of `estimate.concurrency` prompts, and compare memory with the predictions."""
-    if estimate.tensor_parallel_size != 1:
-        raise ValueError("--measure runs on one device; drop --tensor-parallel-size")
+    tp = estimate.tensor_parallel_size
+    if tp != 1 and estimate.device != "cpu":
+        raise ValueError("--measure with --tensor-parallel-size runs on CPU ranks only")
     if estimate.dtype not in _TORCH_DTYPES:
         raise ValueError(
             f"--measure loads real weights: --dtype {estimate.dtype} is a what-if precision; "
@@ -141,6 +143,8 @@ def measure_memory(
         max_num_batched_tokens=estimate.max_num_batched_tokens,
         kv_cache_dtype=_TORCH_DTYPES[estimate.kv_cache_dtype],
     )
+    if tp != 1:
+        kwargs["tensor_parallel_size"] = tp
     params = inspect.signature(LLM).parameters
     if not any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
         optional = ("device", "max_num_seqs", "max_num_batched_tokens", "kv_cache_dtype")
@@ -159,6 +163,7 @@ def measure_memory(
     quiet = {"use_tqdm": False} if "use_tqdm" in inspect.signature(llm.generate).parameters else {}
     outputs = llm.generate(prompts, sampling, **quiet)
     done = take_snapshot("after generation", dev)
+    reports = llm.engine.runner.reports() if tp != 1 else []
 
     prompt_lens = [len(o.prompt_token_ids) for o in outputs]
     generated = sum(len(c.token_ids) for o in outputs for c in o.outputs)
@@ -182,7 +187,25 @@ def measure_memory(
         convert = 0 if estimate.dtype == "fp32" else ELEMENT_BYTES[estimate.dtype]
         buffer = config.vocab_size * config.hidden_size * (4 + convert)
         _cpu_rows(m, before, loaded, done, load_pred, run_acts, pred.overhead.bytes, buffer)
+    _rank_rows(m, reports, pred)
+    if reports:
+        llm.shutdown()
     return m
+
+
+def _rank_rows(m: Measurement, reports: list[dict], pred) -> None:
+    """Under tensor parallelism: what each rank's process holds, measured on that rank."""
+    for r in reports:
+        rank = r["rank"]
+        m.rows += [
+            (f"rank {rank}: weights held", pred.weights, r["weight_bytes"],
+             "parameters and buffers of this rank's shard: its q heads, MLP slice and "
+             "vocabulary rows; norms (and KV heads, when fewer than ranks) replicated"),
+            (f"rank {rank}: KV pool", pred.kv_cache, r["kv_cache_bytes"],
+             "the same blocks on every rank, each for its own KV heads"),
+            (f"rank {rank}: process RSS", pred.total, proc_status(r["pid"]).get("VmRSS"),
+             "the whole process: runtime, weights, the KV pages written so far, heap"),
+        ]  # fmt: skip
 
 
 def _delta(a: int | None, b: int | None) -> int | None:

@@ -159,3 +159,19 @@ def test_ranks_started_like_torchrun_join_over_loopback(checkpoints):
     assert [p.returncode for p in procs] == [0, 0], [o[1][-2000:] for o in outs]
     assert outs[0][0] == single.stdout  # the same continuation as one process
     assert outs[1][0] == ""  # the worker prints nothing
+
+
+def test_memory_measure_reports_each_rank(checkpoints):
+    from inferd.loader import open_checkpoint
+    from inferd.memory import estimate_memory
+    from inferd.memory.measure import measure_memory
+
+    ckpt = open_checkpoint(checkpoints["llama"])
+    est = estimate_memory(ckpt.config, dtype="fp32", max_model_len=128, concurrency=2,
+                          tensor_parallel_size=2, device="cpu")  # fmt: skip
+    m = measure_memory(str(checkpoints["llama"]), ckpt.config, est, max_tokens=4)
+    rows = {what: (pred, got) for what, pred, got, _ in m.rows}
+    for rank in (0, 1):
+        pred, got = rows[f"rank {rank}: weights held"]
+        assert abs(got - pred) / pred < 0.05  # the per-rank prediction, confirmed per rank
+        assert rows[f"rank {rank}: process RSS"][1] > got

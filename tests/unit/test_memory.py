@@ -347,8 +347,8 @@ def test_measure_reports_rss_deltas(monkeypatch):
 def test_measure_refuses_what_if_precisions():
     from inferd.memory.measure import measure_memory
 
-    for kw in (dict(dtype="int4"), dict(dtype="fp32", tensor_parallel_size=2),
-               dict(dtype="fp32", kv_cache_dtype="fp8")):  # fmt: skip
+    for kw in (dict(dtype="int4"), dict(dtype="fp32", kv_cache_dtype="fp8"),
+               dict(dtype="fp32", tensor_parallel_size=2, device="cuda")):  # fmt: skip
         est = estimate_memory(GEMMA_LIKE, max_model_len=64, **kw)
         with pytest.raises(ValueError, match="--measure"):
             measure_memory(None, GEMMA_LIKE, est)
