@@ -7,6 +7,7 @@ import torch
 from inferd.distributed.state import SINGLE, TPGroup
 from inferd.errors import ModelLoadError
 from inferd.layers.quant import quantize_model
+from inferd.loader import weight_cache
 from inferd.loader.checkpoint import Checkpoint
 from inferd.models.base import CausalLM
 from inferd.models.registry import model_class
@@ -26,8 +27,17 @@ def load_model(
             model = cls(checkpoint.config, dtype, tp)
         except ValueError as e:  # e.g. heads that do not divide among the ranks
             raise ModelLoadError(str(e)) from e
+    cache = None
+    if quantization is None and checkpoint.format == "gguf" and device.type == "cpu":
+        if weight_cache.enabled():
+            cache = weight_cache.cache_path(checkpoint.path, dtype, tp.rank, tp.world_size)
+            if cache.exists() and weight_cache.load_into(model, cache):
+                model.finalize()
+                return model.eval()
     with torch.no_grad():
         model.load_weights(checkpoint.weights())
+        if cache is not None:
+            weight_cache.save(model, cache)
         if quantization:
             quantize_model(model, quantization)
     return model.eval()

@@ -122,6 +122,10 @@ class CausalLM(nn.Module):
         if pending:
             missing = ", ".join(sorted(pending)[:5])
             raise ModelLoadError(f"checkpoint lacks {len(pending)} tensors, e.g. {missing}")
+        self.finalize()
+
+    def finalize(self) -> None:
+        """Derived tensors (norm gains) from the loaded weights."""
         for module in self.modules():
             if isinstance(module, RMSNorm):
                 module.finalize()
