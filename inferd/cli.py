@@ -43,7 +43,9 @@ def main(argv: list[str] | None = None) -> int:
     command = next((a for a in argv if a in COMMANDS), None)
     args = build_parser(command).parse_args(argv)
     logging.basicConfig(
-        level=args.log_level.upper(), stream=sys.stderr, format="%(levelname)s %(name)s: %(message)s"
+        level=args.log_level.upper(),
+        stream=sys.stderr,
+        format="%(levelname)s %(name)s: %(message)s",
     )
     try:
         return int(args._module.run(args) or 0)

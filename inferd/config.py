@@ -84,10 +84,13 @@ class ModelConfig:
     def kv_groups(self) -> list[tuple[int | None, list[int]]]:
         """Layers grouped by attention window: each group gets its own KV block pool, so
         sliding layers can drop blocks that left their window. Full attention comes first."""
-        windows = sorted({self.layer_window(i) for i in range(self.num_layers)},
-                         key=lambda w: (w is not None, w or 0))
-        return [(w, [i for i in range(self.num_layers) if self.layer_window(i) == w])
-                for w in windows]
+        windows = sorted(
+            {self.layer_window(i) for i in range(self.num_layers)},
+            key=lambda w: (w is not None, w or 0),
+        )
+        return [
+            (w, [i for i in range(self.num_layers) if self.layer_window(i) == w]) for w in windows
+        ]
 
     def with_overrides(self, **changes: Any) -> ModelConfig:
         return replace(self, **changes)

@@ -1,8 +1,8 @@
 """The offline API, with vLLM's names so scripts carry over:
 
-    llm = LLM()                                   # the embedded Gemma 3 270M
-    outs = llm.generate(["Hello"], SamplingParams(temperature=0, max_tokens=32))
-    print(outs[0].outputs[0].text)
+llm = LLM()                                   # the embedded Gemma 3 270M
+outs = llm.generate(["Hello"], SamplingParams(temperature=0, max_tokens=32))
+print(outs[0].outputs[0].text)
 """
 
 from __future__ import annotations

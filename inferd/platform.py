@@ -8,6 +8,8 @@ import functools
 
 import torch
 
+from inferd.cpu_info import default_cpu_dtype
+
 _M_TRIM_THRESHOLD = -1
 _M_MMAP_THRESHOLD = -3
 
@@ -27,7 +29,9 @@ def keep_freed_memory_in_heap() -> bool:
         return False
     try:
         libc = ctypes.CDLL(name)
-        ok = libc.mallopt(_M_MMAP_THRESHOLD, 1 << 30) and libc.mallopt(_M_TRIM_THRESHOLD, (1 << 31) - 1)
+        ok = libc.mallopt(_M_MMAP_THRESHOLD, 1 << 30) and libc.mallopt(
+            _M_TRIM_THRESHOLD, (1 << 31) - 1
+        )
     except (OSError, AttributeError):
         return False
     return bool(ok)
@@ -53,18 +57,9 @@ def resolve_device(name: str | None) -> torch.device:
     return device
 
 
-def cpu_has_fast_bf16() -> bool:
-    """avx512_bf16 / AMX: bf16 matmuls run at about twice fp32 speed on such CPUs."""
-    try:
-        flags = open("/proc/cpuinfo").read()
-    except OSError:
-        return False
-    return "avx512_bf16" in flags or "amx_bf16" in flags
-
-
 def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
-    """`auto`: bf16 on GPUs that support it (else fp16); float32 on CPU, where it is the
-    precision parity is checked in (bf16 is a flag away, see docs/performance.md)."""
+    """`auto`: bf16 on GPUs that support it (else fp16); on CPU bf16 where the CPU has fast
+    bf16 (avx512_bf16/AMX), else float32. Parity with HF is checked in float32."""
     if name != "auto":
         if name not in DTYPES:
             raise ValueError(f"dtype must be one of auto, {', '.join(DTYPES)}; got {name!r}")
@@ -74,4 +69,4 @@ def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
         return dtype
     if device.type == "cuda":
         return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
-    return torch.float32
+    return DTYPES[default_cpu_dtype()]

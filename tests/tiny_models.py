@@ -45,7 +45,11 @@ TINY_CONFIGS = {
         "MistralForCausalLM",
         dict(num_attention_heads=4, num_key_value_heads=1, sliding_window=7, head_dim=16),
     ),
-    "qwen2": ("Qwen2Config", "Qwen2ForCausalLM", dict(num_attention_heads=4, num_key_value_heads=2)),
+    "qwen2": (
+        "Qwen2Config",
+        "Qwen2ForCausalLM",
+        dict(num_attention_heads=4, num_key_value_heads=2),
+    ),
     "qwen3": (
         "Qwen3Config",
         "Qwen3ForCausalLM",

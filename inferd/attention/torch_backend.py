@@ -24,7 +24,7 @@ from inferd.attention.backend import (
     GroupMetadata,
     LayerAttentionSpec,
 )
-
+from inferd.layers.quant import FP8, FP8_MAX
 
 # Decode steps with at least this many (sequence, key) pairs run their products in the cache
 # dtype; smaller ones in float32 (see TorchAttentionBackend._decode).
@@ -114,6 +114,21 @@ def _decode_plan(meta: AttentionMetadata, g: GroupMetadata, decode_seqs) -> _Dec
     return _DecodePlan(token_idx, blocks.flatten(), width, bias[:, None, :])
 
 
+def _compute_dtype(cache_dtype: torch.dtype) -> torch.dtype:
+    """Products run in the cache dtype, except for fp8 caches (no fp8 matmul here): bf16."""
+    return torch.bfloat16 if cache_dtype == FP8 else cache_dtype
+
+
+def _store(flat: torch.Tensor, slots: torch.Tensor, x: torch.Tensor) -> None:
+    """Write new keys or values into their cache slots. fp8 caches saturate at ±448 (e4m3's
+    largest value) and are written through a byte view (no fp8 index_copy on CPU)."""
+    if flat.dtype == FP8:
+        fp8 = x.float().clamp(-FP8_MAX, FP8_MAX).to(FP8)
+        flat.view(torch.uint8).index_copy_(0, slots, fp8.view(torch.uint8))
+    else:
+        flat.index_copy_(0, slots, x.to(flat.dtype))
+
+
 def _per_kv_head(x: torch.Tensor) -> torch.Tensor:
     """[n, span, kv_heads, dim] → [n * kv_heads, span, dim] (a free view for one KV head)."""
     n, span, heads, dim = x.shape
@@ -145,8 +160,8 @@ class TorchAttentionBackend(AttentionBackend):
         kv_heads, head_dim = spec.num_kv_heads, spec.head_dim
         k_flat = kv_cache[0].view(-1, kv_heads, head_dim)
         v_flat = kv_cache[1].view(-1, kv_heads, head_dim)
-        k_flat.index_copy_(0, g.slot_mapping, k.to(k_flat.dtype))
-        v_flat.index_copy_(0, g.slot_mapping, v.to(v_flat.dtype))
+        _store(k_flat, g.slot_mapping, k)
+        _store(v_flat, g.slot_mapping, v)
 
         plan = g.cache.get("torch")
         if plan is None:
@@ -158,15 +173,15 @@ class TorchAttentionBackend(AttentionBackend):
         out = torch.empty(q.shape, dtype=v.dtype, device=q.device)
         if decode is not None:
             out.index_copy_(0, decode.token_idx, self._decode(q, kv_cache, decode, spec, v.dtype))
-        dtype = k_flat.dtype  # prefill products run in the cache dtype (bf16 GEMMs are fast)
+        dtype = _compute_dtype(k_flat.dtype)  # prefill products: bf16 GEMMs are fast
         for c in chunks:
             # [kv_heads, group * length, head_dim] against [kv_heads, head_dim, keys]
             qc = q[c.start : c.start + c.length].view(c.length, kv_heads, group_size, head_dim)
             qc = qc.permute(1, 2, 0, 3).to(dtype)
-            keys = k_flat[c.slots].permute(1, 2, 0)
+            keys = k_flat[c.slots].permute(1, 2, 0).to(dtype)
             scores = torch.matmul(qc, keys[:, None]) * spec.scale
             probs = _scores_to_probs(scores, spec, c.bias).to(dtype)
-            values = v_flat[c.slots].permute(1, 0, 2)
+            values = v_flat[c.slots].permute(1, 0, 2).to(dtype)
             res = torch.matmul(probs, values[:, None])  # [kv_heads, group, length, head_dim]
             out[c.start : c.start + c.length] = res.permute(2, 0, 1, 3).reshape(
                 c.length, spec.num_heads, head_dim
@@ -188,7 +203,7 @@ class TorchAttentionBackend(AttentionBackend):
         qd = q if plan.token_idx is None else q.index_select(0, plan.token_idx)
         n = qd.shape[0]
         span = plan.width * kv_cache.shape[2]
-        dtype = kv_cache.dtype if n * span >= LARGE_DECODE else torch.float32
+        dtype = _compute_dtype(kv_cache.dtype) if n * span >= LARGE_DECODE else torch.float32
         if spec.softcap is not None:
             dtype = torch.float32
         qd = qd.reshape(n * kv_heads, spec.num_heads // kv_heads, head_dim).to(dtype)

@@ -30,9 +30,13 @@ def _positive_int(text: str) -> int:
 def add_engine_arguments(parser: argparse.ArgumentParser, model_positional: bool = False) -> None:
     if model_positional:
         parser.add_argument("model_pos", nargs="?", metavar="MODEL", help="model path")
-    parser.add_argument("--model", help="GGUF file or HF folder (default: the embedded Gemma 3 270M)")
+    parser.add_argument(
+        "--model", help="GGUF file or HF folder (default: the embedded Gemma 3 270M)"
+    )
     parser.add_argument("--dtype", default="auto", help="auto, float32, bfloat16, float16")
-    parser.add_argument("--device", default=None, help="cpu, cuda, cuda:N (default: cuda if present)")
+    parser.add_argument(
+        "--device", default=None, help="cpu, cuda, cuda:N (default: cuda if present)"
+    )
     parser.add_argument("--max-model-len", type=_positive_int, default=None)
     parser.add_argument("--max-num-seqs", type=_positive_int, default=None)
     parser.add_argument("--max-num-batched-tokens", type=_positive_int, default=None)
@@ -43,15 +47,27 @@ def add_engine_arguments(parser: argparse.ArgumentParser, model_positional: bool
     parser.add_argument("--enable-prefix-caching", action=argparse.BooleanOptionalAction,
                         default=True)  # fmt: skip
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--quantization", default=None, help="weight-only: int8")
-    parser.add_argument("--kv-cache-dtype", default="auto")
+    parser.add_argument("--quantization", default=None, choices=["int8", "int4", "fp8"],
+                        help="int8: W8A8 (CPU); int4: weight-only (CPU, lossy); fp8: W8A8 "
+                             "(Hopper GPUs)")  # fmt: skip
+    parser.add_argument("--kv-cache-dtype", default="auto",
+                        help="auto (the model dtype), float32, bfloat16, float16, fp8")  # fmt: skip
     parser.add_argument("--threads", type=_positive_int, default=None, help="CPU threads")
     parser.add_argument("--attention-backend", default="auto", choices=["auto", "torch", "triton"])
     parser.add_argument("--enforce-eager", action="store_true", help="no CUDA graphs")
-    parser.add_argument("--tensor-parallel-size", "-tp", type=_positive_int, default=1,
-                        help="split the model across N processes/devices (gloo on CPU, NCCL)")
-    parser.add_argument("--distributed-timeout", type=float, default=None,
-                        help="seconds a tensor-parallel collective may wait (default 60)")
+    parser.add_argument(
+        "--tensor-parallel-size",
+        "-tp",
+        type=_positive_int,
+        default=1,
+        help="split the model across N processes/devices (gloo on CPU, NCCL)",
+    )
+    parser.add_argument(
+        "--distributed-timeout",
+        type=float,
+        default=None,
+        help="seconds a tensor-parallel collective may wait (default 60)",
+    )
 
 
 def engine_config_from_args(args: argparse.Namespace):

@@ -71,9 +71,7 @@ def start_ranks(config: EngineConfig, device: torch.device) -> tuple[TPGroup, ob
     timeout = config.distributed_timeout or DEFAULT_TIMEOUT_S
     if launched_by_torchrun():
         if int(os.environ["WORLD_SIZE"]) != n:
-            raise ValueError(
-                f"WORLD_SIZE={os.environ['WORLD_SIZE']} but tensor_parallel_size={n}"
-            )
+            raise ValueError(f"WORLD_SIZE={os.environ['WORLD_SIZE']} but tensor_parallel_size={n}")
         tp, control = join_group(0, n, "env://", device, timeout)
         return tp, control, []
     init_method = f"tcp://127.0.0.1:{_free_port()}"
@@ -81,8 +79,8 @@ def start_ranks(config: EngineConfig, device: torch.device) -> tuple[TPGroup, ob
     procs = []
     for rank in range(1, n):
         worker_device = device if device.type == "cpu" else torch.device("cuda", rank)
-        p = ctx.Process(target=worker_main, name=f"inferd-tp-rank{rank}", daemon=True,
-                        args=(rank, n, init_method, config, str(worker_device), timeout))  # fmt: skip
+        args = (rank, n, init_method, config, str(worker_device), timeout)
+        p = ctx.Process(target=worker_main, name=f"inferd-tp-rank{rank}", daemon=True, args=args)
         p.start()
         procs.append(p)
     log.info("started %d tensor-parallel worker processes", len(procs))

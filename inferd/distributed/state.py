@@ -34,9 +34,7 @@ class TPGroup:
     def split(self, n: int, what: str) -> tuple[int, int]:
         """(start, length) of this rank's share of `n` features divided evenly."""
         if n % self.world_size:
-            raise ValueError(
-                f"tensor_parallel_size {self.world_size} does not divide {what} ({n})"
-            )
+            raise ValueError(f"tensor_parallel_size {self.world_size} does not divide {what} ({n})")
         length = n // self.world_size
         return self.rank * length, length
 

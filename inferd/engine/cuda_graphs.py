@@ -55,15 +55,23 @@ class CUDAGraphDecoder:
         self.seq_lens = torch.ones(n, dtype=torch.int32, device=dev)
         self.query_start_loc = torch.arange(n + 1, dtype=torch.int32, device=dev)
         groups = len(runner.groups)
-        self.slot_mappings = [torch.full((n,), -1, dtype=torch.int64, device=dev) for _ in range(groups)]
-        self.block_tables = [torch.zeros(n, width, dtype=torch.int32, device=dev) for _ in range(groups)]
+        self.slot_mappings = [
+            torch.full((n,), -1, dtype=torch.int64, device=dev) for _ in range(groups)
+        ]
+        self.block_tables = [
+            torch.zeros(n, width, dtype=torch.int32, device=dev) for _ in range(groups)
+        ]
         self.graphs: dict[int, tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
         self.capture_seconds = 0.0
 
     def _metadata(self, bs: int) -> AttentionMetadata:
         groups = [
-            GroupMetadata(self.slot_mappings[g][:bs], self.block_tables[g][:bs],
-                          self.runner.block_size, window)  # fmt: skip
+            GroupMetadata(
+                self.slot_mappings[g][:bs],
+                self.block_tables[g][:bs],
+                self.runner.block_size,
+                window,
+            )  # fmt: skip
             for g, (window, _) in enumerate(self.runner.groups)
         ]
         return AttentionMetadata(

@@ -89,7 +89,9 @@ class LLMEngine:
             return prompt, self.tokenizer.encode(prompt)
         if isinstance(prompt, list | tuple):
             return None, list(prompt)
-        raise ValueError(f"prompt must be a string, a list of token ids or a dict, got {type(prompt).__name__}")
+        raise ValueError(
+            f"prompt must be a string, a list of token ids or a dict, got {type(prompt).__name__}"
+        )
 
     def add_request(
         self,
@@ -235,8 +237,13 @@ class LLMEngine:
         if plan:
             index = torch.tensor([p[0] for p in plan], device=logits.device)
             rows = [
-                SamplingRow(seq.request.params, seq.request.prompt_token_ids,
-                            seq.output_token_ids, seq.generator, self.eos_ids)  # fmt: skip
+                SamplingRow(
+                    seq.request.params,
+                    seq.request.prompt_token_ids,
+                    seq.output_token_ids,
+                    seq.generator,
+                    self.eos_ids,
+                )  # fmt: skip
                 for _, seq, _ in plan
             ]
             result = self.sampler(logits.index_select(0, index), rows)

@@ -10,8 +10,8 @@ from dataclasses import dataclass
 import torch
 
 from inferd.config import EngineConfig, ModelConfig
-from inferd.engine.runner import ModelRunner
 from inferd.distributed.state import SINGLE, TPGroup
+from inferd.engine.runner import ModelRunner
 from inferd.layers.quant import check_quantization
 from inferd.loader import Checkpoint, load_model, open_checkpoint
 from inferd.memory.kv import KVPoolPlan, plan_kv_pool
@@ -90,6 +90,8 @@ def resolve_dtypes(config: EngineConfig, device: torch.device) -> tuple[torch.dt
             raise ValueError(f"quantization {config.quantization} needs dtype bfloat16 (or auto)")
     if config.kv_cache_dtype == "auto":
         return dtype, dtype
+    if config.kv_cache_dtype in ("fp8", "fp8_e4m3"):
+        return dtype, torch.float8_e4m3fn
     return dtype, resolve_dtype(config.kv_cache_dtype, device)
 
 
@@ -101,8 +103,12 @@ def load_rank_model(config: EngineConfig, device: torch.device, tp: TPGroup = SI
         torch.set_num_threads(config.num_threads)
     dtype, kv_dtype = resolve_dtypes(config, device)
     checkpoint = checkpoint or open_checkpoint(config.model)
+    backend = _attention_backend(config, device)
+    if kv_dtype == torch.float8_e4m3fn and backend.name != "torch":
+        raise ValueError("an fp8 KV cache needs --attention-backend torch (the Triton kernels "
+                         "read bf16/fp16/fp32 caches)")  # fmt: skip
     model = load_model(checkpoint, dtype, device, config.quantization, tp)
-    return model, dtype, kv_dtype, _attention_backend(config, device)
+    return model, dtype, kv_dtype, backend
 
 
 def _check_limits(config: EngineConfig) -> None:

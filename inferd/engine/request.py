@@ -107,4 +107,6 @@ def update_block_hashes(seq: Sequence, block_size: int, root: bytes) -> None:
     while len(seq.block_hashes) < full:
         i = len(seq.block_hashes)
         parent = seq.block_hashes[-1] if seq.block_hashes else root
-        seq.block_hashes.append(block_hash(parent, seq.token_ids[i * block_size : (i + 1) * block_size]))
+        seq.block_hashes.append(
+            block_hash(parent, seq.token_ids[i * block_size : (i + 1) * block_size])
+        )

@@ -55,10 +55,7 @@ class ModelRunner:
         shape = (model.local_kv_heads, cfg.head_dim)  # this rank's KV heads under TP
         alloc = torch.empty if lazy_zero else torch.zeros
         self.kv_caches = [
-            [
-                alloc(2, n, block_size, *shape, dtype=kv_dtype, device=device)
-                for _ in layers
-            ]
+            [alloc(2, n, block_size, *shape, dtype=kv_dtype, device=device) for _ in layers]
             for n, (_, layers) in zip(num_blocks, self.groups)
         ]
         self.clear_blocks([[0]] * len(self.groups))  # the null block pads gathers: keep it 0

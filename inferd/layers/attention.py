@@ -45,8 +45,8 @@ class SelfAttention(nn.Module):
         rows = [(q0 * hd, nq * hd), (k0 * hd, nk * hd), (k0 * hd, nk * hd)]
         self.qkv_proj = Linear(config.hidden_size, [nh * hd, nkv * hd, nkv * hd],
                                config.attention_bias, dtype, row_ranges=rows, tp=tp)  # fmt: skip
-        self.o_proj = Linear(nh * hd, config.hidden_size, False, dtype,
-                             col_range=(q0 * hd, nq * hd) if tp.enabled else None, tp=tp)  # fmt: skip
+        cols = (q0 * hd, nq * hd) if tp.enabled else None  # row-parallel: this rank's heads
+        self.o_proj = Linear(nh * hd, config.hidden_size, False, dtype, col_range=cols, tp=tp)
         if config.qk_norm:
             self.q_norm = RMSNorm(hd, config.rms_norm_eps, norm_offset, dtype)
             self.k_norm = RMSNorm(hd, config.rms_norm_eps, norm_offset, dtype)
@@ -59,7 +59,9 @@ class SelfAttention(nn.Module):
         normalisation and one rotation cover both (fewer ops per decode step)."""
         if self.q_norm is not None:
             s = self.spec
-            self._qk_gain = stacked_gain([(self.q_norm, s.num_heads), (self.k_norm, s.num_kv_heads)])
+            self._qk_gain = stacked_gain(
+                [(self.q_norm, s.num_heads), (self.k_norm, s.num_kv_heads)]
+            )
 
     def forward(
         self,
@@ -76,7 +78,9 @@ class SelfAttention(nn.Module):
         if self._qk_gain is not None:
             qk = F.rms_norm(qk.float(), (s.head_dim,), None, self.q_norm.eps) * self._qk_gain
         elif self.q_norm is not None:
-            qk = torch.cat([self.q_norm(qk[:, : s.num_heads]), self.k_norm(qk[:, s.num_heads :])], 1)
+            qk = torch.cat(
+                [self.q_norm(qk[:, : s.num_heads]), self.k_norm(qk[:, s.num_heads :])], 1
+            )
             qk = qk.float()
         else:
             qk = qk.float()

@@ -76,7 +76,9 @@ class Linear(nn.Module):
         start = sum(self.shard_sizes[:shard])
         dest = target[start : start + self.shard_sizes[shard]]
         if dest.shape != tensor.shape:
-            raise ValueError(f"shape mismatch: checkpoint {tuple(tensor.shape)} vs {tuple(dest.shape)}")
+            raise ValueError(
+                f"shape mismatch: checkpoint {tuple(tensor.shape)} vs {tuple(dest.shape)}"
+            )
         dest.copy_(tensor)
 
     def extra_repr(self) -> str:

@@ -23,13 +23,20 @@ in docs/performance.md.
 
 from __future__ import annotations
 
+import logging
+
 import torch
 from torch import nn
 
+log = logging.getLogger(__name__)
+
 INT4_GROUP = 32
-QUANTIZATION_METHODS = ("int8", "int4")
+QUANTIZATION_METHODS = ("int8", "int4", "fp8")
+FP8 = torch.float8_e4m3fn
+FP8_MAX = 448.0  # largest finite e4m3 value
 # Largest step (rows) for which the int4 kernel beats bf16 GEMM, per kind of matrix.
 ROW_LIMITS = {("int4", "linear"): 4, ("int4", "head"): 8}
+
 
 class Int8Kernel(nn.Module):
     """int8 weights (symmetric, one scale per output channel) times int8 activations (one scale
@@ -56,6 +63,31 @@ class Int8Kernel(nn.Module):
         a = torch.round(x32 * (127 / amax)).to(torch.int8)
         out = torch._int_mm(a, self.q.t()).mul(self.scales)
         return out.mul_(amax / 127)  # float32: int8 mode keeps activations in float32
+
+
+class Fp8Kernel(nn.Module):
+    """fp8 (e4m3) weights with one scale per output channel, times fp8 activations with one
+    scale per row: `torch._scaled_mm`, which runs on fp8 tensor cores on Hopper GPUs. On CPU it
+    is a slow reference kernel (useful to check accuracy, not for speed)."""
+
+    def __init__(self, w: torch.Tensor):
+        super().__init__()
+        w = w.float()
+        scales = (w.abs().amax(dim=1) / FP8_MAX).clamp(min=1e-12)
+        self.register_buffer("q", (w / scales[:, None]).to(FP8))  # [out, in]
+        self.register_buffer("scale_b", scales[None, :].contiguous())  # [1, out]
+        self.max_rows = 1 << 62
+
+    def dequantized(self) -> torch.Tensor:
+        return (self.q.float() * self.scale_b.t()).to(torch.bfloat16)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x32 = x.float()
+        scale_a = x32.abs().amax(dim=1, keepdim=True).clamp_(min=1e-12) / FP8_MAX
+        a = (x32 / scale_a).to(FP8)
+        out = torch._scaled_mm(a, self.q.t(), scale_a=scale_a, scale_b=self.scale_b,
+                               out_dtype=torch.bfloat16)  # fmt: skip
+        return out.to(x.dtype)
 
 
 class Int4Kernel(nn.Module):
@@ -98,8 +130,16 @@ def check_quantization(method: str, device: torch.device) -> None:
         raise ValueError(
             f"quantization must be one of {', '.join(QUANTIZATION_METHODS)}, got {method!r}"
         )
+    if method == "fp8":
+        if device.type == "cuda" and torch.cuda.get_device_capability(device) < (8, 9):
+            raise ValueError("--quantization fp8 needs fp8 tensor cores (compute capability 8.9+)")
+        if device.type == "cpu":
+            log.warning("fp8 on CPU runs PyTorch's slow reference kernel: for checking, not speed")
+        return
     if device.type != "cpu":
-        raise ValueError(f"--quantization {method} uses CPU kernels; it is not available on {device}")
+        raise ValueError(
+            f"--quantization {method} uses CPU kernels; it is not available on {device}"
+        )
 
 
 def quantize_model(model: torch.nn.Module, method: str) -> None:
@@ -120,8 +160,8 @@ def quantize_model(model: torch.nn.Module, method: str) -> None:
             continue
         kind = "head" if isinstance(module, LMHead) else "linear"
         w = module.weight.data
-        if method == "int8":
-            kernel = Int8Kernel(w)
+        if method in ("int8", "fp8"):
+            kernel = Int8Kernel(w) if method == "int8" else Fp8Kernel(w)
             weight = torch.empty(0, dtype=w.dtype)  # not needed: the kernel takes every step
         else:
             kernel = Int4Kernel(w, ROW_LIMITS[(method, kind)])

@@ -37,7 +37,11 @@ def inv_frequencies(head_dim: int, rope: RopeConfig) -> torch.Tensor:
 def _llama3_inv_freq(inv_freq: torch.Tensor, s: dict) -> torch.Tensor:
     """Llama 3.1: long wavelengths are divided by `factor`, short ones kept, the band between
     interpolated smoothly."""
-    factor, low, high = float(s["factor"]), float(s["low_freq_factor"]), float(s["high_freq_factor"])
+    factor, low, high = (
+        float(s["factor"]),
+        float(s["low_freq_factor"]),
+        float(s["high_freq_factor"]),
+    )
     old_len = float(s["original_max_position_embeddings"])
     low_wavelen, high_wavelen = old_len / low, old_len / high
     wavelen = 2 * math.pi / inv_freq
@@ -55,7 +59,9 @@ class RotaryEmbedding:
         self.head_dim = head_dim
         self.inv_freq = inv_frequencies(head_dim, rope).to(device)
 
-    def cos_sin(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    def cos_sin(
+        self, positions: torch.Tensor, dtype: torch.dtype
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """cos and *signed* sin, [tokens, 1, head_dim], for `apply_rotary`."""
         if self.inv_freq.device != positions.device:
             self.inv_freq = self.inv_freq.to(positions.device)

@@ -219,4 +219,6 @@ def gguf_parameter_bytes(gguf: GGUFFile) -> int:
 
 
 def gguf_parameter_count(gguf: GGUFFile) -> int:
-    return sum(math.prod(info.shape) for info in gguf.tensors.values() if info.name != "rope_freqs.weight")
+    return sum(
+        math.prod(info.shape) for info in gguf.tensors.values() if info.name != "rope_freqs.weight"
+    )

@@ -160,7 +160,7 @@ def _q2_k(b: torch.Tensor) -> torch.Tensor:
 def _q3_k(b: torch.Tensor) -> torch.Tensor:
     n = b.shape[0]
     s = b[:, 96:108]
-    low = (s[:, 0:8].reshape(n, 1, 8) >> torch.tensor([0, 4], dtype=torch.uint8).view(1, 2, 1))
+    low = s[:, 0:8].reshape(n, 1, 8) >> torch.tensor([0, 4], dtype=torch.uint8).view(1, 2, 1)
     high = s[:, 8:12].reshape(n, 1, 4) >> torch.tensor([0, 2, 4, 6], dtype=torch.uint8).view(
         1, 4, 1
     )

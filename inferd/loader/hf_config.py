@@ -15,7 +15,9 @@ def _rope(params: dict[str, Any] | None, theta: float | None, scaling: dict | No
     if params:
         theta = params.get("rope_theta", theta)
         kind = params.get("rope_type", params.get("type", "default"))
-        scaling = None if kind == "default" else {k: v for k, v in params.items() if k != "rope_theta"}
+        scaling = (
+            None if kind == "default" else {k: v for k, v in params.items() if k != "rope_theta"}
+        )
     elif scaling and scaling.get("rope_type", scaling.get("type", "default")) == "default":
         scaling = None
     return RopeConfig(theta=float(theta if theta is not None else 10000.0), scaling=scaling)
@@ -62,7 +64,9 @@ def model_config_from_hf(cfg: dict[str, Any], name: str = "") -> ModelConfig:
     if kind == "gemma3":
         per_type = rope_params if rope_params and FULL_ATTENTION in rope_params else {}
         rope = _rope(per_type.get(FULL_ATTENTION), theta or 1_000_000.0, scaling)
-        rope_local = _rope(per_type.get(SLIDING_ATTENTION), cfg.get("rope_local_base_freq", 10_000.0), None)
+        rope_local = _rope(
+            per_type.get(SLIDING_ATTENTION), cfg.get("rope_local_base_freq", 10_000.0), None
+        )
         extra = dict(
             rope_local=rope_local,
             query_scale=float(cfg.get("query_pre_attn_scalar", 256)) ** -0.5,

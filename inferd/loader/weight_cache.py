@@ -42,7 +42,9 @@ def cache_path(source: Path, dtype: torch.dtype, rank: int, world: int) -> Path:
     st = source.stat()
     ident = f"{_FORMAT}|{source.resolve()}|{st.st_size}|{st.st_mtime_ns}|{dtype}|{rank}/{world}"
     ident += f"|{__version__}|{torch.__version__}"
-    return cache_dir() / "weights" / f"{hashlib.sha256(ident.encode()).hexdigest()[:32]}.safetensors"
+    return (
+        cache_dir() / "weights" / f"{hashlib.sha256(ident.encode()).hexdigest()[:32]}.safetensors"
+    )
 
 
 def _tensors(model: torch.nn.Module) -> dict[str, torch.Tensor]:

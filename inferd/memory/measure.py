@@ -150,8 +150,18 @@ def measure_memory(
         optional = ("device", "max_num_seqs", "max_num_batched_tokens", "kv_cache_dtype")
         kwargs = {k: v for k, v in kwargs.items() if k in params or k not in optional}
 
+    # NOTE: the converted-weights cache maps weights from a file (RssFile, touched lazily);
+    # measuring loads them into anonymous memory, where the accounting below expects them.
+    saved = os.environ.get("INFERD_WEIGHT_CACHE")
+    os.environ["INFERD_WEIGHT_CACHE"] = "0"
     before = take_snapshot("before load", dev)
-    llm = LLM(**kwargs)
+    try:
+        llm = LLM(**kwargs)
+    finally:
+        if saved is None:
+            del os.environ["INFERD_WEIGHT_CACHE"]
+        else:
+            os.environ["INFERD_WEIGHT_CACHE"] = saved
     loaded = take_snapshot("after load", dev)
     reset_peak_rss()
     if dev == "cuda":

@@ -62,11 +62,15 @@ def weight_bytes_by_precision(num_params: int) -> dict[str, int]:
 
 
 def resolve_dtype(dtype: str, device: str) -> str:
-    """'auto' as the engine resolves it: float32 on CPU (the precision parity is checked in),
-    bf16 on GPUs. GGUF weights are dequantised to this dtype at load."""
+    """'auto' as the engine resolves it (`inferd.cpu_info`): bf16 on GPUs and on CPUs with fast
+    bf16, else float32. GGUF weights are dequantised to this dtype at load."""
     if dtype != "auto":
         return canonical_precision(dtype)
-    return "fp32" if device == "cpu" else "bf16"
+    if device == "cpu":
+        from inferd.cpu_info import default_cpu_dtype
+
+        return canonical_precision(default_cpu_dtype())
+    return "bf16"
 
 
 def compute_dtype(dtype: str) -> str:

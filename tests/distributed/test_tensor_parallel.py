@@ -147,8 +147,13 @@ def test_ranks_started_like_torchrun_join_over_loopback(checkpoints):
     assert single.returncode == 0, single.stderr
     env = dict(os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), WORLD_SIZE="2")
     procs = [
-        subprocess.Popen(cmd + ["--tensor-parallel-size", "2"], env=dict(env, RANK=str(rank)),
-                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)  # fmt: skip
+        subprocess.Popen(
+            cmd + ["--tensor-parallel-size", "2"],
+            env=dict(env, RANK=str(rank)),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )  # fmt: skip
         for rank in (0, 1)
     ]
     try:

@@ -40,7 +40,9 @@ def test_cuda_graph_decode_matches_eager(tmp_path):
     for eager in (True, False):
         llm = LLM(model=str(folder), dtype="float32", device="cuda", enforce_eager=eager,
                   kv_cache_memory=64 << 20, max_num_seqs=8)  # fmt: skip
-        outs[eager] = [o.outputs[0].token_ids for o in llm.generate(prompts, params, use_tqdm=False)]
+        outs[eager] = [
+            o.outputs[0].token_ids for o in llm.generate(prompts, params, use_tqdm=False)
+        ]
         if not eager:
             assert llm.engine.runner.graphs is not None
     assert outs[True] == outs[False]

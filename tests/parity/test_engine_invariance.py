@@ -15,7 +15,9 @@ GREEDY = SamplingParams(temperature=0, max_tokens=16, ignore_eos=True)
 def _prompts(n: int, seed: int = 0) -> list[list[int]]:
     rng = random.Random(seed)
     # Mixed lengths, ordinary vocabulary ids (avoid the control-token range).
-    return [[2] + [rng.randrange(1000, 20000) for _ in range(rng.randrange(3, 90))] for _ in range(n)]
+    return [
+        [2] + [rng.randrange(1000, 20000) for _ in range(rng.randrange(3, 90))] for _ in range(n)
+    ]
 
 
 def _ids(outs):
@@ -41,8 +43,13 @@ def test_preemption_gives_the_same_outputs(gemma_llm):
     one_block_per_group = sum(block_bytes(cfg, len(layers), 16, 4) for _, layers in cfg.kv_groups())
     # 26 usable blocks of 16 tokens per group (+ the null block): 8 sequences of up to 106
     # tokens need up to 56 at once, so running them forces preemption.
-    tight = LLM(dtype="float32", kv_cache_memory=27 * one_block_per_group, max_model_len=256,
-                enable_prefix_caching=False, max_num_batched_tokens=256)
+    tight = LLM(
+        dtype="float32",
+        kv_cache_memory=27 * one_block_per_group,
+        max_model_len=256,
+        enable_prefix_caching=False,
+        max_num_batched_tokens=256,
+    )
     outs = tight.generate(prompts, GREEDY, use_tqdm=False)
     assert tight.engine.stats().num_preemptions > 0
     assert _ids(outs) == reference

@@ -25,8 +25,8 @@ def test_n2_computes_the_prompt_once(tiny_llm):
     prompt = list(range(5, 45))  # 40 tokens: 2.5 blocks, so the fork copies a partial block
     engine.kv.reset_prefix_cache()
     before = engine.stats().prompt_tokens
-    out = tiny_llm.generate([prompt], SamplingParams(n=2, temperature=1.0, seed=3, max_tokens=8,
-                                                     ignore_eos=True), use_tqdm=False)[0]  # fmt: skip
+    params = SamplingParams(n=2, temperature=1.0, seed=3, max_tokens=8, ignore_eos=True)
+    out = tiny_llm.generate([prompt], params, use_tqdm=False)[0]
     assert engine.stats().prompt_tokens - before == len(prompt)
     assert [c.index for c in out.outputs] == [0, 1]
     assert all(len(c.token_ids) == 8 for c in out.outputs)

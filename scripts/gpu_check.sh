@@ -1,0 +1,74 @@
+#!/usr/bin/env bash
+# GPU check, for a machine with an NVIDIA GPU and a CUDA build of torch already installed:
+# the GPU parity tests (Triton kernels compiled for real, CUDA graphs vs eager, GPU vs CPU greedy),
+# then the GPU benchmarks of issue 8, then a short report. Budget: under 8 minutes on an H200.
+#
+#   bash scripts/gpu_check.sh            # results in ./gpu_check/ (JSON + report.txt)
+set -uo pipefail
+cd "$(dirname "$0")/.."
+out=${GPU_CHECK_OUT:-gpu_check}
+mkdir -p "$out"
+python -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 'no CUDA device')" || exit 2
+# Install inferd and the test/GPU extras around the torch that is already there.
+python -m pip install -q -e ".[test,gpu]" 2>&1 | tail -2
+
+report() { echo "$*" | tee -a "$out/report.txt"; }
+: > "$out/report.txt"
+report "== $(python -c 'import torch; print(torch.cuda.get_device_name(), "torch", torch.__version__)')"
+
+# 1. Parity on the GPU: the Triton kernels (compiled, not interpreted), CUDA graphs, GPU greedy.
+timeout 240 python -m pytest -q -x tests/gpu tests/unit/test_triton_attention.py \
+    > "$out/tests.txt" 2>&1
+report "tests: $(tail -1 "$out/tests.txt")"
+
+# 2. Single stream, 128 in / 128 out, bf16, next to HF transformers on the same GPU.
+timeout 150 inferd bench latency --preset single --device cuda --dtype bfloat16 \
+    --num-iters 5 --compare hf --json "$out/single.json" > "$out/single.txt" 2>&1
+# 3. Offline, 256 requests, prompts and outputs of 100-1024 tokens (the nano-vllm workload).
+timeout 150 inferd bench throughput --device cuda --dtype bfloat16 --num-prompts 256 \
+    --input-len 562 --output-len 562 --range-ratio 0.822 --json "$out/offline.json" \
+    > "$out/offline.txt" 2>&1
+
+# 4. The report: tok/s, and single-stream bandwidth against a measured copy bandwidth.
+python - "$out" <<'PY' | tee -a "$out/report.txt"
+import json, sys, torch
+from inferd.loader import open_checkpoint
+from inferd.memory import estimate_memory
+
+out = sys.argv[1]
+def figures(name):
+    try:
+        return json.load(open(f"{out}/{name}.json"))
+    except (OSError, ValueError):
+        return None
+
+x = torch.empty(1 << 28, dtype=torch.uint8, device="cuda")  # 256 MiB
+y = torch.empty_like(x)
+start, end = torch.cuda.Event(True), torch.cuda.Event(True)
+for _ in range(3):
+    y.copy_(x)
+start.record()
+for _ in range(20):
+    y.copy_(x)
+end.record()
+torch.cuda.synchronize()
+copy_bw = 2 * x.numel() * 20 / (start.elapsed_time(end) / 1e3)  # read + write, bytes/s
+print(f"measured copy bandwidth: {copy_bw / 1e12:.2f} TB/s")
+
+est = estimate_memory(open_checkpoint(None).config, dtype="bf16", max_model_len=256)
+weights = est.per_device.weights
+for name in ("single", "offline"):
+    data = figures(name)
+    for r in (data or {}).get("results", []):
+        line = f"{name}: {r['system']}: {r['output_throughput']:.0f} output tok/s"
+        if name == "single" and r["system"] == "inferd":
+            tpot = r["tpot_ms"]["median"] / 1e3
+            # A decode step reads every weight once (the LM head included); KV is small here.
+            achieved = weights / tpot
+            line += (f", TPOT {tpot * 1e3:.2f} ms, weights read per step {weights / 1e6:.0f} MB"
+                     f" -> {achieved / 1e12:.2f} TB/s = {achieved / copy_bw:.0%} of copy bandwidth")
+        print(line)
+    for k, v in (data or {}).get("ratios", {}).items():
+        print(f"{name}: ratio {k}: {v}")
+PY
+report "full outputs: $out/*.txt"
