@@ -138,7 +138,8 @@ class ModelRunner:
             if ids:
                 index = torch.tensor(ids, device=self.device)
                 for cache in self.kv_caches[group]:
-                    cache.index_fill_(1, index, 0)
+                    # through a byte view: fp8 has no index_fill on CPU, and 0 is 0 in bytes
+                    cache.view(torch.uint8).index_fill_(1, index, 0)
 
     def copy_blocks(self, copies: list[tuple[int, int, int]]) -> None:
         """Copy whole KV blocks (group, src, dst) in every layer of the group (fork)."""

@@ -8,7 +8,7 @@ import torch
 import torch.nn.functional as F
 
 from inferd.layers.linear import Linear
-from inferd.layers.quant import Int4Kernel, Int8Kernel, quantize_model
+from inferd.layers.quant import Fp8Kernel, Int4Kernel, Int8Kernel, quantize_model
 
 
 @pytest.mark.parametrize("kernel_cls, rel_err", [(Int8Kernel, 0.01), (Int4Kernel, 0.1)])
@@ -67,3 +67,14 @@ def test_linear_switches_kernels_by_step_size():
     large = lin(torch.randn(16, 64).bfloat16())
     assert calls == [2]  # only the small step used the integer kernel
     assert small.shape == (2, 96) and large.shape == (16, 96)
+
+
+def test_fp8_kernel_matches_its_dequantised_matrix():
+    torch.manual_seed(3)
+    w = torch.randn(64, 128) * 0.05
+    kernel = Fp8Kernel(w)
+    x = torch.randn(5, 128).bfloat16()
+    ref = F.linear(x.float(), kernel.dequantized().float())
+    # e4m3 has 3 mantissa bits: activations are rounded to ~6% relative, weights likewise.
+    torch.testing.assert_close(kernel(x).float(), ref, rtol=0.1, atol=0.05)
+    assert (kernel.dequantized().float() - w).abs().max() / w.abs().max() < 0.07
