@@ -5,7 +5,8 @@ from __future__ import annotations
 import argparse
 
 
-def _size(text: str) -> int:
+def size_arg(text: str) -> int:
+    """argparse type: a positive size such as 2GiB, 512MB or 1073741824."""
     from inferd.commands.memory import parse_size
 
     try:
@@ -40,7 +41,7 @@ def add_engine_arguments(parser: argparse.ArgumentParser, model_positional: bool
     parser.add_argument("--max-model-len", type=_positive_int, default=None)
     parser.add_argument("--max-num-seqs", type=_positive_int, default=None)
     parser.add_argument("--max-num-batched-tokens", type=_positive_int, default=None)
-    parser.add_argument("--kv-cache-memory", type=_size, default=None,
+    parser.add_argument("--kv-cache-memory", type=size_arg, default=None,
                         help="bytes for the KV cache, e.g. 2GiB (CPU default 2GiB)")  # fmt: skip
     parser.add_argument("--gpu-memory-utilization", type=float, default=0.9)
     parser.add_argument("--block-size", type=_positive_int, default=16)

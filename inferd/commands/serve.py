@@ -10,21 +10,9 @@ import argparse
 import logging
 import os
 
-from inferd.commands.engine_args import add_engine_arguments, engine_config_from_args
+from inferd.commands.engine_args import add_engine_arguments, engine_config_from_args, size_arg
 
 log = logging.getLogger("inferd.serve")
-
-
-def _size(text: str) -> int:
-    from inferd.commands.memory import parse_size
-
-    try:
-        value = parse_size(text)
-    except ValueError as e:
-        raise argparse.ArgumentTypeError(str(e)) from e
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"size must be positive, got {text!r}")
-    return int(value)
 
 
 def _positive(kind: type):
@@ -70,7 +58,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--max-request-bytes",
-        type=_size,
+        type=size_arg,
         default=None,
         help="largest request body, e.g. 1MiB (default 16MiB); larger is 413",
     )
