@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 import torch
 
-from inferd.config import EngineConfig, ModelConfig
+from inferd.config import ENGINE_DEFAULTS, EngineConfig, ModelConfig
 from inferd.distributed.state import SINGLE, TPGroup
 from inferd.engine.runner import ModelRunner
 from inferd.layers.quant import check_quantization
@@ -19,12 +19,6 @@ from inferd.memory.weights import tp_shard
 from inferd.platform import keep_freed_memory_in_heap, resolve_device, resolve_dtype
 
 log = logging.getLogger(__name__)
-
-GiB = 1 << 30
-# CPU defaults: a step of 1024 tokens takes ~1-2 s on 2 cores, which bounds how long running
-# decodes stall behind a prefill chunk; 64 sequences keep the LM head a compute-bound GEMM.
-CPU_DEFAULTS = dict(max_num_seqs=64, max_num_batched_tokens=1024, kv_cache_memory=2 * GiB)
-GPU_DEFAULTS = dict(max_num_seqs=256, max_num_batched_tokens=8192)
 
 
 @dataclass
@@ -56,7 +50,7 @@ def _kv_budget(config: EngineConfig, device: torch.device, model: torch.nn.Modul
 
         return profile_gpu_budget(model, device, config.gpu_memory_utilization, batched,
                                   max_num_seqs, config.block_size, kv_dtype).kv_budget  # fmt: skip
-    return CPU_DEFAULTS["kv_cache_memory"]
+    return ENGINE_DEFAULTS["cpu"]["kv_cache_memory"]
 
 
 def _attention_backend(config: EngineConfig, device: torch.device):
@@ -148,7 +142,7 @@ def _set_up_rank0(config, device, checkpoint, tp, control, procs, t0) -> EngineS
     mc = checkpoint.config
     tokenizer = checkpoint.tokenizer()
     model, dtype, kv_dtype, backend = load_rank_model(config, device, tp, checkpoint)
-    defaults = GPU_DEFAULTS if device.type == "cuda" else CPU_DEFAULTS
+    defaults = ENGINE_DEFAULTS["cuda" if device.type == "cuda" else "cpu"]
     max_num_seqs = config.max_num_seqs or defaults["max_num_seqs"]
     max_len = config.max_model_len or mc.max_position_embeddings
     if config.max_model_len and config.max_model_len > mc.max_position_embeddings:

@@ -16,7 +16,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, fields, is_dataclass
 from typing import Any
 
-from inferd.config import ModelConfig
+from inferd.config import ENGINE_DEFAULTS, ModelConfig
 from inferd.memory.activations import (
     ActivationEstimate,
     Term,
@@ -45,7 +45,10 @@ from inferd.memory.weights import (
 
 DEFAULT_BLOCK_SIZE = 16
 # The engine's step token budgets: a CPU step of 1024 tokens already takes seconds.
-DEFAULT_MAX_NUM_BATCHED_TOKENS = {"cpu": 1024, "cuda": 8192}
+# The engine's own defaults (one place: inferd.config).
+DEFAULT_MAX_NUM_BATCHED_TOKENS = {
+    d: v["max_num_batched_tokens"] for d, v in ENGINE_DEFAULTS.items()
+}
 KV_DTYPES = ("fp32", "bf16", "fp16", "fp8", "int8")
 ELEMENT_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2, "fp8": 1, "int8": 1}
 
