@@ -52,8 +52,6 @@ class Sequence:
     logprobs: list[PositionLogprobs] = field(default_factory=list)
     detokenizer: IncrementalDetokenizer | None = None
     text: str = ""  # output text so far (stop strings removed)
-    sent_text_len: int = 0  # how much of `text` has been streamed
-    sent_tokens: int = 0  # how many output tokens have been streamed
 
     @property
     def num_tokens(self) -> int:

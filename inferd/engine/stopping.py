@@ -21,11 +21,9 @@ def append_token(seq: Sequence, token: int, eos_ids: tuple[int, ...], max_tokens
     can_stop = n_out > params.min_tokens
     if can_stop and not params.ignore_eos and token in eos_ids:
         seq.finish_reason, seq.stop_reason = "stop", None
-        _finish_text(seq, include_last=False)
         return
     if can_stop and params.stop_token_ids and token in params.stop_token_ids:
         seq.finish_reason, seq.stop_reason = "stop", token
-        _finish_text(seq, include_last=False)
         return
     before = len(seq.text)
     _extend_text(seq, [token])
@@ -33,7 +31,7 @@ def append_token(seq: Sequence, token: int, eos_ids: tuple[int, ...], max_tokens
         return
     if n_out >= max_tokens or seq.num_tokens >= max_model_len:
         seq.finish_reason = "length"
-        _finish_text(seq, include_last=True)
+        _flush_text(seq)
 
 
 def _extend_text(seq: Sequence, tokens: list[int]) -> str:
@@ -44,11 +42,10 @@ def _extend_text(seq: Sequence, tokens: list[int]) -> str:
     return delta
 
 
-def _finish_text(seq: Sequence, include_last: bool) -> None:
-    """Flush what the detokenizer held back (an incomplete character at the very end)."""
-    if seq.detokenizer is None:
-        return
-    if include_last:
+def _flush_text(seq: Sequence) -> None:
+    """At a length limit, emit what the detokenizer still holds (an incomplete character at the
+    very end). A stop token ends the text where it is: the held bytes never became text."""
+    if seq.detokenizer is not None:
         seq.text += seq.detokenizer.flush()
 
 
@@ -75,5 +72,7 @@ def streamable_text_end(seq: Sequence) -> int:
     params = seq.request.params
     if seq.finish_reason is not None or not params.stop:
         return len(seq.text)
+    # NOTE: a stop string completed later starts at or after this point (it would otherwise
+    # have been found already), so the text shown so far never has to be taken back.
     hold = max(len(s) for s in params.stop) - 1
-    return max(seq.sent_text_len, len(seq.text) - hold)
+    return max(0, len(seq.text) - hold)
