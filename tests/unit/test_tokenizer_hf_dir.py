@@ -12,7 +12,7 @@ from tokenizers import Tokenizer as Backend
 
 from inferd.errors import ModelLoadError
 from inferd.loader.gguf_file import GGUFFile
-from inferd.tokenizer import Tokenizer, gguf_vocab, load_tokenizer
+from inferd.tokenizer import Tokenizer, bpe_merges, gguf_vocab, load_tokenizer
 
 CORPUS = [
     "Hello world, this is a tiny test corpus for a tiny tokenizer.",
@@ -258,12 +258,12 @@ def test_gguf_tokenizer_cache_is_written_once_and_reused(byte_level_gguf, monkey
 
 def test_derive_and_prune_merges_are_exact():
     tokens = ["a", "b", "c", "ab", "bc", "abc", "cab", "ca"]
-    merges = gguf_vocab.derive_merges(tokens)
+    merges = bpe_merges.derive_merges(tokens)
     # Position order: tokens in file order, longer left part first.
     assert merges == [("a", "b"), ("b", "c"), ("ab", "c"), ("a", "bc"), ("ca", "b"),
                       ("c", "ab"), ("c", "a")]  # fmt: skip
     vocab = {t: i for i, t in enumerate(tokens)}
-    pruned = gguf_vocab.prune_dead_merges(merges, vocab, byte_fallback=False)
+    pruned = bpe_merges.prune_dead_merges(merges, vocab, byte_fallback=False)
     # "abc": (a, b) outranks (b, c), so BPE reaches [ab][c] and never [a][bc].
     # "cab": (a, b) fires first, reaching [c][ab]; [ca][b] is unreachable.
     assert pruned == [("a", "b"), ("b", "c"), ("ab", "c"), ("c", "ab"), ("c", "a")]
