@@ -48,9 +48,10 @@ def add_engine_arguments(parser: argparse.ArgumentParser, model_positional: bool
     parser.add_argument("--enable-prefix-caching", action=argparse.BooleanOptionalAction,
                         default=True)  # fmt: skip
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--quantization", default=None, choices=["int8", "int4", "fp8"],
-                        help="int8: W8A8 (CPU); int4: weight-only (CPU, lossy); fp8: W8A8 "
-                             "(Hopper GPUs)")  # fmt: skip
+    parser.add_argument("--quantization", default=None, choices=["gguf", "int8", "int4", "fp8"],
+                        help="gguf: keep a GGUF file's own blocks (CPU, fastest single "
+                             "stream); int8: W8A8 (CPU); int4: weight-only (CPU, lossy); fp8: "
+                             "W8A8 (Hopper GPUs)")  # fmt: skip
     parser.add_argument("--kv-cache-dtype", default="auto",
                         help="auto (the model dtype), float32, bfloat16, float16, fp8")  # fmt: skip
     parser.add_argument("--threads", type=_positive_int, default=None, help="CPU threads")

@@ -11,7 +11,7 @@ from inferd.attention.backend import ForwardContext, LayerAttentionSpec
 from inferd.config import ModelConfig
 from inferd.distributed.state import SINGLE, TPGroup, kv_head_range
 from inferd.layers.linear import Linear
-from inferd.layers.norm import RMSNorm, stacked_gain
+from inferd.layers.norm import RMSNorm, kernel_rms_norm, stacked_gain
 from inferd.layers.rotary import apply_rotary
 
 
@@ -75,7 +75,10 @@ class SelfAttention(nn.Module):
         qk, v = qkv[:, : s.num_heads + s.num_kv_heads], qkv[:, s.num_heads + s.num_kv_heads :]
         # q and k continue in float32: normalised, rotated, then the backend stores k in the
         # cache dtype and attends in float32 (decode) or the cache dtype (prefill).
-        if self._qk_gain is not None:
+        if self._qk_gain is not None and self.q_norm.kernel is not None:
+            qk = kernel_rms_norm(self.q_norm.kernel, qk.float(), None, self.q_norm.eps)
+            qk = qk.mul_(self._qk_gain)
+        elif self._qk_gain is not None:
             qk = F.rms_norm(qk.float(), (s.head_dim,), None, self.q_norm.eps) * self._qk_gain
         elif self.q_norm is not None:
             qk = torch.cat(

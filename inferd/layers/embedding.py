@@ -25,6 +25,25 @@ def load_vocab_rows(param: torch.Tensor, weight, vocab_size: int, tp: TPGroup) -
     param[real:].zero_()
 
 
+def load_vocab_blocks(weight, vocab_size: int, tp: TPGroup):
+    """This rank's vocabulary rows as GGUF blocks (q, scale, offset), padding rows zero; None if
+    the checkpoint tensor is not block-quantised."""
+    if not hasattr(weight, "load_blocks"):
+        return None
+    start, rows = vocab_range(vocab_size, tp)
+    real = max(0, min(rows, vocab_size - start))
+    blocks = weight.load_blocks(rows=(start, real))
+    if blocks is None or real == rows:
+        return blocks
+    q, scale, offset = blocks
+    pad = rows - real
+
+    def padded(t):
+        return None if t is None else torch.cat([t, t.new_zeros(pad, t.shape[1])])
+
+    return padded(q), padded(scale), padded(offset)
+
+
 class VocabEmbedding(nn.Module):
     def __init__(self, vocab_size: int, dim: int, dtype: torch.dtype, multiplier: float = 1.0,
                  tp: TPGroup = SINGLE):  # fmt: skip
@@ -34,18 +53,34 @@ class VocabEmbedding(nn.Module):
         self.weight = nn.Parameter(torch.empty(rows, dim, dtype=dtype), requires_grad=False)
         # Gemma multiplies by sqrt(hidden) rounded to the weight dtype, as HF does.
         self.multiplier = float(torch.tensor(multiplier, dtype=torch.float32).to(dtype))
+        # `--quantization gguf`: set True before loading to keep the checkpoint's blocks.
+        self.keep_blocks = False
+        self.blocks = None
 
     def load(self, weight) -> None:
+        if self.keep_blocks and (blocks := load_vocab_blocks(weight, self.vocab_size, self.tp)):
+            from inferd.layers.gguf_blocks import BlockWeight
+
+            self.blocks = BlockWeight(*blocks, compute_dtype=self.weight.dtype)
+            self.weight = nn.Parameter(torch.empty(0, dtype=self.weight.dtype),
+                                       requires_grad=False)  # fmt: skip
+            return
         load_vocab_rows(self.weight.data, weight, self.vocab_size, self.tp)
+
+    def _lookup(self, ids: torch.Tensor) -> torch.Tensor:
+        if self.blocks is not None:
+            return self.blocks.dequantized(ids)
+        return F.embedding(ids, self.weight)
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
         if self.tp.enabled:
+            rows = self.weight.shape[0] if self.blocks is None else self.blocks.shape[0]
             local = ids - self.start
-            outside = (local < 0) | (local >= self.weight.shape[0])
-            x = F.embedding(local.masked_fill(outside, 0), self.weight)
+            outside = (local < 0) | (local >= rows)
+            x = self._lookup(local.masked_fill(outside, 0))
             x = self.tp.all_reduce(x.masked_fill(outside[:, None], 0))
         else:
-            x = F.embedding(ids, self.weight)
+            x = self._lookup(ids)
         return x * self.multiplier if self.multiplier != 1.0 else x
 
 
@@ -64,8 +99,16 @@ class LMHead(nn.Module):
             else nn.Parameter(torch.empty(rows, dim, dtype=dtype), requires_grad=False)
         )
         self.small_step = None  # see Linear.small_step
+        self.keep_blocks = False  # see VocabEmbedding.keep_blocks
 
     def load(self, weight) -> None:
+        if self.keep_blocks and (blocks := load_vocab_blocks(weight, self.vocab_size, self.tp)):
+            from inferd.layers.gguf_blocks import BlockWeight
+
+            self.small_step = BlockWeight(*blocks, compute_dtype=self.weight.dtype)
+            self.weight = nn.Parameter(torch.empty(0, dtype=self.weight.dtype),
+                                       requires_grad=False)  # fmt: skip
+            return
         load_vocab_rows(self.weight.data, weight, self.vocab_size, self.tp)
 
     def forward(self, hidden: torch.Tensor, softcap: float | None = None) -> torch.Tensor:

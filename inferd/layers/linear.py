@@ -53,6 +53,8 @@ class Linear(nn.Module):
         )
         # Set by quantisation: an integer kernel, for every step or steps of few rows.
         self.small_step = None
+        # `--quantization gguf`: the checkpoint's blocks per shard, collected while loading.
+        self.block_parts: dict[int, tuple] | None = None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.small_step is not None and x.shape[0] <= self.small_step.max_rows:
@@ -72,6 +74,15 @@ class Linear(nn.Module):
             raise ValueError(f"checkpoint has a {param_name} for a layer without one")
         rows = self.row_ranges[shard]
         cols = self.col_range if param_name == "weight" else None
+        if param_name == "weight" and self.block_parts is not None:
+            blocks = weight.load_blocks(rows, cols) if hasattr(weight, "load_blocks") else None
+            if blocks is not None:
+                expected = (self.shard_sizes[shard], self.in_features)
+                if tuple(blocks[0].shape) != expected:
+                    raise ValueError(f"shape mismatch: checkpoint {tuple(blocks[0].shape)} vs "
+                                     f"{expected}")  # fmt: skip
+                self.block_parts[shard] = blocks
+                return
         tensor = weight.load(target.dtype, rows=rows, cols=cols)
         start = sum(self.shard_sizes[:shard])
         dest = target[start : start + self.shard_sizes[shard]]
@@ -80,6 +91,25 @@ class Linear(nn.Module):
                 f"shape mismatch: checkpoint {tuple(tensor.shape)} vs {tuple(dest.shape)}"
             )
         dest.copy_(tensor)
+
+    def finalize_blocks(self) -> None:
+        """After loading in gguf mode: one block kernel for the whole layer, or, if some shard
+        was not block-quantised, the dense weight with the block shards dequantised into it."""
+        from inferd.layers.gguf_blocks import BlockWeight, stack
+
+        parts, self.block_parts = self.block_parts, None
+        if not parts:
+            return
+        kernels = {i: BlockWeight(*p, compute_dtype=self.weight.dtype) for i, p in parts.items()}
+        if len(kernels) == len(self.shard_sizes):
+            kernels = [kernels[i] for i in range(len(self.shard_sizes))]
+            self.small_step = kernels[0] if len(kernels) == 1 else stack(kernels)
+            self.weight = nn.Parameter(torch.empty(0, dtype=self.weight.dtype),
+                                       requires_grad=False)  # fmt: skip
+            return
+        for shard, kernel in kernels.items():
+            start = sum(self.shard_sizes[:shard])
+            self.weight.data[start : start + self.shard_sizes[shard]] = kernel.dequantized()
 
     def extra_repr(self) -> str:
         return f"in={self.in_features}, out={self.shard_sizes}, bias={self.bias is not None}"

@@ -23,14 +23,24 @@ class RMSNorm(nn.Module):
         self.out_dtype = out_dtype
         self.weight = nn.Parameter(torch.ones(dim, dtype=dtype), requires_grad=False)
         self._gain: torch.Tensor | None = None  # float32 (1 + w), set by `finalize`
+        # The C kernel (cpu_kernels/rms_norm.c), set by `use_kernel` for float32-out layers.
+        self.kernel = None
 
     def finalize(self) -> None:
         """Precompute the float32 gain once the weights are loaded (same bits as per call)."""
         self._gain = (1.0 + self.weight.float()) if self.unit_offset else None
 
+    def use_kernel(self, lib) -> None:
+        """Normalise with the C kernel and return float32 (`--quantization gguf`, whose block
+        kernels take float32 activations): one call instead of PyTorch's ~8 small ops."""
+        self.kernel, self.out_dtype = lib, torch.float32
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         out = self.out_dtype or self.weight.dtype
         x32 = x if x.dtype == torch.float32 else x.float()
+        if self.kernel is not None and x32.device.type == "cpu":
+            gain = self._gain if self.unit_offset else self.weight.float()
+            return kernel_rms_norm(self.kernel, x32, gain, self.eps)
         if self.unit_offset:
             gain = self._gain if self._gain is not None else 1.0 + self.weight.float()
             y = F.rms_norm(x32, (self.dim,), gain, self.eps)
@@ -39,6 +49,16 @@ class RMSNorm(nn.Module):
             return F.rms_norm(x32, (self.dim,), self.weight, self.eps).to(out)
         y = self.weight * F.rms_norm(x32, (self.dim,), None, self.eps).to(self.weight.dtype)
         return y.to(out)
+
+
+def kernel_rms_norm(lib, x: torch.Tensor, gain: torch.Tensor | None, eps: float) -> torch.Tensor:
+    """RMSNorm over the last dimension of float32 `x` by the C kernel (gain float32 or None)."""
+    x = x.contiguous()
+    out = torch.empty_like(x)
+    dim = x.shape[-1]
+    lib.inferd_rms_norm(x.data_ptr(), None if gain is None else gain.data_ptr(),
+                        x.numel() // dim, dim, eps, out.data_ptr())  # fmt: skip
+    return out
 
 
 def stacked_gain(norms: list[tuple[RMSNorm, int]]) -> torch.Tensor | None:

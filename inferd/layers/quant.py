@@ -31,7 +31,7 @@ from torch import nn
 log = logging.getLogger(__name__)
 
 INT4_GROUP = 32
-QUANTIZATION_METHODS = ("int8", "int4", "fp8")
+QUANTIZATION_METHODS = ("gguf", "int8", "int4", "fp8")
 FP8 = torch.float8_e4m3fn
 FP8_MAX = 448.0  # largest finite e4m3 value
 # Largest step (rows) for which the int4 kernel beats bf16 GEMM, per kind of matrix.
@@ -140,6 +140,14 @@ def check_quantization(method: str, device: torch.device) -> None:
         raise ValueError(
             f"--quantization {method} uses CPU kernels; it is not available on {device}"
         )
+    if method == "gguf":
+        from inferd.cpu_kernels import KernelsUnavailable, kernel_library
+
+        try:
+            kernel_library()
+        except KernelsUnavailable as e:
+            raise ValueError(f"--quantization gguf needs inferd's C kernels, which cannot be "
+                             f"built here: {e}. Use --quantization int8 instead.") from e
 
 
 def quantize_model(model: torch.nn.Module, method: str) -> None:

@@ -11,7 +11,7 @@ import torch
 from inferd.config import FULL_ATTENTION, SLIDING_ATTENTION, ModelConfig, RopeConfig
 from inferd.errors import ModelLoadError
 from inferd.loader.gguf_file import GGUFFile
-from inferd.loader.gguf_quants import BLOCK_LAYOUT, dequantize
+from inferd.loader.gguf_quants import BLOCK_LAYOUT, dequantize, is_block_quantized, unpack
 from inferd.models.registry import GGUF_ARCHITECTURES
 
 _LAYER_NAMES = {
@@ -205,6 +205,23 @@ class GGUFWeight:
                                                 "k_proj.bias")):  # fmt: skip
             w = _unpermute_rope(w, self.config.head_dim)
         return w.to(dtype)
+
+    def load_blocks(self, rows=None, cols=None):
+        """The requested part as (q, scale, offset) block quantisation (see gguf_quants.unpack),
+        or None when the tensor is not block-quantised or the slice cuts through blocks."""
+        info = self.info
+        if not is_block_quantized(info.ggml_type) or len(info.shape) != 2:
+            return None
+        sliced = self._raw(rows, cols)
+        if sliced is None:
+            return None
+        parts = unpack(sliced[0], info.ggml_type, sliced[1])
+        if self.config.architecture == "llama" and self.target.endswith(
+            ("q_proj.weight", "k_proj.weight")
+        ):
+            parts = tuple(p if p is None else _unpermute_rope(p, self.config.head_dim)
+                          for p in parts)  # fmt: skip
+        return parts
 
 
 def gguf_weights(gguf: GGUFFile, config: ModelConfig) -> Iterator[tuple[str, GGUFWeight]]:

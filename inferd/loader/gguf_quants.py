@@ -78,27 +78,34 @@ def _q5_high_bits(blocks: torch.Tensor, start: int) -> torch.Tensor:
     return ((qh >> torch.arange(32, dtype=torch.int32)) & 1).to(torch.uint8)
 
 
-def _q4_0(b: torch.Tensor) -> torch.Tensor:
+# Each unpacker turns [n, bytes] blocks into (q, scale, offset): small integers q [n, S, B] (S
+# sub-blocks of B weights) and float32 scale (and offset, or None) [n, S, 1], the weights being
+# scale * q + offset. Dequantisation applies exactly that; `--quantization gguf` keeps the parts.
+Unpacked = tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]
+
+
+def _q4_0(b: torch.Tensor) -> Unpacked:
     q = _nibbles(b[:, 2:18]).to(torch.int8) - 8
-    return _f16(b, 0) * q.float()
+    return q.view(-1, 1, 32), _f16(b, 0).view(-1, 1, 1), None
 
 
-def _q4_1(b: torch.Tensor) -> torch.Tensor:
-    return _f16(b, 0) * _nibbles(b[:, 4:20]).float() + _f16(b, 2)
+def _q4_1(b: torch.Tensor) -> Unpacked:
+    q = _nibbles(b[:, 4:20])
+    return q.view(-1, 1, 32), _f16(b, 0).view(-1, 1, 1), _f16(b, 2).view(-1, 1, 1)
 
 
-def _q5_0(b: torch.Tensor) -> torch.Tensor:
+def _q5_0(b: torch.Tensor) -> Unpacked:
     q = (_nibbles(b[:, 6:22]) | (_q5_high_bits(b, 2) << 4)).to(torch.int8) - 16
-    return _f16(b, 0) * q.float()
+    return q.view(-1, 1, 32), _f16(b, 0).view(-1, 1, 1), None
 
 
-def _q5_1(b: torch.Tensor) -> torch.Tensor:
+def _q5_1(b: torch.Tensor) -> Unpacked:
     q = _nibbles(b[:, 8:24]) | (_q5_high_bits(b, 4) << 4)
-    return _f16(b, 0) * q.float() + _f16(b, 2)
+    return q.view(-1, 1, 32), _f16(b, 0).view(-1, 1, 1), _f16(b, 2).view(-1, 1, 1)
 
 
-def _q8_0(b: torch.Tensor) -> torch.Tensor:
-    return b.view(torch.int8)[:, 2:34].float() * _f16(b, 0)
+def _q8_0(b: torch.Tensor) -> Unpacked:
+    return b.view(torch.int8)[:, 2:34].reshape(-1, 1, 32), _f16(b, 0).view(-1, 1, 1), None
 
 
 def _k_scale_min(s: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -115,24 +122,23 @@ def _k_sub_blocks(qs: torch.Tensor) -> torch.Tensor:
     return (q & 0xF).reshape(n, 8, 32)
 
 
-def _q4_k(b: torch.Tensor) -> torch.Tensor:
+def _k_scales(b: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Q4_K/Q5_K: per sub-block scale d * sc and offset -dmin * m, [n, 8, 1]."""
     n = b.shape[0]
     scale, minimum = _k_scale_min(b[:, 4:16])
-    d = (_f16(b, 0) * scale).reshape(n, 8, 1)
-    dm = (_f16(b, 2) * minimum).reshape(n, 8, 1)
-    return (d * _k_sub_blocks(b[:, 16:144]).float() - dm).reshape(n, 256)
+    return (_f16(b, 0) * scale).reshape(n, 8, 1), -(_f16(b, 2) * minimum).reshape(n, 8, 1)
 
 
-def _q5_k(b: torch.Tensor) -> torch.Tensor:
-    n = b.shape[0]
-    scale, minimum = _k_scale_min(b[:, 4:16])
-    d = (_f16(b, 0) * scale).reshape(n, 8, 1)
-    dm = (_f16(b, 2) * minimum).reshape(n, 8, 1)
+def _q4_k(b: torch.Tensor) -> Unpacked:
+    return _k_sub_blocks(b[:, 16:144]), *_k_scales(b)
+
+
+def _q5_k(b: torch.Tensor) -> Unpacked:
     q = _k_sub_blocks(b[:, 48:176]) | (_bits(b[:, 16:48], 8) << 4)
-    return (d * q.float() - dm).reshape(n, 256)
+    return q, *_k_scales(b)
 
 
-def _q6_k(b: torch.Tensor) -> torch.Tensor:
+def _q6_k(b: torch.Tensor) -> Unpacked:
     n = b.shape[0]
     d = (_f16(b, 208) * b[:, 192:208].contiguous().view(torch.int8).float()).reshape(n, 16, 1)
     ql = b[:, 0:128].reshape(n, 2, 1, 64) >> torch.tensor([0, 4], dtype=torch.uint8).view(
@@ -144,20 +150,20 @@ def _q6_k(b: torch.Tensor) -> torch.Tensor:
     )
     qh = (qh & 3).reshape(n, 8, 32)
     q = (ql | (qh << 4)).to(torch.int8) - 32
-    return (d * q.reshape(n, 16, 16).float()).reshape(n, 256)
+    return q.reshape(n, 16, 16), d, None
 
 
-def _q2_k(b: torch.Tensor) -> torch.Tensor:
+def _q2_k(b: torch.Tensor) -> Unpacked:
     n = b.shape[0]
     scales = b[:, 0:16]
     dl = (_f16(b, 80) * (scales & 0xF).float()).reshape(n, 16, 1)
     ml = (_f16(b, 82) * (scales >> 4).float()).reshape(n, 16, 1)
     shifts = torch.tensor([0, 2, 4, 6], dtype=torch.uint8).view(1, 1, 4, 1)
-    q = ((b[:, 16:80].reshape(n, 2, 1, 32) >> shifts) & 3).reshape(n, 16, 16).float()
-    return (dl * q - ml).reshape(n, 256)
+    q = ((b[:, 16:80].reshape(n, 2, 1, 32) >> shifts) & 3).reshape(n, 16, 16)
+    return q, dl, -ml
 
 
-def _q3_k(b: torch.Tensor) -> torch.Tensor:
+def _q3_k(b: torch.Tensor) -> Unpacked:
     n = b.shape[0]
     s = b[:, 96:108]
     low = s[:, 0:8].reshape(n, 1, 8) >> torch.tensor([0, 4], dtype=torch.uint8).view(1, 2, 1)
@@ -169,11 +175,16 @@ def _q3_k(b: torch.Tensor) -> torch.Tensor:
     shifts = torch.tensor([0, 2, 4, 6], dtype=torch.uint8).view(1, 1, 4, 1)
     ql = ((b[:, 32:96].reshape(n, 2, 1, 32) >> shifts) & 3).reshape(n, 16, 16)
     qh = (_bits(b[:, 0:32], 8).reshape(n, 16, 16)) ^ 1  # the offset applies where the bit is 0
-    q = (ql.to(torch.int8) - (qh << 2).to(torch.int8)).float()
-    return (dl * q).reshape(n, 256)
+    return ql.to(torch.int8) - (qh << 2).to(torch.int8), dl, None
 
 
-_DEQUANTIZERS: dict[int, Callable[[torch.Tensor], torch.Tensor]] = {
+def _dequantize_blocks(b: torch.Tensor, fn) -> torch.Tensor:
+    q, scale, offset = fn(b)
+    w = scale * q.float()
+    return (w if offset is None else w + offset).reshape(b.shape[0], -1)
+
+
+_UNPACKERS: dict[int, Callable[[torch.Tensor], Unpacked]] = {
     Q4_0: _q4_0, Q4_1: _q4_1, Q5_0: _q5_0, Q5_1: _q5_1, Q8_0: _q8_0,
     Q2_K: _q2_k, Q3_K: _q3_k, Q4_K: _q4_k, Q5_K: _q5_k, Q6_K: _q6_k,
 }  # fmt: skip
@@ -191,13 +202,33 @@ def dequantize(
     if ggml_type in (F32, F16, BF16):
         src = {F32: torch.float32, F16: torch.float16, BF16: torch.bfloat16}[ggml_type]
         return data.view(src).reshape(shape).to(dtype)
-    if ggml_type not in _DEQUANTIZERS:
+    if ggml_type not in _UNPACKERS:
         tensor_nbytes(ggml_type, shape)  # raises the clear "unsupported type" error
     block, nbytes = BLOCK_LAYOUT[ggml_type]
     blocks = data.reshape(-1, nbytes)
     out = torch.empty(blocks.shape[0], block, dtype=dtype)
-    fn = _DEQUANTIZERS[ggml_type]
+    fn = _UNPACKERS[ggml_type]
     for start in range(0, blocks.shape[0], _CHUNK_BLOCKS):
         stop = start + _CHUNK_BLOCKS
-        out[start:stop] = fn(blocks[start:stop]).to(dtype)
+        out[start:stop] = _dequantize_blocks(blocks[start:stop], fn).to(dtype)
     return out.reshape(shape)
+
+
+def is_block_quantized(ggml_type: int) -> bool:
+    return ggml_type in _UNPACKERS
+
+
+def unpack(raw: np.ndarray, ggml_type: int, shape: tuple[int, int]) -> Unpacked:
+    """Bytes of one 2-D block-quantised tensor → (q int8 [rows, cols], scale float32
+    [rows, cols / B], offset float32 [rows, cols / B] or None), B the sub-block size (16 or 32):
+    weight[r, c] = scale[r, c // B] * q[r, c] + offset[r, c // B], exactly as `dequantize`."""
+    data = torch.from_numpy(np.array(raw, copy=True))
+    _, nbytes = BLOCK_LAYOUT[ggml_type]
+    blocks = data.reshape(-1, nbytes)
+    q, scale, offset = _UNPACKERS[ggml_type](blocks)
+    rows, cols = shape
+    group = q.shape[-1]
+    q = q.to(torch.int8).reshape(rows, cols)
+    scale = scale.reshape(rows, cols // group)
+    offset = None if offset is None else offset.reshape(rows, cols // group)
+    return q, scale, offset

@@ -27,6 +27,14 @@ def load_model(
             model = cls(checkpoint.config, dtype, tp)
         except ValueError as e:  # e.g. heads that do not divide among the ranks
             raise ModelLoadError(str(e)) from e
+    if quantization == "gguf":
+        if checkpoint.format != "gguf":
+            raise ModelLoadError("--quantization gguf keeps a GGUF file's own quantisation; "
+                                 f"{checkpoint.path} is not a GGUF file")  # fmt: skip
+        model.keep_gguf_blocks()
+        with torch.no_grad():
+            model.load_weights(checkpoint.weights())
+        return model.eval()
     cache = None
     if quantization is None and checkpoint.format == "gguf" and device.type == "cpu":
         if weight_cache.enabled():

@@ -124,8 +124,29 @@ class CausalLM(nn.Module):
             raise ModelLoadError(f"checkpoint lacks {len(pending)} tensors, e.g. {missing}")
         self.finalize()
 
+    def keep_gguf_blocks(self) -> None:
+        """`--quantization gguf`: before loading, make every linear layer, the embedding and the
+        LM head keep the checkpoint's block-quantised tensors as they are (see gguf_blocks)."""
+        from inferd.cpu_kernels import kernel_library
+
+        lib = kernel_library()
+        for module in self.modules():
+            if isinstance(module, Linear):
+                module.block_parts = {}
+            elif isinstance(module, VocabEmbedding | LMHead):
+                module.keep_blocks = True
+            elif isinstance(module, RMSNorm):
+                module.use_kernel(lib)  # float32 out: the block kernel's input
+
     def finalize(self) -> None:
         """Derived tensors (norm gains) from the loaded weights."""
+        for module in self.modules():
+            if isinstance(module, Linear) and module.block_parts is not None:
+                module.finalize_blocks()
+        embedding = self.model.embed_tokens
+        if self.config.tie_word_embeddings and embedding.blocks is not None:
+            self.lm_head.small_step = embedding.blocks
+            self.lm_head.weight = embedding.weight
         for module in self.modules():
             if isinstance(module, RMSNorm):
                 module.finalize()

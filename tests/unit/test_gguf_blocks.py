@@ -1,0 +1,140 @@
+"""`--quantization gguf`: GGUF blocks unpacked without changing a weight, and the C kernels.
+
+Unpacking is checked bit for bit against the `gguf` package's dequantisation, on random blocks of
+every type. The matrix-vector kernel is checked against a PyTorch emulation of what it computes
+(activations quantised to int8 per 32 values, exact integer sums), in both its AVX-512 VNNI and
+its portable build, and against the exact float product within the activation rounding.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+
+from inferd.cpu_kernels import build
+from inferd.layers.gguf_blocks import BlockWeight, stack
+from inferd.layers.norm import kernel_rms_norm
+from inferd.loader import gguf_quants as gq
+
+# byte offsets of each type's fp16 fields (scales, mins): random bytes there could be NaN/inf
+FP16_FIELDS = {
+    gq.Q4_0: [0], gq.Q4_1: [0, 2], gq.Q5_0: [0], gq.Q5_1: [0, 2], gq.Q8_0: [0],
+    gq.Q2_K: [80, 82], gq.Q3_K: [108], gq.Q4_K: [0, 2], gq.Q5_K: [0, 2], gq.Q6_K: [208],
+}  # fmt: skip
+
+
+def random_tensor(ggml_type: int, rows: int, cols: int, seed: int = 0) -> np.ndarray:
+    rng = np.random.default_rng(seed)
+    block, nbytes = gq.BLOCK_LAYOUT[ggml_type]
+    blocks = rng.integers(0, 256, size=(rows * cols // block, nbytes), dtype=np.uint8)
+    for start in FP16_FIELDS[ggml_type]:
+        scales = rng.uniform(-0.05, 0.05, size=blocks.shape[0]).astype(np.float16)
+        blocks[:, start : start + 2] = scales.view(np.uint8).reshape(-1, 2)
+    return blocks.reshape(-1)
+
+
+@pytest.mark.parametrize("ggml_type", sorted(FP16_FIELDS), ids=gq.type_name)
+def test_unpacked_blocks_are_the_dequantised_weights_bit_for_bit(ggml_type):
+    from gguf.constants import GGMLQuantizationType
+    from gguf.quants import dequantize as reference
+
+    rows, cols = 8, 512
+    raw = random_tensor(ggml_type, rows, cols)
+    expected = torch.from_numpy(reference(raw, GGMLQuantizationType(ggml_type)).copy())
+    dense = gq.dequantize(raw, ggml_type, (rows, cols))
+    assert torch.equal(dense, expected.reshape(rows, cols))
+    blocks = BlockWeight(*gq.unpack(raw, ggml_type, (rows, cols)))
+    assert blocks.group == (16 if ggml_type in (gq.Q2_K, gq.Q3_K, gq.Q6_K) else 32)
+    assert torch.equal(blocks.dequantized(), dense)
+    assert torch.equal(blocks.dequantized(torch.tensor([5, 1])), dense[[5, 1]])
+
+
+def test_stacking_parts_with_different_groups_keeps_every_weight():
+    torch.manual_seed(0)
+
+    def part(group, with_offset):
+        q = torch.randint(-16, 16, (4, 64), dtype=torch.int8)
+        offset = torch.randn(4, 64 // group) if with_offset else None
+        return BlockWeight(q, torch.rand(4, 64 // group), offset)
+
+    parts = [part(32, False), part(16, False), part(32, True)]  # q, k, v of mixed GGUF types
+    stacked = stack(parts)
+    assert stacked.group == 16 and stacked.offset is not None
+    assert torch.equal(stacked.dequantized(), torch.cat([p.dequantized() for p in parts]))
+
+
+def emulate(x: torch.Tensor, w: BlockWeight) -> torch.Tensor:
+    """What the kernel computes: x rounded to int8 per 32 values (scale absmax / 127), times the
+    weights' integers with their scales; offsets times the exact float sums."""
+    m, k = x.shape
+    xb = x.view(m, k // 32, 32)
+    d = xb.abs().amax(-1, keepdim=True) / 127
+    xq = torch.round(xb / torch.where(d > 0, d, torch.ones_like(d))) * d
+    q = (w.u.view(torch.int8) ^ -128).double()
+    y = xq.view(m, k).double() @ (q * w.scale.double().repeat_interleave(w.group, 1)).t()
+    if w.offset is not None:
+        y += x.view(m, k // w.group, w.group).double().sum(-1) @ w.offset.double().t()
+    return y.float()
+
+
+@pytest.fixture(scope="module", params=["native", "portable"])
+def kernels(request):
+    try:
+        flags = () if request.param == "native" else ("-mno-avx512f",)
+        lib = build.load(build.build(flags))
+    except build.KernelsUnavailable as e:
+        pytest.skip(f"no C compiler here: {e}")
+    if request.param == "portable":
+        assert lib.inferd_kernel_isa() == b"portable"
+    return lib
+
+
+@pytest.mark.parametrize("group", [16, 32])
+@pytest.mark.parametrize("with_offset", [False, True])
+@pytest.mark.parametrize("rows, in_features", [(1, 640), (3, 96), (8, 2048), (11, 64)])
+def test_block_kernel_matches_its_definition(kernels, group, with_offset, rows, in_features):
+    torch.manual_seed(rows * in_features + group)
+    out_features = 48
+    q = torch.randint(-32, 32, (out_features, in_features), dtype=torch.int8)
+    scale = torch.rand(out_features, in_features // group) * 0.02
+    offset = torch.randn(out_features, in_features // group) * 0.01 if with_offset else None
+    w = BlockWeight(q, scale, offset)
+    w.lib = kernels
+    x = torch.randn(rows, in_features)
+    x[0, :32] = 0  # an all-zero activation block (scale 0)
+    y = w(x)
+    expected = emulate(x, w)
+    torch.testing.assert_close(y, expected, rtol=1e-5, atol=1e-5 * expected.abs().max().item())
+    exact = x.double() @ w.dequantized().double().t()
+    assert (y.double() - exact).abs().max() <= 0.02 * exact.abs().max()
+
+
+def test_many_rows_use_the_dequantised_weights(kernels):
+    q = torch.randint(-8, 8, (16, 64), dtype=torch.int8)
+    w = BlockWeight(q, torch.rand(16, 2), None, compute_dtype=torch.float32)
+    w.lib = kernels
+    x = torch.randn(40, 64)  # more rows than the kernel takes
+    torch.testing.assert_close(w(x), x @ w.dequantized().t())
+
+
+def test_rms_norm_kernel_matches_pytorch(kernels):
+    x = torch.randn(5, 3, 256) * 3
+    gain = torch.rand(256) + 0.5
+    torch.testing.assert_close(kernel_rms_norm(kernels, x, gain, 1e-6),
+                               F.rms_norm(x, (256,), gain, 1e-6))  # fmt: skip
+    torch.testing.assert_close(kernel_rms_norm(kernels, x, None, 1e-6),
+                               F.rms_norm(x, (256,), None, 1e-6))  # fmt: skip
+
+
+def test_gguf_mode_without_kernels_says_why(monkeypatch):
+    from inferd.layers.quant import check_quantization
+
+    monkeypatch.setenv("INFERD_CPU_KERNELS", "0")
+    build._cached_library.cache_clear()
+    try:
+        with pytest.raises(ValueError, match="INFERD_CPU_KERNELS=0.*int8"):
+            check_quantization("gguf", torch.device("cpu"))
+    finally:
+        build._cached_library.cache_clear()
