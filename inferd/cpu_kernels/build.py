@@ -56,8 +56,11 @@ def _library_path(compiler: str, extra_flags: tuple[str, ...]) -> Path:
 
     version = subprocess.run([compiler, "--version"], capture_output=True, text=True).stdout
     key = hashlib.sha256()
-    for part in [s.read_bytes() for s in SOURCES] + [version.encode(), _cpu_signature().encode(),
-                                                      " ".join(FLAGS + list(extra_flags)).encode()]:
+    for part in [s.read_bytes() for s in SOURCES] + [
+        version.encode(),
+        _cpu_signature().encode(),
+        " ".join(FLAGS + list(extra_flags)).encode(),
+    ]:
         key.update(part)
     return cache_dir() / "kernels" / f"inferd_kernels-{key.hexdigest()[:16]}.so"
 

@@ -84,10 +84,10 @@ def stack(parts: list[BlockWeight]) -> BlockWeight:
         return t.repeat_interleave(g // group, dim=1)
 
     scale = torch.cat([regroup(p.scale, p.group) for p in parts])
-    if all(p.offset is None for p in parts):
-        offset = None
-    else:
-        offset = torch.cat([regroup(p.offset, p.group) if p.offset is not None
-                            else torch.zeros_like(regroup(p.scale, p.group)) for p in parts])  # fmt: skip
+    offset = None
+    if any(p.offset is not None for p in parts):
+        zeros = [torch.zeros_like(p.scale) for p in parts]
+        offsets = [p.offset if p.offset is not None else z for p, z in zip(parts, zeros)]
+        offset = torch.cat([regroup(o, p.group) for p, o in zip(parts, offsets)])
     q = torch.cat([p.u.view(torch.int8) ^ -128 for p in parts])
     return BlockWeight(q, scale, offset, parts[0].compute_dtype)

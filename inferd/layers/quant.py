@@ -146,8 +146,10 @@ def check_quantization(method: str, device: torch.device) -> None:
         try:
             kernel_library()
         except KernelsUnavailable as e:
-            raise ValueError(f"--quantization gguf needs inferd's C kernels, which cannot be "
-                             f"built here: {e}. Use --quantization int8 instead.") from e
+            raise ValueError(
+                f"--quantization gguf needs inferd's C kernels, which cannot be "
+                f"built here: {e}. Use --quantization int8 instead."
+            ) from e
 
 
 def quantize_model(model: torch.nn.Module, method: str) -> None:
