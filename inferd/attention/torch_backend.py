@@ -36,14 +36,25 @@ class _DecodePlan:
     token_idx: torch.Tensor | None  # [n] rows of q that are decode tokens; None = all, in order
     blocks: torch.Tensor  # [n * width] cache blocks covering each sequence's visible context
     width: int  # blocks per sequence (shorter contexts padded with the null block)
-    bias: torch.Tensor  # [n, 1, width * block_size] float32: 0 where a key is visible, else -inf
+    starts: torch.Tensor  # [n] int64: the position of each sequence's first block's first slot
+    lens: torch.Tensor  # [n] int64: context lengths
+    window: int | None
+    block_size: int
     _converted: dict = field(default_factory=dict)
 
     def bias_for(self, kv_heads: int, dtype: torch.dtype) -> torch.Tensor:
-        """The bias repeated per KV head in `dtype` (made once per step, not per layer)."""
+        """[n * kv_heads, 1, width * block_size] in `dtype`: 0 where a key is visible, else
+        -inf. Made once per step, on first use (the C kernel needs none)."""
         key = (kv_heads, dtype)
         if key not in self._converted:
-            self._converted[key] = self.bias.repeat_interleave(kv_heads, 0).to(dtype)
+            span = torch.arange(self.width * self.block_size, device=self.starts.device)
+            pos = self.starts[:, None] + span[None, :]
+            visible = pos < self.lens[:, None]
+            if self.window is not None:
+                visible &= pos >= (self.lens - self.window)[:, None]
+            bias = torch.zeros(visible.shape, device=pos.device)
+            bias = bias.masked_fill_(~visible, float("-inf"))[:, None, :]
+            self._converted[key] = bias.repeat_interleave(kv_heads, 0).to(dtype)
         return self._converted[key]
 
 
@@ -103,15 +114,10 @@ def _decode_plan(meta: AttentionMetadata, g: GroupMetadata, decode_seqs) -> _Dec
     # NOTE: past a sequence's last block the null block 0 is read; it holds zeros (the runner
     # clears it), so padding never brings NaN into the products before it is masked.
     blocks = torch.where(index <= last[:, None], blocks, 0)
-    pos = (first * bs)[:, None] + torch.arange(width * bs, device=device)[None, :]
-    visible = pos < lens[:, None]
-    if g.window is not None:
-        visible &= pos >= (lens - g.window)[:, None]
-    bias = torch.zeros(visible.shape, device=device).masked_fill_(~visible, float("-inf"))
     token_idx = None
     if len(decode_seqs) != len(meta.query_lens_cpu):
         token_idx = torch.tensor([d[1] for d in decode_seqs], device=device)
-    return _DecodePlan(token_idx, blocks.flatten(), width, bias[:, None, :])
+    return _DecodePlan(token_idx, blocks.flatten(), width, first * bs, lens, g.window, bs)
 
 
 def _compute_dtype(cache_dtype: torch.dtype) -> torch.dtype:
@@ -141,6 +147,34 @@ def _scores_to_probs(scores: torch.Tensor, spec: LayerAttentionSpec, bias: torch
     if spec.softcap is not None:
         scores = torch.tanh(scores / spec.softcap) * spec.softcap
     return torch.softmax(scores.float() + bias, dim=-1)
+
+
+def _cpu_kernels(device: torch.device):
+    """inferd's C kernels for float32 caches on CPU (cpu_kernels/decode_attention.c), or None
+    where they cannot be built (the PyTorch path below then serves)."""
+    if device.type != "cpu":
+        return None
+    from inferd.cpu_kernels import kernel_library, kernels_available
+
+    return kernel_library() if kernels_available() else None
+
+
+def _decode_in_c(lib, q: torch.Tensor, kv_cache: torch.Tensor, plan: _DecodePlan,
+                 spec: LayerAttentionSpec) -> torch.Tensor:  # fmt: skip
+    """Decode attention read straight from the float32 pool: no gather, one call per layer."""
+    n = q.shape[0]
+    q = q.float().contiguous()
+    out = torch.empty(n, spec.num_heads, spec.head_dim)
+    blocks = plan.blocks.view(n, plan.width)
+    rc = lib.inferd_decode_attention(
+        q.data_ptr(), kv_cache[0].data_ptr(), kv_cache[1].data_ptr(), blocks.data_ptr(),
+        plan.starts.data_ptr(), plan.lens.data_ptr(), n, plan.width, kv_cache.shape[2],
+        spec.num_heads, spec.num_kv_heads, spec.head_dim, spec.scale, spec.window or 0,
+        spec.softcap or 0.0, out.data_ptr(),
+    )  # fmt: skip
+    if rc != 0:
+        raise RuntimeError(f"decode attention kernel failed ({rc}) for {spec}")
+    return out
 
 
 class TorchAttentionBackend(AttentionBackend):
@@ -202,6 +236,8 @@ class TorchAttentionBackend(AttentionBackend):
         kv_heads, head_dim = spec.num_kv_heads, spec.head_dim
         qd = q if plan.token_idx is None else q.index_select(0, plan.token_idx)
         n = qd.shape[0]
+        if kv_cache.dtype == torch.float32 and (lib := _cpu_kernels(kv_cache.device)):
+            return _decode_in_c(lib, qd, kv_cache, plan, spec).to(v_dtype)
         span = plan.width * kv_cache.shape[2]
         dtype = _compute_dtype(kv_cache.dtype) if n * span >= LARGE_DECODE else torch.float32
         if spec.softcap is not None:

@@ -92,6 +92,10 @@ def load(path: Path) -> ctypes.CDLL:
     lib.inferd_kernel_isa.restype = ctypes.c_char_p
     lib.inferd_rms_norm.argtypes = [ptr, ptr, i64, i64, ctypes.c_float, ptr]
     lib.inferd_rms_norm.restype = None
+    lib.inferd_decode_attention.argtypes = (
+        [ptr] * 6 + [i64] * 6 + [ctypes.c_float, i64, ctypes.c_float, ptr]
+    )
+    lib.inferd_decode_attention.restype = ctypes.c_int
     return lib
 
 
