@@ -6,6 +6,7 @@ import torch
 
 from inferd.distributed.state import SINGLE, TPGroup
 from inferd.errors import ModelLoadError
+from inferd.layers.fused_decode import attach_fused_decode
 from inferd.layers.quant import quantize_model
 from inferd.loader import weight_cache
 from inferd.loader.checkpoint import Checkpoint
@@ -34,6 +35,7 @@ def load_model(
         model.keep_gguf_blocks()
         with torch.no_grad():
             model.load_weights(checkpoint.weights())
+        attach_fused_decode(model)
         return model.eval()
     cache = None
     if quantization is None and checkpoint.format == "gguf" and device.type == "cpu":

@@ -27,8 +27,11 @@ class Gemma3DecoderLayer(nn.Module):
         self.pre_feedforward_layernorm = RMSNorm(dim, eps, True, dtype)
         self.mlp = GatedMLP(config, dtype, tp)
         self.post_feedforward_layernorm = RMSNorm(dim, eps, True, dtype, out_dtype=torch.float32)
+        self.fused = None  # a FusedDecodeLayer in gguf mode (layers/fused_decode.py)
 
     def forward(self, h: torch.Tensor, rope, ctx: ForwardContext) -> torch.Tensor:
+        if self.fused is not None and (out := self.fused(h, rope, ctx)) is not None:
+            return out
         h = h + self.post_attention_layernorm(self.self_attn(self.input_layernorm(h), rope, ctx))
         return h + self.post_feedforward_layernorm(self.mlp(self.pre_feedforward_layernorm(h)))
 

@@ -39,8 +39,11 @@ class LlamaDecoderLayer(nn.Module):
         self.self_attn = SelfAttention(config, layer, dtype, norm_offset=False, tp=tp)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, eps, dtype=dtype)
         self.mlp = GatedMLP(config, dtype, tp)
+        self.fused = None  # a FusedDecodeLayer in gguf mode (layers/fused_decode.py)
 
     def forward(self, h: torch.Tensor, rope, ctx: ForwardContext) -> torch.Tensor:
+        if self.fused is not None and (out := self.fused(h, rope, ctx)) is not None:
+            return out
         h = h + self.self_attn(self.input_layernorm(h), rope, ctx)
         return h + self.mlp(self.post_attention_layernorm(h))
 
