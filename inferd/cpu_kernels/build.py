@@ -27,6 +27,7 @@ import torch  # noqa: F401  (loaded first, so its OpenMP runtime is the one the 
 log = logging.getLogger(__name__)
 
 SOURCES = sorted(Path(__file__).parent.glob("*.c"))
+HEADERS = sorted(Path(__file__).parent.glob("*.h"))
 FLAGS = ["-O3", "-march=native", "-fopenmp", "-shared", "-fPIC", "-std=c11"]
 
 
@@ -56,7 +57,7 @@ def _library_path(compiler: str, extra_flags: tuple[str, ...]) -> Path:
 
     version = subprocess.run([compiler, "--version"], capture_output=True, text=True).stdout
     key = hashlib.sha256()
-    for part in [s.read_bytes() for s in SOURCES] + [
+    for part in [s.read_bytes() for s in SOURCES + HEADERS] + [
         version.encode(),
         _cpu_signature().encode(),
         " ".join(FLAGS + list(extra_flags)).encode(),
@@ -87,7 +88,7 @@ def build(extra_flags: tuple[str, ...] = ()) -> Path:
 def load(path: Path) -> ctypes.CDLL:
     lib = ctypes.CDLL(str(path))
     ptr, i64 = ctypes.c_void_p, ctypes.c_int64
-    lib.inferd_block_gemv.argtypes = [ptr, i64, i64, ptr, ptr, ptr, i64, i64, ptr]
+    lib.inferd_block_gemv.argtypes = [ptr, i64, ptr, ptr, i64]
     lib.inferd_block_gemv.restype = ctypes.c_int
     lib.inferd_kernel_isa.restype = ctypes.c_char_p
     lib.inferd_rms_norm.argtypes = [ptr, ptr, i64, i64, ctypes.c_float, ptr]

@@ -11,6 +11,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "kernels.h"
+
 #ifdef _OPENMP
 #include <omp.h>
 #endif

@@ -15,21 +15,15 @@
 #include <stdlib.h>
 #include <string.h>
 
-int inferd_block_gemv(const float* x, int64_t M, int64_t K, const uint8_t* u, const float* scale,
-                      const float* offset, int64_t N, int64_t B, float* y);
-void inferd_rms_norm(const float* x, const float* gain, int64_t rows, int64_t dim, float eps,
-                     float* out);
-int inferd_decode_attention(const float* q, const float* k_pool, const float* v_pool,
-                            const int64_t* blocks, const int64_t* starts, const int64_t* lens,
-                            int64_t n, int64_t width, int64_t bs, int64_t H, int64_t KV,
-                            int64_t D, float scale, int64_t window, float softcap, float* out);
+#include "kernels.h"
 
+#define MAX_PARTS 4
+
+/* A projection: row ranges stacked along the output (q/k/v of different GGUF types). */
 typedef struct {
-    const uint8_t* u;
-    const float* scale;
-    const float* offset; /* or NULL */
-    int64_t out, in, group;
-} BlockMatrix;
+    int64_t count;
+    BlockMatrix parts[MAX_PARTS];
+} BlockLinear;
 
 typedef struct {
     int64_t hidden, heads, kv_heads, head_dim, inter;
@@ -37,7 +31,7 @@ typedef struct {
     int64_t sandwich; /* 1: Gemma's norms after attention and MLP too */
     int64_t window;   /* 0: none */
     float eps, scale, softcap; /* softcap 0: none */
-    BlockMatrix qkv, o, gate_up, down;
+    BlockLinear qkv, o, gate_up, down;
     const float* qkv_bias;       /* or NULL */
     const float* input_gain;     /* [hidden] */
     const float* post_attn_gain; /* [hidden]: Gemma's post-attention norm; Llama: pre-MLP */
@@ -60,8 +54,15 @@ typedef struct {
     int64_t width;
 } StepSpec;
 
-static int gemv(const BlockMatrix* W, const float* x, int64_t n, float* y) {
-    return inferd_block_gemv(x, n, W->in, W->u, W->scale, W->offset, W->out, W->group, y);
+static int gemv(const BlockLinear* W, const float* x, int64_t n, float* y) {
+    int64_t total = 0, first = 0;
+    for (int64_t i = 0; i < W->count; i++) total += W->parts[i].N;
+    for (int64_t i = 0; i < W->count; i++) {
+        const int rc = inferd_block_gemv(x, n, &W->parts[i], y + first, total);
+        if (rc) return rc;
+        first += W->parts[i].N;
+    }
+    return 0;
 }
 
 /* x * cos + swap_halves(x) * signed_sin, per head, in place */

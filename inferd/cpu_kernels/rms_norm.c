@@ -4,6 +4,8 @@
 #include <math.h>
 #include <stdint.h>
 
+#include "kernels.h"
+
 /* out[r] = x[r] / sqrt(mean(x[r]^2) + eps) * gain  (gain may be NULL: no scaling) */
 void inferd_rms_norm(const float* x, const float* gain, int64_t rows, int64_t dim, float eps,
                      float* out) {

@@ -19,23 +19,22 @@ import torch
 
 from inferd.attention.backend import ForwardContext
 from inferd.attention.torch_backend import _plan
-from inferd.layers.gguf_blocks import KERNEL_MAX_ROWS, BlockWeight
+from inferd.layers.gguf_blocks import KERNEL_MAX_ROWS, MAX_PARTS, BlockMatrix, BlockWeight
 
 _P, _I, _F = ctypes.c_void_p, ctypes.c_int64, ctypes.c_float
 ACTIVATIONS = {"silu": 0, "gelu_pytorch_tanh": 1, "gelu_tanh": 1}
 
 
-class BlockMatrix(ctypes.Structure):
-    _fields_ = [("u", _P), ("scale", _P), ("offset", _P), ("out", _I), ("in_", _I),
-                ("group", _I)]  # fmt: skip
+class BlockLinear(ctypes.Structure):
+    _fields_ = [("count", _I), ("parts", BlockMatrix * MAX_PARTS)]
 
 
 class LayerSpec(ctypes.Structure):
     _fields_ = [
         ("hidden", _I), ("heads", _I), ("kv_heads", _I), ("head_dim", _I), ("inter", _I),
         ("gelu", _I), ("sandwich", _I), ("window", _I), ("eps", _F), ("scale", _F),
-        ("softcap", _F), ("qkv", BlockMatrix), ("o", BlockMatrix), ("gate_up", BlockMatrix),
-        ("down", BlockMatrix), ("qkv_bias", _P), ("input_gain", _P), ("post_attn_gain", _P),
+        ("softcap", _F), ("qkv", BlockLinear), ("o", BlockLinear), ("gate_up", BlockLinear),
+        ("down", BlockLinear), ("qkv_bias", _P), ("input_gain", _P), ("post_attn_gain", _P),
         ("pre_ffn_gain", _P), ("post_ffn_gain", _P), ("qk_gain", _P),
     ]  # fmt: skip
 
@@ -48,11 +47,9 @@ class StepSpec(ctypes.Structure):
     ]  # fmt: skip
 
 
-def _matrix(linear) -> BlockMatrix:
-    w: BlockWeight = linear.small_step
-    offset = None if w.offset is None else w.offset.data_ptr()
-    return BlockMatrix(w.u.data_ptr(), w.scale.data_ptr(), offset, w.shape[0], w.shape[1],
-                       w.group)  # fmt: skip
+def _matrix(linear) -> BlockLinear:
+    parts = linear.small_step.parts
+    return BlockLinear(len(parts), (BlockMatrix * MAX_PARTS)(*[p.struct for p in parts]))
 
 
 def _gain(norm) -> torch.Tensor:
@@ -137,7 +134,8 @@ def attach_fused_decode(model) -> int:
     for layer in model.model.layers:
         attn, mlp = layer.self_attn, layer.mlp
         linears = [attn.qkv_proj, attn.o_proj, mlp.gate_up_proj, mlp.down_proj]
-        if all(isinstance(lin.small_step, BlockWeight) for lin in linears):
+        if all(isinstance(lin.small_step, BlockWeight) and len(lin.small_step.parts) <= MAX_PARTS
+               for lin in linears):  # fmt: skip
             layer.fused = FusedDecodeLayer(layer, config, lib)
             count += 1
     return count

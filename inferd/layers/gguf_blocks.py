@@ -1,16 +1,21 @@
 """`--quantization gguf`: linear layers that keep the checkpoint's own GGUF block quantisation.
 
 Every GGUF type (Q4_0 … Q8_0, Q2_K … Q6_K) is, per sub-block of B = 32 (or 16) weights along the
-input, `w = scale * q + offset` with small integers q. A `BlockWeight` holds exactly that, q as
-one byte per weight: no weight value changes, unlike re-quantising a dequantised matrix to int8
-or int4 (which rounds weights that were already rounded once). Products with few rows (decode)
-go to the C kernel in cpu_kernels/block_gemv.c, which quantises each activation row to int8 per
-32 values as llama.cpp does and sums exactly in integers (AVX-512 VNNI). Steps with many rows
-(prefill) dequantise the weight to the model dtype and use PyTorch's GEMM, which is faster
-there: a decode step is bound by reading weights, a prefill step by arithmetic.
+input, `w = scale * q + offset` with small integers q. A `BlockWeight` holds exactly that, so no
+weight changes value (unlike re-quantising a dequantised matrix to int8 or int4, which rounds
+weights that were already rounded once). q is stored in 4, 5 or 8 bits, whichever its range
+needs, and scales in fp16 where that is exact, so a token reads about as many bytes as the GGUF
+file holds (cpu_kernels/block_gemv.c describes the layouts).
+
+Products with few rows (decode) go to the C kernel, which quantises each activation row to int8
+per 32 values as llama.cpp does and sums exactly in integers (AVX-512 VNNI). Steps with many rows
+(prefill) dequantise the weight to the model dtype and use PyTorch's GEMM, which is faster there:
+a decode step is bound by reading weights, a prefill step by arithmetic.
 """
 
 from __future__ import annotations
+
+import ctypes
 
 import torch
 import torch.nn.functional as F
@@ -18,38 +23,150 @@ from torch import nn
 
 # Rows up to which the C kernel beats dequantise-then-GEMM (it re-reads the weights every 8 rows).
 KERNEL_MAX_ROWS = 32
+MAX_PARTS = 4  # row ranges of one layer (q/k/v of different GGUF types): see decode_layer.c
+
+_P, _I = ctypes.c_void_p, ctypes.c_int64
+
+
+class BlockMatrix(ctypes.Structure):
+    """Mirrors the C struct in cpu_kernels/block_gemv.c."""
+
+    _fields_ = [("q", _P), ("high", _P), ("scale", _P), ("offset", _P), ("N", _I), ("K", _I),
+                ("B", _I), ("bits", _I), ("zero", _I), ("half_scales", _I),
+                ("interleaved", _I)]  # fmt: skip
+
+
+def _interleave(rows: torch.Tensor, chunks: int) -> torch.Tensor:
+    """[N, chunks * c] → [N/4, chunks, 4, c]: the chunks of rows 4i..4i+3 side by side."""
+    n, width = rows.shape
+    return rows.view(n // 4, 4, chunks, width // chunks).transpose(1, 2).contiguous()
+
+
+def _deinterleave(grouped: torch.Tensor, rows) -> torch.Tensor:
+    """`rows` (an index tensor or a slice) of an interleaved array, as [len, chunks * c]."""
+    groups, chunks, _, c = grouped.shape
+    if isinstance(rows, slice):
+        return grouped.transpose(1, 2).reshape(groups * 4, chunks * c)[rows]
+    return grouped[rows // 4, :, rows % 4, :].reshape(-1, chunks * c)
+
+
+def _pack_nibbles(stored: torch.Tensor) -> torch.Tensor:
+    """[rows, K] values < 16 → [rows, K / 2] bytes: per 64 weights, byte j = w[j] | w[j+32] << 4."""
+    rows, k = stored.shape
+    halves = stored.view(rows, k // 64, 2, 32)
+    return ((halves[:, :, 0] & 0xF) | ((halves[:, :, 1] & 0xF) << 4)).reshape(rows, k // 2)
+
+
+def _unpack_nibbles(packed: torch.Tensor) -> torch.Tensor:
+    rows, half = packed.shape
+    chunks = packed.view(rows, half // 32, 1, 32)
+    return torch.cat([chunks & 0xF, chunks >> 4], dim=2).reshape(rows, half * 2)
+
+
+def _pack_bits(bits: torch.Tensor) -> torch.Tensor:
+    """[rows, K] of 0/1 → [rows, K / 8] bytes, bit i of byte j = weight 8j + i."""
+    rows, k = bits.shape
+    weights = (1 << torch.arange(8, dtype=torch.uint8)).view(1, 1, 8)
+    return (bits.view(rows, k // 8, 8) * weights).sum(-1, dtype=torch.uint8)
+
+
+def _unpack_bits(packed: torch.Tensor) -> torch.Tensor:
+    shifts = torch.arange(8, dtype=torch.uint8).view(1, 1, 8)
+    return ((packed.unsqueeze(-1) >> shifts) & 1).reshape(packed.shape[0], -1)
+
+
+class BlockPart:
+    """Rows of a weight in one storage width (see block_gemv.c): `stored` = q + zero."""
+
+    def __init__(self, q: torch.Tensor, scale: torch.Tensor, offset: torch.Tensor | None):
+        rows, k = q.shape
+        self.group = k // scale.shape[1]
+        if self.group not in (16, 32) or k % 32:
+            raise ValueError(f"unsupported block layout: {k} inputs, {scale.shape[1]} blocks")
+        lo, hi = int(q.min()), int(q.max())
+        self.bits = 8
+        if k % 64 == 0 and hi - lo < 32:
+            self.bits = 4 if hi - lo < 16 else 5
+        self.zero = 128 if self.bits == 8 else -lo
+        stored = (q.to(torch.int16) + self.zero).to(torch.uint8)
+        self.high = None
+        if self.bits == 8:
+            self.q = stored.contiguous()
+        else:
+            self.q = _pack_nibbles(stored)
+            if self.bits == 5:
+                self.high = _pack_bits(stored >> 4)
+        self.interleaved = rows % 4 == 0 and k % 64 == 0
+        if self.interleaved:
+            self.q = _interleave(self.q, k // 64)
+            self.high = None if self.high is None else _interleave(self.high, k // 64)
+        scale = scale.float()
+        half = scale.half()
+        self.scale = half if torch.equal(half.float(), scale) else scale.contiguous()
+        self.offset = None if offset is None else offset.float().contiguous()
+        self.shape = (rows, k)
+        self.struct = BlockMatrix(
+            self.q.data_ptr(), None if self.high is None else self.high.data_ptr(),
+            self.scale.data_ptr(), None if self.offset is None else self.offset.data_ptr(),
+            rows, k, self.group, self.bits, self.zero, int(self.scale.dtype == torch.float16),
+            int(self.interleaved),
+        )  # fmt: skip
+
+    def _rows(self, packed: torch.Tensor, rows) -> torch.Tensor:
+        return _deinterleave(packed, rows) if self.interleaved else packed[rows]
+
+    def integers(self, rows=slice(None)) -> torch.Tensor:
+        """q of `rows`, as int16."""
+        if self.bits == 8:
+            stored = self._rows(self.q, rows)
+        else:
+            stored = _unpack_nibbles(self._rows(self.q, rows))
+            if self.bits == 5:
+                stored = stored | (_unpack_bits(self._rows(self.high, rows)) << 4)
+        return stored.to(torch.int16) - self.zero
+
+    def dequantized(self, rows=slice(None)) -> torch.Tensor:
+        """float32, bit-identical to the GGUF dequantisation: scale * q (+ offset)."""
+        w = self.scale[rows].float().repeat_interleave(self.group, 1) * self.integers(rows).float()
+        if self.offset is not None:
+            w = w + self.offset[rows].repeat_interleave(self.group, 1)
+        return w
+
+    @property
+    def nbytes(self) -> int:
+        tensors = [self.q, self.high, self.scale, self.offset]
+        return sum(t.numel() * t.element_size() for t in tensors if t is not None)
 
 
 class BlockWeight(nn.Module):
-    """u = q + 128 as uint8 [out, in], scale (and offset, or None) float32 [out, in / group]."""
+    """A linear layer's weight as one or more `BlockPart`s stacked along the output."""
 
-    def __init__(self, q: torch.Tensor, scale: torch.Tensor, offset: torch.Tensor | None,
-                 compute_dtype: torch.dtype = torch.bfloat16):  # fmt: skip
+    def __init__(self, q: torch.Tensor | None = None, scale: torch.Tensor | None = None,
+                 offset: torch.Tensor | None = None, compute_dtype: torch.dtype = torch.bfloat16,
+                 parts: list[BlockPart] | None = None):  # fmt: skip
         super().__init__()
-        out_features, in_features = q.shape
-        self.group = in_features // scale.shape[1]
-        if self.group not in (16, 32) or in_features % 32:
-            raise ValueError(f"unsupported block layout: {in_features} inputs, {scale.shape[1]} "
-                             "blocks")  # fmt: skip
-        self.register_buffer("u", q.to(torch.int8).view(torch.uint8) ^ 128)
-        self.register_buffer("scale", scale.float().contiguous())
-        self.register_buffer("offset", None if offset is None else offset.float().contiguous())
+        self.parts = parts if parts is not None else [BlockPart(q, scale, offset)]
         self.compute_dtype = compute_dtype
         self.max_rows = 1 << 62  # serves every step (see forward)
         self.lib = None  # the C kernels, looked up at the first product
+        for i, p in enumerate(self.parts):  # so that module-level size accounting sees them
+            self.register_buffer(f"part{i}_q", p.q, persistent=False)
 
     @property
     def shape(self) -> tuple[int, int]:
-        return tuple(self.u.shape)
+        return sum(p.shape[0] for p in self.parts), self.parts[0].shape[1]
 
-    def dequantized(self, rows: torch.Tensor | slice = slice(None)) -> torch.Tensor:
+    @property
+    def nbytes(self) -> int:
+        return sum(p.nbytes for p in self.parts)
+
+    def dequantized(self, rows: torch.Tensor | None = None) -> torch.Tensor:
         """The float32 weights (of `rows`), bit-identical to the GGUF dequantisation."""
-        u, scale = self.u[rows], self.scale[rows]
-        q = u.view(torch.int8) ^ -128  # u - 128, reinterpreted without widening
-        w = scale.repeat_interleave(self.group, dim=1) * q.float()
-        if self.offset is not None:
-            w = w + self.offset[rows].repeat_interleave(self.group, dim=1)
-        return w
+        if rows is None:
+            return torch.cat([p.dequantized() for p in self.parts])
+        if len(self.parts) != 1:
+            raise ValueError("row lookups are for single-part weights (embeddings)")
+        return self.parts[0].dequantized(rows)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """x [rows, in] → float32 [rows, out]."""
@@ -61,33 +178,40 @@ class BlockWeight(nn.Module):
 
             self.lib = kernel_library()
         x = x.float().contiguous()
-        y = torch.empty(x.shape[0], self.u.shape[0], dtype=torch.float32)
-        offset = None if self.offset is None else self.offset.data_ptr()
-        rc = self.lib.inferd_block_gemv(x.data_ptr(), x.shape[0], x.shape[1], self.u.data_ptr(),
-                                         self.scale.data_ptr(), offset, self.u.shape[0],
-                                         self.group, y.data_ptr())  # fmt: skip
-        if rc != 0:
-            raise RuntimeError(f"block_gemv failed ({rc}) on a {tuple(x.shape)} input")
+        out_features = self.shape[0]
+        y = torch.empty(x.shape[0], out_features, dtype=torch.float32)
+        first = 0
+        for p in self.parts:
+            rc = self.lib.inferd_block_gemv(x.data_ptr(), x.shape[0], ctypes.byref(p.struct),
+                                            y.data_ptr() + 4 * first, out_features)  # fmt: skip
+            if rc != 0:
+                raise RuntimeError(f"block_gemv failed ({rc}) on a {tuple(x.shape)} input")
+            first += p.shape[0]
         return y
 
     def extra_repr(self) -> str:
         out_features, in_features = self.shape
-        return (f"out={out_features}, in={in_features}, group={self.group}, "
-                f"offset={self.offset is not None}")  # fmt: skip
+        layouts = ", ".join(f"{p.shape[0]} rows {p.bits}-bit/{p.group}" for p in self.parts)
+        return f"out={out_features}, in={in_features}: {layouts}"
 
 
-def stack(parts: list[BlockWeight]) -> BlockWeight:
-    """One BlockWeight from several along the output (q/k/v, gate/up): the finer group wins."""
-    group = min(p.group for p in parts)
+def stack(weights: list[BlockWeight]) -> BlockWeight:
+    """One BlockWeight from several along the output (q/k/v, gate/up). Neighbouring parts of the
+    same layout are merged, so most layers need one kernel call."""
+    parts: list[BlockPart] = []
+    for p in [p for w in weights for p in w.parts]:
+        last = parts[-1] if parts else None
+        if last is not None and _same_layout(last, p):
+            q = torch.cat([last.integers(), p.integers()])
+            scale = torch.cat([last.scale.float(), p.scale.float()])
+            offset = None if p.offset is None else torch.cat([last.offset, p.offset])
+            parts[-1] = BlockPart(q, scale, offset)
+        else:
+            parts.append(p)
+    return BlockWeight(parts=parts, compute_dtype=weights[0].compute_dtype)
 
-    def regroup(t: torch.Tensor, g: int) -> torch.Tensor:
-        return t.repeat_interleave(g // group, dim=1)
 
-    scale = torch.cat([regroup(p.scale, p.group) for p in parts])
-    offset = None
-    if any(p.offset is not None for p in parts):
-        zeros = [torch.zeros_like(p.scale) for p in parts]
-        offsets = [p.offset if p.offset is not None else z for p, z in zip(parts, zeros)]
-        offset = torch.cat([regroup(o, p.group) for p, o in zip(parts, offsets)])
-    q = torch.cat([p.u.view(torch.int8) ^ -128 for p in parts])
-    return BlockWeight(q, scale, offset, parts[0].compute_dtype)
+def _same_layout(a: BlockPart, b: BlockPart) -> bool:
+    return (a.bits, a.zero, a.group, a.scale.dtype, a.offset is None) == (
+        b.bits, b.zero, b.group, b.scale.dtype, b.offset is None
+    )  # fmt: skip

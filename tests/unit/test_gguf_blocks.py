@@ -46,7 +46,12 @@ def test_unpacked_blocks_are_the_dequantised_weights_bit_for_bit(ggml_type):
     dense = gq.dequantize(raw, ggml_type, (rows, cols))
     assert torch.equal(dense, expected.reshape(rows, cols))
     blocks = BlockWeight(*gq.unpack(raw, ggml_type, (rows, cols)))
-    assert blocks.group == (16 if ggml_type in (gq.Q2_K, gq.Q3_K, gq.Q6_K) else 32)
+    part = blocks.parts[0]
+    assert part.group == (16 if ggml_type in (gq.Q2_K, gq.Q3_K, gq.Q6_K) else 32)
+    # stored in as few bits as the type needs (random blocks use the whole range)
+    expected_bits = {gq.Q2_K: 4, gq.Q3_K: 4, gq.Q4_0: 4, gq.Q4_1: 4, gq.Q4_K: 4, gq.Q5_0: 5,
+                     gq.Q5_1: 5, gq.Q5_K: 5}  # fmt: skip
+    assert part.bits == expected_bits.get(ggml_type, 8)
     assert torch.equal(blocks.dequantized(), dense)
     assert torch.equal(blocks.dequantized(torch.tensor([5, 1])), dense[[5, 1]])
 
@@ -59,10 +64,11 @@ def test_stacking_parts_with_different_groups_keeps_every_weight():
         offset = torch.randn(4, 64 // group) if with_offset else None
         return BlockWeight(q, torch.rand(4, 64 // group), offset)
 
-    parts = [part(32, False), part(16, False), part(32, True)]  # q, k, v of mixed GGUF types
-    stacked = stack(parts)
-    assert stacked.group == 16 and stacked.offset is not None
-    assert torch.equal(stacked.dequantized(), torch.cat([p.dequantized() for p in parts]))
+    weights = [part(32, False), part(32, False), part(16, False), part(32, True)]
+    stacked = stack(weights)
+    # the first two share a layout and merge; the others keep their own
+    assert [p.shape[0] for p in stacked.parts] == [8, 4, 4]
+    assert torch.equal(stacked.dequantized(), torch.cat([w.dequantized() for w in weights]))
 
 
 def emulate(x: torch.Tensor, w: BlockWeight) -> torch.Tensor:
@@ -72,11 +78,14 @@ def emulate(x: torch.Tensor, w: BlockWeight) -> torch.Tensor:
     xb = x.view(m, k // 32, 32)
     d = xb.abs().amax(-1, keepdim=True) / 127
     xq = torch.round(xb / torch.where(d > 0, d, torch.ones_like(d))) * d
-    q = (w.u.view(torch.int8) ^ -128).double()
-    y = xq.view(m, k).double() @ (q * w.scale.double().repeat_interleave(w.group, 1)).t()
-    if w.offset is not None:
-        y += x.view(m, k // w.group, w.group).double().sum(-1) @ w.offset.double().t()
-    return y.float()
+    out = []
+    for p in w.parts:
+        scale = p.scale.double().repeat_interleave(p.group, 1)
+        y = xq.view(m, k).double() @ (p.integers().double() * scale).t()
+        if p.offset is not None:
+            y += x.view(m, k // p.group, p.group).double().sum(-1) @ p.offset.double().t()
+        out.append(y)
+    return torch.cat(out, dim=1).float()
 
 
 @pytest.fixture(scope="module", params=["native", "portable"])
@@ -94,13 +103,25 @@ def kernels(request):
 @pytest.mark.parametrize("group", [16, 32])
 @pytest.mark.parametrize("with_offset", [False, True])
 @pytest.mark.parametrize("rows, in_features", [(1, 640), (3, 96), (8, 2048), (11, 64)])
-def test_block_kernel_matches_its_definition(kernels, group, with_offset, rows, in_features):
+@pytest.mark.parametrize(
+    "q_range, fp16_scales", [((-128, 128), True), ((-16, 16), False), ((0, 16), True)]
+)  # 8, 5 and 4 bits
+def test_block_kernel_matches_its_definition(kernels, group, with_offset, rows, in_features,
+                                             q_range, fp16_scales):  # fmt: skip
     torch.manual_seed(rows * in_features + group)
     out_features = 48
-    q = torch.randint(-32, 32, (out_features, in_features), dtype=torch.int8)
+    q = torch.randint(*q_range, (out_features, in_features), dtype=torch.int8)
     scale = torch.rand(out_features, in_features // group) * 0.02
+    if fp16_scales:
+        scale = scale.half().float()
     offset = torch.randn(out_features, in_features // group) * 0.01 if with_offset else None
-    w = BlockWeight(q, scale, offset)
+    w = stack(
+        [
+            BlockWeight(q[:16], scale[:16], None if offset is None else offset[:16]),
+            BlockWeight(q[16:], scale[16:], None if offset is None else offset[16:]),
+        ]
+    )
+    assert w.parts[0].scale.dtype == (torch.float16 if fp16_scales else torch.float32)
     w.lib = kernels
     x = torch.randn(rows, in_features)
     x[0, :32] = 0  # an all-zero activation block (scale 0)
@@ -112,7 +133,7 @@ def test_block_kernel_matches_its_definition(kernels, group, with_offset, rows, 
 
 
 def test_many_rows_use_the_dequantised_weights(kernels):
-    q = torch.randint(-8, 8, (16, 64), dtype=torch.int8)
+    q = torch.randint(-100, 100, (16, 64), dtype=torch.int8)
     w = BlockWeight(q, torch.rand(16, 2), None, compute_dtype=torch.float32)
     w.lib = kernels
     x = torch.randn(40, 64)  # more rows than the kernel takes

@@ -1,0 +1,24 @@
+/* What the C kernels share (inferd). The structs are mirrored by ctypes classes in
+ * inferd/layers/gguf_blocks.py and inferd/layers/fused_decode.py: keep them in step. */
+#ifndef INFERD_KERNELS_H
+#define INFERD_KERNELS_H
+#include <stdint.h>
+
+/* One block-quantised matrix, or a row range of a stacked one (see block_gemv.c). */
+typedef struct {
+    const uint8_t* q;     /* [N, K * bits / 8] (the 5-bit layout: its 4-bit part) */
+    const uint8_t* high;  /* 5 bits: [N, K / 8] fifth bits, else NULL */
+    const void* scale;    /* [N, K / B] fp16 or fp32 */
+    const float* offset;  /* [N, K / B] or NULL */
+    int64_t N, K, B, bits, zero, half_scales;
+    int64_t interleaved;  /* q and high hold rows in groups of 4, chunk by chunk (block_gemv.c) */
+} BlockMatrix;
+
+int inferd_block_gemv(const float* x, int64_t M, const BlockMatrix* W, float* y, int64_t ldy);
+void inferd_rms_norm(const float* x, const float* gain, int64_t rows, int64_t dim, float eps,
+                     float* out);
+int inferd_decode_attention(const float* q, const float* k_pool, const float* v_pool,
+                            const int64_t* blocks, const int64_t* starts, const int64_t* lens,
+                            int64_t n, int64_t width, int64_t bs, int64_t H, int64_t KV,
+                            int64_t D, float scale, int64_t window, float softcap, float* out);
+#endif
