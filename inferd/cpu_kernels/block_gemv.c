@@ -309,3 +309,52 @@ int inferd_block_gemv(const float* x, int64_t M, const BlockMatrix* W, float* y,
     free(xq); free(xl); free(xs); free(xc);
     return 0;
 }
+
+static inline uint16_t float_to_bf16(float f) { /* round to nearest even, as PyTorch does */
+    uint32_t bits;
+    memcpy(&bits, &f, 4);
+    if ((bits & 0x7FFFFFFF) > 0x7F800000) return (uint16_t)((bits >> 16) | 0x40); /* NaN */
+    return (uint16_t)((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16);
+}
+
+/* out [N, K] = the weights (scale * q + offset), as float32, or bfloat16 with `bf16`: what a
+ * step with many rows multiplies by with PyTorch's GEMM. */
+void inferd_block_dequantize(const BlockMatrix* W, int64_t bf16, void* out) {
+    const int64_t K = W->K, nb = K / W->B;
+#pragma omp parallel
+    {
+        float* row = malloc(sizeof(float) * (size_t)K);
+#pragma omp for schedule(static)
+        for (int64_t n = 0; n < W->N; n++) {
+            if (!row) continue;
+#ifdef INFERD_VNNI
+            const int bits = (int)W->bits;
+            const RowPtr p = row_ptr(W, n, bits);
+            for (int64_t k = 0; k < K; k += 64) {
+                const int64_t len = K - k >= 64 ? 64 : 32;
+                __m512i w = bits == 8 ? load_weights(p, k / 64, len, 8)
+                          : bits == 5 ? load_weights(p, k / 64, len, 5)
+                                      : load_weights(p, k / 64, len, 4);
+                uint8_t stored[64];
+                _mm512_storeu_si512(stored, w);
+                for (int64_t j = 0; j < len; j++) row[k + j] = (float)((int32_t)stored[j] - W->zero);
+            }
+#else
+            for (int64_t k = 0; k < K; k++) row[k] = (float)(stored_at(W, n, k) - W->zero);
+#endif
+            for (int64_t b = 0; b < nb; b++) {
+                const float s = scale_at(W, n * nb + b);
+                const float o = W->offset ? W->offset[n * nb + b] : 0.0f;
+                float* v = row + b * W->B;
+                for (int64_t j = 0; j < W->B; j++) v[j] = s * v[j] + o;
+            }
+            if (bf16) {
+                uint16_t* o = (uint16_t*)out + n * K;
+                for (int64_t k = 0; k < K; k++) o[k] = float_to_bf16(row[k]);
+            } else {
+                memcpy((float*)out + n * K, row, sizeof(float) * (size_t)K);
+            }
+        }
+        free(row);
+    }
+}

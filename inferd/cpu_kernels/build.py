@@ -97,6 +97,8 @@ def load(path: Path) -> ctypes.CDLL:
         [ptr] * 6 + [i64] * 6 + [ctypes.c_float, i64, ctypes.c_float, ptr]
     )
     lib.inferd_decode_attention.restype = ctypes.c_int
+    lib.inferd_block_dequantize.argtypes = [ptr, i64, ptr]
+    lib.inferd_block_dequantize.restype = None
     lib.inferd_decode_layer.argtypes = [ptr, ptr, ptr]
     lib.inferd_decode_layer.restype = ctypes.c_int
     return lib

@@ -168,15 +168,30 @@ class BlockWeight(nn.Module):
             raise ValueError("row lookups are for single-part weights (embeddings)")
         return self.parts[0].dequantized(rows)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        """x [rows, in] → float32 [rows, out]."""
-        if x.shape[0] > KERNEL_MAX_ROWS:
-            w = self.dequantized().to(self.compute_dtype)
-            return F.linear(x.to(self.compute_dtype), w).float()
+    def _kernels(self):
         if self.lib is None:
             from inferd.cpu_kernels import kernel_library
 
             self.lib = kernel_library()
+        return self.lib
+
+    def dense(self) -> torch.Tensor:
+        """The weights in the compute dtype, by the C kernel (for steps with many rows)."""
+        lib = self._kernels()
+        dtype = self.compute_dtype if self.compute_dtype == torch.bfloat16 else torch.float32
+        out = torch.empty(self.shape, dtype=dtype)
+        first = 0
+        for p in self.parts:
+            lib.inferd_block_dequantize(ctypes.byref(p.struct), int(dtype == torch.bfloat16),
+                                        out[first].data_ptr())  # fmt: skip
+            first += p.shape[0]
+        return out.to(self.compute_dtype)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """x [rows, in] → float32 [rows, out]."""
+        if x.shape[0] > KERNEL_MAX_ROWS:
+            return F.linear(x.to(self.compute_dtype), self.dense()).float()
+        self._kernels()
         x = x.float().contiguous()
         out_features = self.shape[0]
         y = torch.empty(x.shape[0], out_features, dtype=torch.float32)

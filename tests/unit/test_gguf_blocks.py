@@ -132,6 +132,18 @@ def test_block_kernel_matches_its_definition(kernels, group, with_offset, rows, 
     assert (y.double() - exact).abs().max() <= 0.02 * exact.abs().max()
 
 
+@pytest.mark.parametrize("ggml_type", [gq.Q8_0, gq.Q5_0, gq.Q4_K, gq.Q6_K], ids=gq.type_name)
+def test_dense_weights_from_the_kernel_equal_the_dequantisation(kernels, ggml_type):
+    rows, cols = 12, 512
+    parts = gq.unpack(random_tensor(ggml_type, rows, cols, 4), ggml_type, (rows, cols))
+    w = BlockWeight(*parts, compute_dtype=torch.float32)
+    w.lib = kernels
+    expected = w.dequantized()
+    torch.testing.assert_close(w.dense(), expected, rtol=1e-6, atol=0)
+    w.compute_dtype = torch.bfloat16
+    torch.testing.assert_close(w.dense(), expected.bfloat16(), rtol=8e-3, atol=0)
+
+
 def test_many_rows_use_the_dequantised_weights(kernels):
     q = torch.randint(-100, 100, (16, 64), dtype=torch.int8)
     w = BlockWeight(q, torch.rand(16, 2), None, compute_dtype=torch.float32)
