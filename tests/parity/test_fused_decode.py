@@ -9,7 +9,6 @@ moves it by far more than 1e-3 in every layer."""
 from __future__ import annotations
 
 import pytest
-import torch
 
 from inferd import LLM
 from inferd.engine.runner import SequenceStep
@@ -31,7 +30,7 @@ def test_fused_layers_match_the_pytorch_layers(gemma_tokenizer):
     runner.execute_with_prompt_logits([SequenceStep(ids[:prompt], 0, tables)])
 
     errors = []
-    for i, (layer, fast) in enumerate(zip(layers, fused)):
+    for layer, fast in zip(layers, fused):
         reference = layer.forward
 
         def both(h, rope, ctx, reference=reference, fast=fast):
