@@ -41,6 +41,8 @@
 
 #define XBLOCK 32  /* activation quantisation block */
 #define MAX_ROWS 8 /* rows of x handled per pass over the weights */
+/* weight rows per kernel call for M activation rows: as many as the registers allow */
+#define ROWS_TOGETHER(M) ((M) <= 2 ? 4 : (M) <= 4 ? 2 : 1)
 
 const char* inferd_kernel_isa(void) {
 #ifdef INFERD_VNNI
@@ -208,16 +210,24 @@ static inline __attribute__((always_inline)) void row_dot_m(
     static void row_dot_##bits##_##half(const BlockMatrix* W, int64_t n, int64_t R,           \
                                         const int8_t* xq, const int32_t* xc, const float* xl, \
                                         int64_t M, float* out) {                               \
-        switch (M * 8 + (R == 4)) {                                                             \
-            case 9: row_dot_m(W, n, xq, xc, xl, 1, 4, bits, half, out); break;                  \
-            case 8: row_dot_m(W, n, xq, xc, xl, 1, 1, bits, half, out); break;                  \
-            case 16: row_dot_m(W, n, xq, xc, xl, 2, 1, bits, half, out); break;                 \
-            case 24: row_dot_m(W, n, xq, xc, xl, 3, 1, bits, half, out); break;                 \
-            case 32: row_dot_m(W, n, xq, xc, xl, 4, 1, bits, half, out); break;                 \
-            case 40: row_dot_m(W, n, xq, xc, xl, 5, 1, bits, half, out); break;                 \
-            case 48: row_dot_m(W, n, xq, xc, xl, 6, 1, bits, half, out); break;                 \
-            case 56: row_dot_m(W, n, xq, xc, xl, 7, 1, bits, half, out); break;                 \
-            default: row_dot_m(W, n, xq, xc, xl, 8, 1, bits, half, out); break;                 \
+        if (R == 1) {                                                                           \
+            switch (M) {                                                                        \
+                case 1: row_dot_m(W, n, xq, xc, xl, 1, 1, bits, half, out); break;              \
+                case 2: row_dot_m(W, n, xq, xc, xl, 2, 1, bits, half, out); break;              \
+                case 3: row_dot_m(W, n, xq, xc, xl, 3, 1, bits, half, out); break;              \
+                case 4: row_dot_m(W, n, xq, xc, xl, 4, 1, bits, half, out); break;              \
+                case 5: row_dot_m(W, n, xq, xc, xl, 5, 1, bits, half, out); break;              \
+                case 6: row_dot_m(W, n, xq, xc, xl, 6, 1, bits, half, out); break;              \
+                case 7: row_dot_m(W, n, xq, xc, xl, 7, 1, bits, half, out); break;              \
+                default: row_dot_m(W, n, xq, xc, xl, 8, 1, bits, half, out); break;             \
+            }                                                                                   \
+            return;                                                                             \
+        }                                                                                       \
+        switch (M) { /* R == ROWS_TOGETHER(M) */                                                \
+            case 1: row_dot_m(W, n, xq, xc, xl, 1, 4, bits, half, out); break;                  \
+            case 2: row_dot_m(W, n, xq, xc, xl, 2, 4, bits, half, out); break;                  \
+            case 3: row_dot_m(W, n, xq, xc, xl, 3, 2, bits, half, out); break;                  \
+            default: row_dot_m(W, n, xq, xc, xl, 4, 2, bits, half, out); break;                 \
         }                                                                                       \
     }
 ROW_DOT(8, 0) ROW_DOT(8, 1) ROW_DOT(5, 0) ROW_DOT(5, 1) ROW_DOT(4, 0) ROW_DOT(4, 1)
@@ -280,7 +290,7 @@ int inferd_block_gemv(const float* x, int64_t M, const BlockMatrix* W, float* y,
     const RowDot row_dot = row_dot_for(W);
     for (int64_t m0 = 0; m0 < M; m0 += MAX_ROWS) {
         const int64_t rows = M - m0 < MAX_ROWS ? M - m0 : MAX_ROWS;
-        const int64_t group = rows == 1 ? 4 : 1; /* weight rows per kernel call */
+        const int64_t group = ROWS_TOGETHER(rows); /* weight rows per kernel call */
 #pragma omp parallel for schedule(static)
         for (int64_t g = 0; g < (W->N + group - 1) / group; g++) {
             const int64_t n0 = g * group, R = W->N - n0 < group ? 1 : group;
