@@ -81,6 +81,7 @@ class BlockPart:
 
     def __init__(self, q: torch.Tensor, scale: torch.Tensor, offset: torch.Tensor | None):
         rows, k = q.shape
+        q = q.to(torch.int8)  # every GGUF type's integers fit
         self.group = k // scale.shape[1]
         if self.group not in (16, 32) or k % 32:
             raise ValueError(f"unsupported block layout: {k} inputs, {scale.shape[1]} blocks")
@@ -89,7 +90,8 @@ class BlockPart:
         if k % 64 == 0 and hi - lo < 32:
             self.bits = 4 if hi - lo < 16 else 5
         self.zero = 128 if self.bits == 8 else -lo
-        stored = (q.to(torch.int16) + self.zero).to(torch.uint8)
+        # q + zero in a byte: for 8 bits that is flipping the sign bit
+        stored = q.view(torch.uint8) ^ 128 if self.bits == 8 else (q + self.zero).view(torch.uint8)
         self.high = None
         if self.bits == 8:
             self.q = stored.contiguous()

@@ -10,6 +10,7 @@ weights come out bit-identical to what HF transformers loads from the same file.
 from __future__ import annotations
 
 import math
+import warnings
 from collections.abc import Callable
 
 import numpy as np
@@ -222,7 +223,9 @@ def unpack(raw: np.ndarray, ggml_type: int, shape: tuple[int, int]) -> Unpacked:
     """Bytes of one 2-D block-quantised tensor → (q int8 [rows, cols], scale float32
     [rows, cols / B], offset float32 [rows, cols / B] or None), B the sub-block size (16 or 32):
     weight[r, c] = scale[r, c // B] * q[r, c] + offset[r, c // B], exactly as `dequantize`."""
-    data = torch.from_numpy(np.array(raw, copy=True))
+    with warnings.catch_warnings():  # read-only: the unpackers only read (no 250 MB copy)
+        warnings.simplefilter("ignore", UserWarning)
+        data = torch.from_numpy(np.asarray(raw))
     _, nbytes = BLOCK_LAYOUT[ggml_type]
     blocks = data.reshape(-1, nbytes)
     q, scale, offset = _UNPACKERS[ggml_type](blocks)
