@@ -28,8 +28,15 @@ log = logging.getLogger(__name__)
 
 SOURCES = sorted(Path(__file__).parent.glob("*.c"))
 HEADERS = sorted(Path(__file__).parent.glob("*.h"))
-FLAGS = ["-O3", "-march=native", "-fopenmp", "-shared", "-fPIC", "-std=c11",
-         "-Werror=implicit-function-declaration"]
+FLAGS = [
+    "-O3",
+    "-march=native",
+    "-fopenmp",
+    "-shared",
+    "-fPIC",
+    "-std=c11",
+    "-Werror=implicit-function-declaration",
+]
 
 
 class KernelsUnavailable(RuntimeError):
