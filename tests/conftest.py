@@ -46,3 +46,15 @@ def gemma_llm():
     from inferd import LLM
 
     return LLM(dtype="float32", kv_cache_memory=512 << 20, max_num_batched_tokens=512)
+
+
+@pytest.fixture(scope="session")
+def c_kernels():
+    """inferd's C kernels (compiled on first use). Without a C compiler the gguf mode is not
+    available, and its end-to-end tests skip, saying so."""
+    from inferd.cpu_kernels import build
+
+    try:
+        return build.kernel_library()
+    except build.KernelsUnavailable as e:
+        pytest.skip(f"inferd's C kernels cannot be built here: {e}")

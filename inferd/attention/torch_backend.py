@@ -150,8 +150,8 @@ def _scores_to_probs(scores: torch.Tensor, spec: LayerAttentionSpec, bias: torch
 
 
 def _cpu_kernels(device: torch.device):
-    """inferd's C kernels for float32 caches on CPU (cpu_kernels/decode_attention.c), or None
-    where they cannot be built (the PyTorch path below then serves)."""
+    """inferd's C kernels for float32 and bfloat16 caches on CPU (cpu_kernels/
+    decode_attention.c), or None where they cannot be built (the PyTorch path then serves)."""
     if device.type != "cpu":
         return None
     from inferd.cpu_kernels import kernel_library, kernels_available
@@ -161,7 +161,8 @@ def _cpu_kernels(device: torch.device):
 
 def _decode_in_c(lib, q: torch.Tensor, kv_cache: torch.Tensor, plan: _DecodePlan,
                  spec: LayerAttentionSpec) -> torch.Tensor:  # fmt: skip
-    """Decode attention read straight from the float32 pool: no gather, one call per layer."""
+    """Decode attention read straight from the pool (float32 or bfloat16): no gather, one call
+    per layer, products in float32."""
     n = q.shape[0]
     q = q.float().contiguous()
     out = torch.empty(n, spec.num_heads, spec.head_dim)
@@ -170,7 +171,7 @@ def _decode_in_c(lib, q: torch.Tensor, kv_cache: torch.Tensor, plan: _DecodePlan
         q.data_ptr(), kv_cache[0].data_ptr(), kv_cache[1].data_ptr(), blocks.data_ptr(),
         plan.starts.data_ptr(), plan.lens.data_ptr(), n, plan.width, kv_cache.shape[2],
         spec.num_heads, spec.num_kv_heads, spec.head_dim, spec.scale, spec.window or 0,
-        spec.softcap or 0.0, out.data_ptr(),
+        spec.softcap or 0.0, int(kv_cache.dtype == torch.bfloat16), out.data_ptr(),
     )  # fmt: skip
     if rc != 0:
         raise RuntimeError(f"decode attention kernel failed ({rc}) for {spec}")
@@ -236,7 +237,9 @@ class TorchAttentionBackend(AttentionBackend):
         kv_heads, head_dim = spec.num_kv_heads, spec.head_dim
         qd = q if plan.token_idx is None else q.index_select(0, plan.token_idx)
         n = qd.shape[0]
-        if kv_cache.dtype == torch.float32 and (lib := _cpu_kernels(kv_cache.device)):
+        if kv_cache.dtype in (torch.float32, torch.bfloat16) and (
+            lib := _cpu_kernels(kv_cache.device)
+        ):
             return _decode_in_c(lib, qd, kv_cache, plan, spec).to(v_dtype)
         span = plan.width * kv_cache.shape[2]
         dtype = _compute_dtype(kv_cache.dtype) if n * span >= LARGE_DECODE else torch.float32

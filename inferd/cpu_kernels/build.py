@@ -102,7 +102,7 @@ def load(path: Path) -> ctypes.CDLL:
     lib.inferd_rms_norm.argtypes = [ptr, ptr, i64, i64, ctypes.c_float, ptr]
     lib.inferd_rms_norm.restype = None
     lib.inferd_decode_attention.argtypes = (
-        [ptr] * 6 + [i64] * 6 + [ctypes.c_float, i64, ctypes.c_float, ptr]
+        [ptr] * 6 + [i64] * 6 + [ctypes.c_float, i64, ctypes.c_float, i64, ptr]
     )
     lib.inferd_decode_attention.restype = ctypes.c_int
     lib.inferd_block_dequantize.argtypes = [ptr, i64, ptr]

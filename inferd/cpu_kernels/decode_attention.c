@@ -1,11 +1,12 @@
-/* Decode attention over the paged KV cache, float32 cache (inferd). One new token per sequence:
+/* Decode attention over the paged KV cache, float32 or bfloat16 cache (inferd). One new token per sequence:
  * the query heads that share a KV head read its keys and values together, straight from the
  * pool (no gather into a padded copy). PyTorch needs about ten ops per layer for the same (block
  * gather, two batched matmuls, mask, softmax): ~150 us for one sequence of 200 tokens.
  *
  * Work is split over (sequence, KV head) and, when that gives fewer tasks than threads (one
  * sequence, one KV head: Gemma 3 270M), over ranges of keys too; each range keeps its own
- * running max and sum (the online softmax), merged at the end. float32 throughout. */
+ * running max and sum (the online softmax), merged at the end. Products in float32 (a bf16
+ * cache row is widened once per key, for all the query heads that read it). */
 #include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -22,29 +23,38 @@
 
 typedef struct {
     const float* q;                 /* [n, H, D] */
-    const float* k_pool, *v_pool;   /* [num_blocks, bs, KV, D] */
+    const void* k_pool, *v_pool;    /* [num_blocks, bs, KV, D], float32 or bfloat16 */
     const int64_t* blocks;          /* [n, width] */
     const int64_t* starts, *lens;   /* [n] */
-    int64_t width, bs, H, KV, D, window;
+    int64_t width, bs, H, KV, D, window, bf16;
     float scale, softcap;
 } Problem;
 
-static inline const float* slot(const Problem* P, const float* pool, int64_t i, int64_t p,
-                                int64_t kvh) {
+/* The cache row of position p of sequence i, KV head kvh, as float32 (widened into `buf` when
+ * the cache is bfloat16). */
+static inline const float* slot(const Problem* P, const void* pool, int64_t i, int64_t p,
+                                int64_t kvh, float* buf) {
     const int64_t off = p - P->starts[i];
     const int64_t block = P->blocks[i * P->width + off / P->bs];
-    return pool + ((block * P->bs + off % P->bs) * P->KV + kvh) * P->D;
+    const int64_t at = ((block * P->bs + off % P->bs) * P->KV + kvh) * P->D;
+    if (!P->bf16) return (const float*)pool + at;
+    const uint16_t* h = (const uint16_t*)pool + at;
+    for (int64_t d = 0; d < P->D; d++) {
+        const uint32_t bits = (uint32_t)h[d] << 16;
+        memcpy(buf + d, &bits, 4);
+    }
+    return buf;
 }
 
 /* Keys [p0, p1) of sequence i for the `group` heads of KV head kvh: writes each head's max,
  * sum of exp and unnormalised output (acc [group, D]). */
 static void attend_range(const Problem* P, int64_t i, int64_t kvh, int64_t group, int64_t p0,
                          int64_t p1, float* scores /* [group, p1 - p0] */, float* mx,
-                         float* sum, float* acc) {
+                         float* sum, float* acc, float* row /* [D] */) {
     const int64_t D = P->D, len = p1 - p0;
     const float* q = P->q + (i * P->H + kvh * group) * D;
     for (int64_t p = p0; p < p1; p++) {
-        const float* k = slot(P, P->k_pool, i, p, kvh);
+        const float* k = slot(P, P->k_pool, i, p, kvh, row);
         for (int64_t g = 0; g < group; g++) {
             float lane[LANES] = {0};
             const float* qg = q + g * D;
@@ -72,7 +82,7 @@ static void attend_range(const Problem* P, int64_t i, int64_t kvh, int64_t group
     }
     memset(acc, 0, sizeof(float) * (size_t)(group * D));
     for (int64_t p = p0; p < p1; p++) {
-        const float* v = slot(P, P->v_pool, i, p, kvh);
+        const float* v = slot(P, P->v_pool, i, p, kvh, row);
         for (int64_t g = 0; g < group; g++) {
             const float w = scores[g * len + (p - p0)];
             float* a = acc + g * D;
@@ -81,17 +91,19 @@ static void attend_range(const Problem* P, int64_t i, int64_t kvh, int64_t group
     }
 }
 
-/* q [n, H, D]; k_pool, v_pool [num_blocks, bs, KV, D]; blocks [n, width]: the cache blocks of
+/* q [n, H, D]; k_pool, v_pool [num_blocks, bs, KV, D] (bfloat16 with cache_bf16, else float32);
+ * blocks [n, width]: the cache blocks of
  * each sequence from position starts[i] on (padding blocks past its end are never read);
  * lens [n]: context lengths; window: 0, or keys older than lens - window are not seen;
  * softcap: 0, or scores become softcap * tanh(score / softcap). out [n, H, D]. Returns 0, or
  * -1 if more than MAX_GROUP query heads share a KV head, -2 if out of memory. */
-int inferd_decode_attention(const float* q, const float* k_pool, const float* v_pool,
+int inferd_decode_attention(const float* q, const void* k_pool, const void* v_pool,
                             const int64_t* blocks, const int64_t* starts, const int64_t* lens,
                             int64_t n, int64_t width, int64_t bs, int64_t H, int64_t KV,
-                            int64_t D, float scale, int64_t window, float softcap, float* out) {
+                            int64_t D, float scale, int64_t window, float softcap,
+                            int64_t cache_bf16, float* out) {
     const Problem P = {q, k_pool, v_pool, blocks, starts, lens, width, bs, H, KV, D, window,
-                       scale, softcap};
+                       cache_bf16, scale, softcap};
     const int64_t group = H / KV;
     if (group > MAX_GROUP) return -1;
     int threads = 1;
@@ -109,7 +121,7 @@ int inferd_decode_attention(const float* q, const float* k_pool, const float* v_
     int failed = 0;
 #pragma omp parallel
     {
-        float* scores = malloc(sizeof(float) * (size_t)(group * max_keys));
+        float* scores = malloc(sizeof(float) * (size_t)(group * max_keys + D));
         if (!scores) {
 #pragma omp atomic write
             failed = 1;
@@ -130,7 +142,8 @@ int inferd_decode_attention(const float* q, const float* k_pool, const float* v_
                 for (int64_t g = 0; g < group; g++) mx[g] = -INFINITY, sum[g] = 0.0f;
                 memset(acc, 0, sizeof(float) * (size_t)(group * D));
             } else {
-                attend_range(&P, i, kvh, group, p0, p1, scores, mx, sum, acc);
+                attend_range(&P, i, kvh, group, p0, p1, scores, mx, sum, acc,
+                             scores + group * max_keys);
             }
         }
         free(scores);

@@ -116,7 +116,7 @@ int inferd_decode_layer(const LayerSpec* L, const StepSpec* S, float* h) {
     }
     if ((rc = inferd_decode_attention(q, S->k_pool, S->v_pool, S->blocks, S->starts, S->lens, n,
                                       S->width, S->block_size, H, KV, D, L->scale, L->window,
-                                      L->softcap, att)))
+                                      L->softcap, 0, att)))
         goto done;
     if ((rc = gemv(&L->o, att, n, y))) goto done;
     if (L->sandwich) {

@@ -17,8 +17,9 @@ typedef struct {
 int inferd_block_gemv(const float* x, int64_t M, const BlockMatrix* W, float* y, int64_t ldy);
 void inferd_rms_norm(const float* x, const float* gain, int64_t rows, int64_t dim, float eps,
                      float* out);
-int inferd_decode_attention(const float* q, const float* k_pool, const float* v_pool,
+int inferd_decode_attention(const float* q, const void* k_pool, const void* v_pool,
                             const int64_t* blocks, const int64_t* starts, const int64_t* lens,
                             int64_t n, int64_t width, int64_t bs, int64_t H, int64_t KV,
-                            int64_t D, float scale, int64_t window, float softcap, float* out);
+                            int64_t D, float scale, int64_t window, float softcap,
+                            int64_t cache_bf16, float* out);
 #endif

@@ -15,7 +15,7 @@ from inferd.engine.runner import SequenceStep
 
 
 @pytest.mark.slow
-def test_fused_layers_match_the_pytorch_layers(gemma_tokenizer):
+def test_fused_layers_match_the_pytorch_layers(gemma_tokenizer, c_kernels):
     llm = LLM(quantization="gguf", kv_cache_memory=64 << 20, max_num_batched_tokens=512)
     runner = llm.engine.runner
     layers = runner.model.model.layers
@@ -49,7 +49,7 @@ def test_fused_layers_match_the_pytorch_layers(gemma_tokenizer):
 
 
 @pytest.mark.slow
-def test_prefill_steps_take_the_pytorch_path():
+def test_prefill_steps_take_the_pytorch_path(c_kernels):
     from inferd import SamplingParams
 
     llm = LLM(quantization="gguf", kv_cache_memory=64 << 20)

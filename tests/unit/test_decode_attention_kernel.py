@@ -37,10 +37,12 @@ def reference(q, keys, values, scale, softcap):
 @pytest.mark.parametrize("window, softcap", [(None, None), (7, None), (None, 30.0)])
 # one sequence: its keys are split into ranges across threads and merged
 @pytest.mark.parametrize("lens", [[1, 9, 23], [30]])
-def test_decode_attention_matches_pytorch(lib, heads, kv_heads, window, softcap, lens):
+@pytest.mark.parametrize("cache_dtype", [torch.float32, torch.bfloat16])
+def test_decode_attention_matches_pytorch(lib, heads, kv_heads, window, softcap, lens,
+                                          cache_dtype):  # fmt: skip
     torch.manual_seed(heads + (window or 0))
     bs, dim, num_blocks = 4, 40, 40  # 40: not a whole number of 16-float vectors
-    pool = torch.randn(2, num_blocks, bs, kv_heads, dim)
+    pool = torch.randn(2, num_blocks, bs, kv_heads, dim).to(cache_dtype)
     spec = LayerAttentionSpec(num_heads=heads, num_kv_heads=kv_heads, head_dim=dim,
                               scale=1 / math.sqrt(dim), window=window, softcap=softcap,
                               group=0, index_in_group=0)  # fmt: skip
@@ -60,7 +62,7 @@ def test_decode_attention_matches_pytorch(lib, heads, kv_heads, window, softcap,
         lo = 0 if window is None else max(0, n - window)
         pos = torch.arange(lo, n)
         slots = tables[i][pos // bs] * bs + pos % bs
-        keys = pool[0].reshape(-1, kv_heads, dim)[slots]
-        values = pool[1].reshape(-1, kv_heads, dim)[slots]
+        keys = pool[0].reshape(-1, kv_heads, dim)[slots].float()
+        values = pool[1].reshape(-1, kv_heads, dim)[slots].float()
         expected = reference(q[i], keys, values, spec.scale, softcap)
         torch.testing.assert_close(out[i], expected, rtol=1e-5, atol=1e-5)
