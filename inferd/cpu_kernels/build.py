@@ -107,6 +107,8 @@ def load(path: Path) -> ctypes.CDLL:
     lib.inferd_decode_attention.restype = ctypes.c_int
     lib.inferd_block_dequantize.argtypes = [ptr, i64, ptr]
     lib.inferd_block_dequantize.restype = None
+    lib.inferd_argmax_rows.argtypes = [ptr, i64, i64, ptr]
+    lib.inferd_argmax_rows.restype = None
     lib.inferd_decode_layer.argtypes = [ptr, ptr, ptr]
     lib.inferd_decode_layer.restype = ctypes.c_int
     return lib
@@ -120,7 +122,7 @@ def _cached_library() -> ctypes.CDLL | KernelsUnavailable:
     try:
         lib = load(build())
     except (KernelsUnavailable, OSError) as e:
-        log.warning("inferd's C kernels are unavailable (%s); using PyTorch ops instead", e)
+        log.info("inferd's C kernels are unavailable (%s); using PyTorch ops instead", e)
         return e if isinstance(e, KernelsUnavailable) else KernelsUnavailable(str(e))
     log.info("CPU kernels: %s", lib.inferd_kernel_isa().decode())
     return lib

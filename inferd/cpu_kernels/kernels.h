@@ -22,4 +22,5 @@ int inferd_decode_attention(const float* q, const void* k_pool, const void* v_po
                             int64_t n, int64_t width, int64_t bs, int64_t H, int64_t KV,
                             int64_t D, float scale, int64_t window, float softcap,
                             int64_t cache_bf16, float* out);
+void inferd_argmax_rows(const float* x, int64_t rows, int64_t cols, int64_t* out);
 #endif

@@ -96,7 +96,7 @@ class Sampler:
         drawn = [i for i, r in enumerate(rows) if not r.params.greedy]
         tokens = torch.empty(len(rows), dtype=torch.int64, device=x.device)
         if greedy:
-            tokens[_index(greedy, x)] = _take(x, greedy).argmax(dim=-1)
+            tokens[_index(greedy, x)] = argmax_rows(_take(x, greedy))
         if drawn:
             tokens[_index(drawn, x)] = self._draw(_take(x, drawn), [rows[i] for i in drawn])
         token_ids = tokens.tolist()
@@ -245,6 +245,21 @@ def _keep_mask(
     if width < vocab:
         fits &= ~keep[:, -1]
     return keep, fits
+
+
+def argmax_rows(x: torch.Tensor) -> torch.Tensor:
+    """x.argmax(dim=-1) for float32 rows; on CPU by inferd's C kernel where it is built
+    (cpu_kernels/argmax.c: rows in parallel, vectorised; PyTorch's is one scalar loop)."""
+    if x.device.type == "cpu" and x.dtype == torch.float32:
+        from inferd.cpu_kernels import kernel_library, kernels_available
+
+        if kernels_available():
+            x = x.contiguous()
+            out = torch.empty(x.shape[0], dtype=torch.int64)
+            kernel_library().inferd_argmax_rows(x.data_ptr(), x.shape[0], x.shape[1],
+                                                out.data_ptr())  # fmt: skip
+            return out
+    return x.argmax(dim=-1)
 
 
 def _take(x: torch.Tensor, index: list[int]) -> torch.Tensor:

@@ -53,8 +53,7 @@ def _matrix(linear) -> BlockLinear:
 
 
 def _gain(norm) -> torch.Tensor:
-    """The float32 multiplier a norm applies: (1 + w) for Gemma, w otherwise."""
-    return (norm._gain if norm.unit_offset else norm.weight.float()).contiguous()
+    return norm.float_gain().contiguous()
 
 
 class FusedDecodeLayer:

@@ -30,7 +30,7 @@ _P, _I = ctypes.c_void_p, ctypes.c_int64
 
 
 class BlockMatrix(ctypes.Structure):
-    """Mirrors the C struct in cpu_kernels/block_gemv.c."""
+    """Mirrors the C struct in cpu_kernels/kernels.h."""
 
     _fields_ = [("q", _P), ("high", _P), ("scale", _P), ("offset", _P), ("N", _I), ("K", _I),
                 ("B", _I), ("bits", _I), ("zero", _I), ("half_scales", _I),
@@ -90,8 +90,10 @@ class BlockPart:
         if k % 64 == 0 and hi - lo < 32:
             self.bits = 4 if hi - lo < 16 else 5
         self.zero = 128 if self.bits == 8 else -lo
-        # q + zero in a byte: for 8 bits that is flipping the sign bit
-        stored = q.view(torch.uint8) ^ 128 if self.bits == 8 else (q + self.zero).view(torch.uint8)
+        if self.bits == 8:
+            stored = q.view(torch.uint8) ^ 128  # q + 128 in a byte: the sign bit flipped
+        else:
+            stored = (q.to(torch.int16) + self.zero).to(torch.uint8)
         self.high = None
         if self.bits == 8:
             self.q = stored.contiguous()

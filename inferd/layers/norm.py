@@ -30,6 +30,12 @@ class RMSNorm(nn.Module):
         """Precompute the float32 gain once the weights are loaded (same bits as per call)."""
         self._gain = (1.0 + self.weight.float()) if self.unit_offset else None
 
+    def float_gain(self) -> torch.Tensor:
+        """The float32 multiplier applied after normalising: (1 + w) for Gemma, else w."""
+        if self.unit_offset:
+            return self._gain if self._gain is not None else 1.0 + self.weight.float()
+        return self.weight.float()
+
     def use_kernel(self, lib) -> None:
         """Normalise with the C kernel and return float32 (`--quantization gguf`, whose block
         kernels take float32 activations): one call instead of PyTorch's ~8 small ops."""
@@ -39,8 +45,7 @@ class RMSNorm(nn.Module):
         out = self.out_dtype or self.weight.dtype
         x32 = x if x.dtype == torch.float32 else x.float()
         if self.kernel is not None and x32.device.type == "cpu":
-            gain = self._gain if self.unit_offset else self.weight.float()
-            return kernel_rms_norm(self.kernel, x32, gain, self.eps)
+            return kernel_rms_norm(self.kernel, x32, self.float_gain(), self.eps)
         if self.unit_offset:
             gain = self._gain if self._gain is not None else 1.0 + self.weight.float()
             y = F.rms_norm(x32, (self.dim,), gain, self.eps)

@@ -307,3 +307,17 @@ def test_rejects_mismatched_rows():
     with pytest.raises(ValueError, match="one SamplingRow per logits row"):
         Sampler()(torch.zeros(2, 5), [row(SamplingParams())])
     assert Sampler()(torch.zeros(0, 5), []).token_ids == []
+
+
+def test_argmax_kernel_agrees_with_torch_on_ties_and_nan(c_kernels):
+    from inferd.engine.sampler import argmax_rows
+
+    torch.manual_seed(0)
+    x = torch.randn(6, 1000)
+    x[1, [10, 700]] = 50.0  # a tie: the lowest index wins
+    x[2, 999] = 60.0  # the last element
+    x[3, [5, 300]] = float("nan")  # NaN counts as the maximum, first one
+    x[4] = -float("inf")
+    x[5, 0] = 70.0
+    assert torch.equal(argmax_rows(x), x.argmax(dim=-1))
+    assert torch.equal(argmax_rows(x[:, :37]), x[:, :37].argmax(dim=-1))  # not whole chunks
