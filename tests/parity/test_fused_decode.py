@@ -15,19 +15,27 @@ from inferd.engine.runner import SequenceStep
 
 
 @pytest.mark.slow
-def test_fused_layers_match_the_pytorch_layers(gemma_tokenizer, c_kernels):
+@pytest.mark.parametrize("sequences", [1, 3])
+def test_fused_layers_match_the_pytorch_layers(gemma_tokenizer, c_kernels, sequences):
     llm = LLM(quantization="gguf", kv_cache_memory=64 << 20, max_num_batched_tokens=512)
     runner = llm.engine.runner
     layers = runner.model.model.layers
     fused = [layer.fused for layer in layers]
     assert all(f is not None for f in fused)
-    ids = gemma_tokenizer.encode("The paged KV cache stores keys and values in blocks. " * 6)
-    tables = [list(range(1, 2 + len(ids) // 16))] * len(runner.kv_caches)
-    runner.clear_blocks(tables)
+    texts = ["The paged KV cache stores keys and values in blocks. " * 6,
+             "Decode reads every weight once per step, " * 3, "Short prompt here."]  # fmt: skip
+    seqs, tables = [], []
+    for i in range(sequences):
+        seqs.append(gemma_tokenizer.encode(texts[i]))
+        blocks = list(range(1 + 8 * i, 9 + 8 * i))  # 8 blocks of 16 tokens per sequence
+        tables.append([blocks] * len(runner.kv_caches))
+        runner.clear_blocks(tables[-1])
     for layer in layers:
         layer.fused = None
-    prompt = len(ids) - 4
-    runner.execute_with_prompt_logits([SequenceStep(ids[:prompt], 0, tables)])
+    prompts = [len(ids) - 4 for ids in seqs]
+    runner.execute_with_prompt_logits(
+        [SequenceStep(ids[:p], 0, t) for ids, p, t in zip(seqs, prompts, tables)]
+    )
 
     errors = []
     for layer, fast in zip(layers, fused):
@@ -35,14 +43,17 @@ def test_fused_layers_match_the_pytorch_layers(gemma_tokenizer, c_kernels):
 
         def both(h, rope, ctx, reference=reference, fast=fast):
             expected = reference(h.clone(), rope, ctx)  # writes this token's k/v to the cache
-            got = fast(h.clone(), rope, ctx)  # writes the same slot again
+            got = fast(h.clone(), rope, ctx)  # writes the same slots again
             assert got is not None, "a pure decode step must take the fused path"
             errors.append(((got - expected).abs().max() / expected.abs().max()).item())
             return expected
 
         layer.forward = both
-    for pos in range(prompt, len(ids)):  # decode steps, teacher-forced
-        runner.execute_with_prompt_logits([SequenceStep(ids[pos : pos + 1], pos, tables)])
+    for step in range(4):  # decode steps, teacher-forced, all sequences together
+        runner.execute_with_prompt_logits([
+            SequenceStep(ids[p + step : p + step + 1], p + step, t)
+            for ids, p, t in zip(seqs, prompts, tables)
+        ])  # fmt: skip
     assert len(errors) == 4 * len(layers)
     assert max(errors) < 1e-3, errors
     assert sorted(errors)[len(errors) // 2] < 1e-5, errors  # most layers: rounding order only
