@@ -92,8 +92,8 @@ static void attend_range(const Problem* P, int64_t i, int64_t kvh, int64_t group
 }
 
 /* q [n, H, D]; k_pool, v_pool [num_blocks, bs, KV, D] (bfloat16 with cache_bf16, else float32);
- * blocks [n, width]: the cache blocks of
- * each sequence from position starts[i] on (padding blocks past its end are never read);
+ * blocks [n, width]: the cache blocks of each sequence from position starts[i] on (padding
+ * blocks past its end are never read);
  * lens [n]: context lengths; window: 0, or keys older than lens - window are not seen;
  * softcap: 0, or scores become softcap * tanh(score / softcap). out [n, H, D]. Returns 0, or
  * -1 if more than MAX_GROUP query heads share a KV head, -2 if out of memory. */
