@@ -1,0 +1,106 @@
+"""The gguf mode on Llama, Qwen2 (q/k/v bias) and Qwen3 (q/k norms) GGUF files: tiny random
+models this test writes with the `gguf` package, quantised to Q8_0, Q5_0, Q4_0 and Q4_1 (every
+storage width of gguf_blocks, with and without offsets).
+
+* The gguf mode's logits follow the float32 run of the same file (which dequantises every
+  weight), within the rounding of activations to int8.
+* Its one-call decoder layer (decode_layer.c: SiLU, no sandwich norms, bias, q/k norms here)
+  gives what the same layer computes op by op in PyTorch.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from inferd.engine.runner import ModelRunner, SequenceStep
+from inferd.loader.checkpoint import open_checkpoint
+from inferd.loader.model_loader import load_model
+
+HIDDEN, HEADS, KV_HEADS, HEAD_DIM, INTER, LAYERS, VOCAB = 128, 4, 2, 32, 256, 2, 512
+
+
+def write_tiny_gguf(path, arch: str) -> None:
+    import gguf
+    from gguf.constants import GGMLQuantizationType as T
+
+    rng = np.random.default_rng(0)
+    writer = gguf.GGUFWriter(str(path), arch)
+    writer.add_block_count(LAYERS)
+    writer.add_embedding_length(HIDDEN)
+    writer.add_feed_forward_length(INTER)
+    writer.add_head_count(HEADS)
+    writer.add_head_count_kv(KV_HEADS)
+    writer.add_key_length(HEAD_DIM)
+    writer.add_value_length(HEAD_DIM)
+    writer.add_rope_freq_base(10000.0)
+    writer.add_layer_norm_rms_eps(1e-5)
+    writer.add_context_length(256)
+
+    def quantised(name, rows, cols, qtype, scale=0.08):
+        data = (rng.standard_normal((rows, cols)) * scale).astype(np.float32)
+        writer.add_tensor(name, gguf.quants.quantize(data, qtype), raw_dtype=qtype)
+
+    def dense(name, n, around=1.0):
+        writer.add_tensor(name, (around + 0.1 * rng.standard_normal(n)).astype(np.float32))
+
+    quantised("token_embd.weight", VOCAB, HIDDEN, T.Q8_0, scale=1.0)
+    quantised("output.weight", VOCAB, HIDDEN, T.Q4_1)
+    dense("output_norm.weight", HIDDEN)
+    for i in range(LAYERS):
+        p = f"blk.{i}"
+        quantised(f"{p}.attn_q.weight", HEADS * HEAD_DIM, HIDDEN, T.Q5_0)
+        quantised(f"{p}.attn_k.weight", KV_HEADS * HEAD_DIM, HIDDEN, T.Q5_0)
+        quantised(f"{p}.attn_v.weight", KV_HEADS * HEAD_DIM, HIDDEN, T.Q8_0)
+        quantised(f"{p}.attn_output.weight", HIDDEN, HEADS * HEAD_DIM, T.Q4_1)
+        quantised(f"{p}.ffn_gate.weight", INTER, HIDDEN, T.Q4_0)
+        quantised(f"{p}.ffn_up.weight", INTER, HIDDEN, T.Q4_0)
+        quantised(f"{p}.ffn_down.weight", HIDDEN, INTER, T.Q8_0)
+        dense(f"{p}.attn_norm.weight", HIDDEN)
+        dense(f"{p}.ffn_norm.weight", HIDDEN)
+        if arch == "qwen2":
+            for proj, n in (("q", HEADS), ("k", KV_HEADS), ("v", KV_HEADS)):
+                dense(f"{p}.attn_{proj}.bias", n * HEAD_DIM, around=0.0)
+        if arch == "qwen3":
+            dense(f"{p}.attn_q_norm.weight", HEAD_DIM)
+            dense(f"{p}.attn_k_norm.weight", HEAD_DIM)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+
+
+def run(model, ids: list[int], decode_steps: int) -> torch.Tensor:
+    """Logits of a prefill of ids[:-decode_steps] (last position) and of each decode step."""
+    runner = ModelRunner(model, [64] * len(model.config.kv_groups()), 16, torch.float32,
+                         torch.device("cpu"))  # fmt: skip
+    tables = [list(range(1, 9))] * len(runner.kv_caches)
+    prompt = len(ids) - decode_steps
+    out = [runner.execute_with_prompt_logits([SequenceStep(ids[:prompt], 0, tables)])[0]]
+    for pos in range(prompt, len(ids)):
+        out.append(runner.execute_with_prompt_logits([SequenceStep(ids[pos : pos + 1], pos,
+                                                                   tables)])[0])  # fmt: skip
+    return torch.cat(out).float()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("arch", ["llama", "qwen2", "qwen3"])
+def test_gguf_mode_matches_float32_and_its_fused_layers(tmp_path, c_kernels, arch):
+    path = tmp_path / f"tiny-{arch}.gguf"
+    write_tiny_gguf(path, arch)
+    ids = [int(i) for i in np.random.default_rng(1).integers(0, VOCAB, 24)]
+    reference = run(load_model(open_checkpoint(path), torch.float32, torch.device("cpu")), ids, 6)
+
+    model = load_model(open_checkpoint(path), torch.float32, torch.device("cpu"), "gguf")
+    assert all(layer.fused is not None for layer in model.model.layers)
+    fused = run(model, ids, 6)
+    scale = reference.abs().max()
+    assert (fused - reference).abs().max() < 0.03 * scale
+
+    fast = [layer.fused for layer in model.model.layers]
+    for layer in model.model.layers:
+        layer.fused = None
+    op_by_op = run(model, ids, 6)
+    assert (fused - op_by_op).abs().max() < 1e-3 * scale
+    assert all(f is not None for f in fast)
