@@ -110,12 +110,36 @@ class BlockPart:
         self.scale = half if torch.equal(half.float(), scale) else scale.contiguous()
         self.offset = None if offset is None else offset.float().contiguous()
         self.shape = (rows, k)
+        self._describe()
+
+    def _describe(self) -> None:
+        """The C view of this part (pointers into its tensors)."""
+        rows, k = self.shape
         self.struct = BlockMatrix(
             self.q.data_ptr(), None if self.high is None else self.high.data_ptr(),
             self.scale.data_ptr(), None if self.offset is None else self.offset.data_ptr(),
             rows, k, self.group, self.bits, self.zero, int(self.scale.dtype == torch.float16),
             int(self.interleaved),
         )  # fmt: skip
+
+    def stored(self) -> tuple[dict[str, torch.Tensor], dict[str, int]]:
+        """The tensors and the layout facts that rebuild this part (gguf_cache.py)."""
+        tensors = {"q": self.q, "scale": self.scale, "high": self.high, "offset": self.offset}
+        facts = dict(rows=self.shape[0], cols=self.shape[1], group=self.group, bits=self.bits,
+                     zero=self.zero, interleaved=int(self.interleaved))  # fmt: skip
+        return {k: v for k, v in tensors.items() if v is not None}, facts
+
+    @classmethod
+    def restored(cls, tensors: dict[str, torch.Tensor], facts: dict[str, int]) -> BlockPart:
+        """The part `stored` described, from its tensors as they are (no packing)."""
+        part = cls.__new__(cls)
+        part.q, part.scale = tensors["q"], tensors["scale"]
+        part.high, part.offset = tensors.get("high"), tensors.get("offset")
+        part.shape = (facts["rows"], facts["cols"])
+        part.group, part.bits, part.zero = facts["group"], facts["bits"], facts["zero"]
+        part.interleaved = bool(facts["interleaved"])
+        part._describe()
+        return part
 
     def _rows(self, packed: torch.Tensor, rows) -> torch.Tensor:
         return _deinterleave(packed, rows) if self.interleaved else packed[rows]

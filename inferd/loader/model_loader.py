@@ -8,7 +8,7 @@ from inferd.distributed.state import SINGLE, TPGroup
 from inferd.errors import ModelLoadError
 from inferd.layers.fused_decode import attach_fused_decode
 from inferd.layers.quant import quantize_model
-from inferd.loader import weight_cache
+from inferd.loader import gguf_cache, weight_cache
 from inferd.loader.checkpoint import Checkpoint
 from inferd.models.base import CausalLM
 from inferd.models.registry import model_class
@@ -33,8 +33,15 @@ def load_model(
             raise ModelLoadError("--quantization gguf keeps a GGUF file's own quantisation; "
                                  f"{checkpoint.path} is not a GGUF file")  # fmt: skip
         model.keep_gguf_blocks()
-        with torch.no_grad():
-            model.load_weights(checkpoint.weights())
+        cache = None
+        if weight_cache.enabled():
+            cache = weight_cache.cache_path(checkpoint.path, dtype, tp.rank, tp.world_size,
+                                            gguf_cache.VARIANT)  # fmt: skip
+        if cache is None or not (cache.exists() and gguf_cache.load_into(model, cache)):
+            with torch.no_grad():
+                model.load_weights(checkpoint.weights())
+            if cache is not None:
+                gguf_cache.save(model, cache)
         attach_fused_decode(model)
         return model.eval()
     cache = None

@@ -35,12 +35,14 @@ def enabled() -> bool:
     return os.environ.get("INFERD_WEIGHT_CACHE", "1") not in ("0", "false", "no")
 
 
-def cache_path(source: Path, dtype: torch.dtype, rank: int, world: int) -> Path:
+def cache_path(source: Path, dtype: torch.dtype, rank: int, world: int, variant: str = "") -> Path:
+    """`variant`: what else the cached tensors depend on (the gguf mode's block layout)."""
     from inferd import __version__
     from inferd.loader.default_model import cache_dir
 
     st = source.stat()
     ident = f"{_FORMAT}|{source.resolve()}|{st.st_size}|{st.st_mtime_ns}|{dtype}|{rank}/{world}"
+    ident += f"|{variant}"
     ident += f"|{__version__}|{torch.__version__}"
     return (
         cache_dir() / "weights" / f"{hashlib.sha256(ident.encode()).hexdigest()[:32]}.safetensors"
@@ -73,7 +75,12 @@ def save(model: torch.nn.Module, path: Path) -> None:
     except OSError as e:  # a full or read-only disk only costs start-up time
         log.warning("could not cache converted weights at %s: %s", path, e)
         return
-    old = sorted(path.parent.glob("*.safetensors"), key=lambda p: p.stat().st_mtime)
+    evict_old(path.parent)
+
+
+def evict_old(directory: Path) -> None:
+    """Keep the `_KEEP` most recently written cache files."""
+    old = sorted(directory.glob("*.safetensors"), key=lambda p: p.stat().st_mtime)
     for stale in old[:-_KEEP]:
         stale.unlink(missing_ok=True)
 

@@ -86,7 +86,8 @@ def run(model, ids: list[int], decode_steps: int) -> torch.Tensor:
 
 @pytest.mark.slow
 @pytest.mark.parametrize("arch", ["llama", "qwen2", "qwen3"])
-def test_gguf_mode_matches_float32_and_its_fused_layers(tmp_path, c_kernels, arch):
+def test_gguf_mode_matches_float32_and_its_fused_layers(tmp_path, monkeypatch, c_kernels, arch):
+    monkeypatch.setenv("INFERD_WEIGHT_CACHE", "0")  # tiny files: keep them out of the user's cache
     path = tmp_path / f"tiny-{arch}.gguf"
     write_tiny_gguf(path, arch)
     ids = [int(i) for i in np.random.default_rng(1).integers(0, VOCAB, 24)]
@@ -104,3 +105,32 @@ def test_gguf_mode_matches_float32_and_its_fused_layers(tmp_path, c_kernels, arc
     op_by_op = run(model, ids, 6)
     assert (fused - op_by_op).abs().max() < 1e-3 * scale
     assert all(f is not None for f in fast)
+
+
+@pytest.mark.slow
+def test_block_cache_restores_the_same_model(tmp_path, monkeypatch, c_kernels):
+    from inferd.loader import gguf_cache
+
+    monkeypatch.setenv("INFERD_CACHE", str(tmp_path / "cache"))
+    loads = []
+    real_load_into = gguf_cache.load_into
+    monkeypatch.setattr(gguf_cache, "load_into",
+                        lambda m, p: loads.append(real_load_into(m, p)) or loads[-1])  # fmt: skip
+    path = tmp_path / "tiny-qwen2.gguf"
+    write_tiny_gguf(path, "qwen2")
+    ids = [int(i) for i in np.random.default_rng(2).integers(0, VOCAB, 16)]
+
+    def logits():
+        return run(load_model(open_checkpoint(path), torch.float32, torch.device("cpu"), "gguf"),
+                   ids, 4)  # fmt: skip
+
+    first = logits()  # unpacks the file and writes the cache
+    (cached,) = (tmp_path / "cache" / "weights").glob("*.safetensors")
+    assert loads == []
+    assert torch.equal(logits(), first)
+    assert loads == [True]
+    cached.write_bytes(cached.read_bytes()[:4096])  # a damaged cache is ignored, then rewritten
+    assert torch.equal(logits(), first)
+    assert loads == [True, False]
+    assert torch.equal(logits(), first)
+    assert loads == [True, False, True]
