@@ -25,23 +25,25 @@ def load_vocab_rows(param: torch.Tensor, weight, vocab_size: int, tp: TPGroup) -
     param[real:].zero_()
 
 
-def load_vocab_blocks(weight, vocab_size: int, tp: TPGroup):
-    """This rank's vocabulary rows as GGUF blocks (q, scale, offset), padding rows zero; None if
-    the checkpoint tensor is not block-quantised."""
+def load_vocab_blocks(weight, vocab_size: int, tp: TPGroup, dtype: torch.dtype):
+    """This rank's vocabulary rows as a gguf BlockWeight (padding rows zero), computing large
+    steps in `dtype`; None if the checkpoint tensor is not block-quantised."""
+    from inferd.layers.gguf_blocks import BlockWeight
+
     if not hasattr(weight, "load_blocks"):
         return None
     start, rows = vocab_range(vocab_size, tp)
     real = max(0, min(rows, vocab_size - start))
     blocks = weight.load_blocks(rows=(start, real))
-    if blocks is None or real == rows:
-        return blocks
-    q, scale, offset = blocks
-    pad = rows - real
+    if blocks is None:
+        return None
 
     def padded(t):
-        return None if t is None else torch.cat([t, t.new_zeros(pad, t.shape[1])])
+        if t is None or real == rows:
+            return t
+        return torch.cat([t, t.new_zeros(rows - real, t.shape[1])])
 
-    return padded(q), padded(scale), padded(offset)
+    return BlockWeight(*map(padded, blocks), compute_dtype=dtype)
 
 
 class VocabEmbedding(nn.Module):
@@ -58,14 +60,19 @@ class VocabEmbedding(nn.Module):
         self.blocks = None
 
     def load(self, weight) -> None:
-        if self.keep_blocks and (blocks := load_vocab_blocks(weight, self.vocab_size, self.tp)):
-            from inferd.layers.gguf_blocks import BlockWeight
+        blocks = None
+        if self.keep_blocks:
+            blocks = load_vocab_blocks(weight, self.vocab_size, self.tp, self.weight.dtype)
+        if blocks is not None:
+            self.use_blocks(blocks)
+        else:
+            load_vocab_rows(self.weight.data, weight, self.vocab_size, self.tp)
 
-            self.blocks = BlockWeight(*blocks, compute_dtype=self.weight.dtype)
-            self.weight = nn.Parameter(torch.empty(0, dtype=self.weight.dtype),
-                                       requires_grad=False)  # fmt: skip
-            return
-        load_vocab_rows(self.weight.data, weight, self.vocab_size, self.tp)
+    def use_blocks(self, blocks) -> None:
+        """Look rows up in a gguf BlockWeight instead of the dense matrix."""
+        from inferd.layers.gguf_blocks import dropped
+
+        self.blocks, self.weight = blocks, dropped(self.weight)
 
     def _lookup(self, ids: torch.Tensor) -> torch.Tensor:
         if self.blocks is not None:
@@ -102,14 +109,19 @@ class LMHead(nn.Module):
         self.keep_blocks = False  # see VocabEmbedding.keep_blocks
 
     def load(self, weight) -> None:
-        if self.keep_blocks and (blocks := load_vocab_blocks(weight, self.vocab_size, self.tp)):
-            from inferd.layers.gguf_blocks import BlockWeight
+        blocks = None
+        if self.keep_blocks:
+            blocks = load_vocab_blocks(weight, self.vocab_size, self.tp, self.weight.dtype)
+        if blocks is not None:
+            self.use_blocks(blocks)
+        else:
+            load_vocab_rows(self.weight.data, weight, self.vocab_size, self.tp)
 
-            self.small_step = BlockWeight(*blocks, compute_dtype=self.weight.dtype)
-            self.weight = nn.Parameter(torch.empty(0, dtype=self.weight.dtype),
-                                       requires_grad=False)  # fmt: skip
-            return
-        load_vocab_rows(self.weight.data, weight, self.vocab_size, self.tp)
+    def use_blocks(self, blocks) -> None:
+        """Compute every step with a gguf BlockWeight instead of the dense matrix."""
+        from inferd.layers.gguf_blocks import dropped
+
+        self.small_step, self.weight = blocks, dropped(self.weight)
 
     def forward(self, hidden: torch.Tensor, softcap: float | None = None) -> torch.Tensor:
         if self.small_step is not None and hidden.shape[0] <= self.small_step.max_rows:

@@ -239,6 +239,11 @@ class BlockWeight(nn.Module):
         return f"out={out_features}, in={in_features}: {layouts}"
 
 
+def dropped(weight: nn.Parameter) -> nn.Parameter:
+    """What replaces a dense matrix once a BlockWeight computes in its place: nothing held."""
+    return nn.Parameter(torch.empty(0, dtype=weight.dtype), requires_grad=False)
+
+
 def stack(weights: list[BlockWeight]) -> BlockWeight:
     """One BlockWeight from several along the output (q/k/v, gate/up). Neighbouring parts of the
     same layout are merged, so most layers need one kernel call."""

@@ -103,13 +103,17 @@ class Linear(nn.Module):
         kernels = {i: BlockWeight(*p, compute_dtype=self.weight.dtype) for i, p in parts.items()}
         if len(kernels) == len(self.shard_sizes):
             kernels = [kernels[i] for i in range(len(self.shard_sizes))]
-            self.small_step = kernels[0] if len(kernels) == 1 else stack(kernels)
-            self.weight = nn.Parameter(torch.empty(0, dtype=self.weight.dtype),
-                                       requires_grad=False)  # fmt: skip
+            self.use_blocks(kernels[0] if len(kernels) == 1 else stack(kernels))
             return
         for shard, kernel in kernels.items():
             start = sum(self.shard_sizes[:shard])
             self.weight.data[start : start + self.shard_sizes[shard]] = kernel.dequantized()
+
+    def use_blocks(self, blocks) -> None:
+        """Compute every step with a gguf BlockWeight instead of the dense matrix."""
+        from inferd.layers.gguf_blocks import dropped
+
+        self.small_step, self.weight, self.block_parts = blocks, dropped(self.weight), None
 
     def extra_repr(self) -> str:
         return f"in={self.in_features}, out={self.shard_sizes}, bias={self.bias is not None}"

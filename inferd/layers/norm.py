@@ -47,8 +47,7 @@ class RMSNorm(nn.Module):
         if self.kernel is not None and x32.device.type == "cpu":
             return kernel_rms_norm(self.kernel, x32, self.float_gain(), self.eps)
         if self.unit_offset:
-            gain = self._gain if self._gain is not None else 1.0 + self.weight.float()
-            y = F.rms_norm(x32, (self.dim,), gain, self.eps)
+            y = F.rms_norm(x32, (self.dim,), self.float_gain(), self.eps)
             return y if out == torch.float32 else y.to(out)
         if self.weight.dtype == torch.float32:
             return F.rms_norm(x32, (self.dim,), self.weight, self.eps).to(out)

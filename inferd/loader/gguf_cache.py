@@ -114,14 +114,7 @@ def load_into(model, path: Path) -> bool:
     except (KeyError, ValueError, TypeError):
         return False
     for module, parts in plan:
-        weight = BlockWeight(parts=parts, compute_dtype=model.dtype)
-        empty = torch.nn.Parameter(torch.empty(0, dtype=model.dtype), requires_grad=False)
-        if isinstance(module, VocabEmbedding):
-            module.blocks, module.weight = weight, empty
-        else:
-            module.small_step, module.weight = weight, empty
-            if isinstance(module, Linear):
-                module.block_parts = None
+        module.use_blocks(BlockWeight(parts=parts, compute_dtype=model.dtype))
     for name, t in dense_tensors.items():
         params[name].data = t
     model._gguf_cache_mmap = mapped  # the tensors point into it: keep it alive
