@@ -61,7 +61,7 @@ def _cpu_signature() -> str:
 
 
 def _library_path(compiler: str, extra_flags: tuple[str, ...]) -> Path:
-    from inferd.loader.default_model import cache_dir
+    from inferd.cache import cache_dir
 
     version = subprocess.run([compiler, "--version"], capture_output=True, text=True).stdout
     key = hashlib.sha256()

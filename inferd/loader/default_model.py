@@ -10,24 +10,16 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-import os
 import shutil
 import tempfile
 from pathlib import Path
 
+from inferd.cache import cache_dir
 from inferd.errors import ModelLoadError
 
 log = logging.getLogger(__name__)
 
 DEFAULT_MODEL_NAME = "gemma-3-270m-q4_k_m.gguf"
-
-
-def cache_dir() -> Path:
-    """`$INFERD_CACHE`, else `$XDG_CACHE_HOME/inferd`, else `~/.cache/inferd`."""
-    if os.environ.get("INFERD_CACHE"):
-        return Path(os.environ["INFERD_CACHE"]).expanduser()
-    base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
-    return Path(base).expanduser() / "inferd"
 
 
 def _sha256(path: Path) -> str:

@@ -58,7 +58,7 @@ class Tokenizer:
         """The tokenizer HF transformers builds from this GGUF file (cached after the first
         build under `cache_dir()/tokenizers/`). Without a template in the file or the
         `chat_template` argument, the architecture's bundled default is used (Gemma)."""
-        from inferd.loader.default_model import cache_dir  # local: keeps imports light
+        from inferd.cache import cache_dir  # local: keeps imports light
 
         md, arch = gguf_file.metadata, gguf_file.architecture
         vocab = GGUFVocab.from_metadata(md, arch)
