@@ -1,13 +1,56 @@
-"""Errors a user can cause. The CLI prints their message (no traceback) and exits non-zero;
-the server maps ValueError to HTTP 400."""
+"""The errors inferd raises on purpose, by kind, so that each boundary can answer in its own terms:
+the CLI prints the message (no traceback) and exits non-zero; the HTTP server maps each type to
+a status code and an OpenAI-shaped body (`inferd/server/errors.py`). Anything else that escapes
+is a bug: the server answers 500 with an id and logs the traceback once.
+
+    InvalidRequest (ValueError)   400  the client sent something unusable; `param` names the field
+      ContextTooLong              400  prompt (+ max_tokens) does not fit max_model_len
+    Overloaded                    503  too many requests waiting; retry later
+    EngineDeadError               503  the engine can run no more steps
+    RequestFailed                 500  the engine failed this one request (its step raised)
+    ModelLoadError (ValueError)   -    the model cannot be used (start-up, CLI)
+"""
 
 from __future__ import annotations
 
 
-class ModelLoadError(ValueError):
-    """The model path, file or checkpoint cannot be used: missing, malformed, unsupported."""
+class InvalidRequest(ValueError):
+    """A request (or a SamplingParams) the engine refuses. `param` is the request field the
+    message is about (OpenAI's `param`), None when no single field is to blame."""
+
+    code: str | None = None  # OpenAI's machine-readable `code`, where one applies
+
+    def __init__(self, param: str | None, message: str):
+        super().__init__(message)
+        self.param = param
+        self.message = message
+
+
+class ContextTooLong(InvalidRequest):
+    """The prompt, or the prompt plus the requested completion, exceeds max_model_len."""
+
+    code = "context_length_exceeded"
+
+
+class Overloaded(RuntimeError):
+    """The server's queue is full (`max_queued_requests`); the client should retry later."""
+
+    code = "queue_full"
+    retry_after_s = 1
 
 
 class EngineDeadError(RuntimeError):
     """The engine cannot run any more steps (e.g. a tensor-parallel worker died); every request
     in flight has failed and new ones are refused."""
+
+    code = "engine_unavailable"
+
+
+class RequestFailed(RuntimeError):
+    """The engine failed this request (its step raised); other requests are unaffected."""
+
+    code = "engine_error"
+
+
+class ModelLoadError(ValueError):
+    """The model path, file or checkpoint cannot be used: missing, malformed, unsupported."""

@@ -225,10 +225,12 @@ def _run_serve(args: argparse.Namespace) -> int:
     from inferd.bench.serve import run_serve
     from inferd.bench.workload import random_requests, workload_vocab
     from inferd.loader import open_checkpoint
+    from inferd.tokenizer import checkpoint_tokenizer
 
     console = _console(args)
     spec = workload_spec(args)
-    requests = random_requests(spec, workload_vocab(open_checkpoint(args.tokenizer).tokenizer()))
+    tokenizer = checkpoint_tokenizer(open_checkpoint(args.tokenizer))
+    requests = random_requests(spec, workload_vocab(tokenizer))
     env_start = report.environment()
     result = run_serve(
         args.base_url,

@@ -1,9 +1,9 @@
-"""Starting the ranks of a tensor-parallel engine.
+"""Joining the process group of a tensor-parallel engine.
 
 One machine: rank 0 (the engine's process) spawns ranks 1..N-1 as processes and all join a
 process group over loopback. Several machines: every rank is started by `torchrun` (or anything
-that sets MASTER_ADDR, MASTER_PORT, WORLD_SIZE and RANK); rank 0 runs the engine and the others
-run the worker loop (`inferd.distributed.worker`).
+that sets MASTER_ADDR, MASTER_PORT, WORLD_SIZE and RANK). Which process runs what (the engine on
+rank 0, the worker loop on the others) is the engine's business: `inferd/engine/tp_workers.py`.
 
 Collectives get a timeout (`distributed_timeout`, 60 s by default), so a rank that hangs or dies
 makes the others fail instead of waiting forever.
@@ -18,9 +18,7 @@ from datetime import timedelta
 
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 
-from inferd.config import EngineConfig
 from inferd.distributed.state import TPGroup
 
 log = logging.getLogger(__name__)
@@ -36,7 +34,8 @@ def env_rank() -> int:
     return int(os.environ.get("RANK", "0"))
 
 
-def _free_port() -> int:
+def free_port() -> int:
+    """A TCP port on loopback that nothing listens on now."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
@@ -61,28 +60,3 @@ def join_group(rank: int, world_size: int, init_method: str, device: torch.devic
     # Control messages are Python objects; gloo carries them whatever the device backend is.
     control = dist.new_group(backend="gloo") if device.type == "cuda" else dist.group.WORLD
     return TPGroup(rank, world_size, dist.group.WORLD), control
-
-
-def start_ranks(config: EngineConfig, device: torch.device) -> tuple[TPGroup, object, list]:
-    """Rank 0's side: spawn the other ranks here (or find them under torchrun) and join."""
-    from inferd.distributed.worker import worker_main
-
-    n = config.tensor_parallel_size
-    timeout = config.distributed_timeout or DEFAULT_TIMEOUT_S
-    if launched_by_torchrun():
-        if int(os.environ["WORLD_SIZE"]) != n:
-            raise ValueError(f"WORLD_SIZE={os.environ['WORLD_SIZE']} but tensor_parallel_size={n}")
-        tp, control = join_group(0, n, "env://", device, timeout)
-        return tp, control, []
-    init_method = f"tcp://127.0.0.1:{_free_port()}"
-    ctx = mp.get_context("spawn")
-    procs = []
-    for rank in range(1, n):
-        worker_device = device if device.type == "cpu" else torch.device("cuda", rank)
-        args = (rank, n, init_method, config, str(worker_device), timeout)
-        p = ctx.Process(target=worker_main, name=f"inferd-tp-rank{rank}", daemon=True, args=args)
-        p.start()
-        procs.append(p)
-    log.info("started %d tensor-parallel worker processes", len(procs))
-    tp, control = join_group(0, n, init_method, device, timeout)
-    return tp, control, procs

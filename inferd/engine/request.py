@@ -3,7 +3,10 @@
 A `Request` is what a user submitted: one prompt, one `SamplingParams`, `n` samples. Each sample
 is a `Sequence`, the unit the scheduler and the KV cache work with. With n > 1 the request runs
 as a single sequence until its prompt is computed; then the sequence forks, the children sharing
-the prompt's KV blocks, so the prompt is computed once.
+the prompt's KV blocks, so the prompt is computed once. The children exist from the start (in
+`Request.forks`, with their generators and detokenizers) but only the scheduler starts them.
+
+Only the scheduler (`scheduler.py`) changes a sequence's status and counters.
 
 A sequence's progress is two numbers: `num_tokens` (prompt + generated) and `num_computed`
 (tokens whose keys/values are in the KV cache). The scheduler only ever hands out
@@ -82,8 +85,9 @@ class Request:
     params: SamplingParams
     metrics: RequestMetrics
     max_tokens: int  # resolved: params.max_tokens or what the context leaves
-    sequences: list[Sequence] = field(default_factory=list)
-    forked: bool = False  # the n samples exist (prompt done), or n == 1
+    sequences: list[Sequence] = field(default_factory=list)  # the samples that have started
+    forks: list[Sequence] = field(default_factory=list)  # samples 1..n-1, until the prompt is done
+    forked: bool = False  # every sample has started (prompt done), or n == 1
     prompt_logprobs: list[PositionLogprobs | None] | None = None
     error: str | None = None
     stream: bool = False  # emit an output every step, not only when finished

@@ -1,4 +1,5 @@
-"""The token-budget scheduler: continuous batching, chunked prefill, prefix reuse, preemption.
+"""The token-budget scheduler: continuous batching, chunked prefill, prefix reuse, preemption;
+and the owner of every request's state.
 
 Every step hands out at most `max_num_batched_tokens` tokens:
 
@@ -11,37 +12,25 @@ When a pool cannot give a running sequence its next blocks, the newest running s
 preempted: its blocks are freed and it goes back to the head of the queue, to be recomputed
 (cheaply, through the prefix cache) when memory allows. A step that preempts admits no one.
 Every sequence fits the pool alone (checked at admission), so the oldest one always progresses.
+
+A step is `schedule()` → (the executor runs it) → `update_from_output()`. Only this class
+changes a request's status and counters: it advances `num_computed`, starts the forks of an
+n > 1 request, appends sampled tokens and checks stops, registers computed blocks in the prefix
+cache and keeps the counters that metrics read.
 """
 
 from __future__ import annotations
 
+import time
 from collections import deque
 from dataclasses import dataclass
 
 from inferd.engine.kv_cache import KVCacheManager
-from inferd.engine.request import Sequence, SequenceStatus
-
-
-@dataclass
-class ScheduledSequence:
-    seq: Sequence
-    num_new_tokens: int
-    # True when this step reaches the sequence's last known token (sample after it). Fixed at
-    # scheduling time: the engine advances num_computed before it samples.
-    needs_logits: bool = False
-
-    def __post_init__(self) -> None:
-        self.needs_logits = self.seq.num_computed + self.num_new_tokens == self.seq.num_tokens
-
-
-@dataclass
-class SchedulerOutput:
-    scheduled: list[ScheduledSequence]
-    preempted: list[Sequence]
-
-    @property
-    def num_tokens(self) -> int:
-        return sum(s.num_new_tokens for s in self.scheduled)
+from inferd.engine.request import Request, Sequence, SequenceStatus, update_block_hashes
+from inferd.engine.step import ModelRunnerOutput, ScheduledSequence, SchedulerOutput
+from inferd.engine.stopping import append_token
+from inferd.engine_client import EngineStats
+from inferd.outputs import PositionLogprobs
 
 
 @dataclass
@@ -52,6 +41,8 @@ class SchedulerCounters:
     prefix_cache_queries: int = 0  # prompt tokens looked up
     prefix_cache_hits: int = 0  # of which found in the cache
     prompt_tokens_computed: int = 0
+    generation_tokens: int = 0
+    steps: int = 0  # steps that scheduled something (failed ones included)
 
 
 class Scheduler:
@@ -60,44 +51,84 @@ class Scheduler:
         kv: KVCacheManager,
         max_num_seqs: int,
         max_num_batched_tokens: int,
+        max_model_len: int,
+        eos_token_ids: tuple[int, ...] = (),
+        hash_root: bytes = b"",  # salt of the prefix-cache hashes (the model's identity)
     ):
         self.kv = kv
         self.max_num_seqs = max_num_seqs
         self.max_num_batched_tokens = max_num_batched_tokens
+        self.max_model_len = max_model_len
+        self.eos_token_ids = eos_token_ids
+        self.hash_root = hash_root
+        self.requests: dict[str, Request] = {}  # unfinished requests by id
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
         self.counters = SchedulerCounters()
+        # Device work produced outside a step (forks) or left undone by a failed step.
+        self._copies: list[tuple[int, int, int]] = []
+        self._clears: list[list[int]] = [[] for _ in kv.pools]
 
-    # ---- queue management --------------------------------------------------------------------
-    def add(self, seq: Sequence) -> None:
+    # ---- requests ----------------------------------------------------------------------------
+    def add_request(self, req: Request) -> None:
+        """Queue a validated request: its first sample waits, the others start with the fork."""
+        self.requests[req.request_id] = req
+        seq = req.sequences[0]
+        update_block_hashes(seq, self.kv.block_size, self.hash_root)
         seq.status = SequenceStatus.WAITING
         self.waiting.append(seq)
 
-    def remove(self, seq: Sequence) -> None:
-        """Take a sequence out (finished or aborted) and free its blocks."""
-        if seq in self.running:
-            self.running.remove(seq)
-        elif seq in self.waiting:
-            self.waiting.remove(seq)
-        self.kv.free(seq)
+    def has_unfinished_requests(self) -> bool:
+        return bool(self.requests)
 
-    def has_work(self) -> bool:
-        return bool(self.waiting or self.running)
+    def abort_request(self, request_id: str) -> Request | None:
+        """Finish a request now ("abort") and free its blocks; None if it is not running."""
+        return self._end(request_id, "abort", None)
 
-    def _preempt(self, seq: Sequence) -> None:
-        self.running.remove(seq)
-        self.kv.free(seq)
-        seq.num_computed = 0
-        seq.status = SequenceStatus.WAITING
-        seq.request.metrics.num_preemptions += 1
-        self.waiting.appendleft(seq)
-        self.counters.num_preemptions += 1
+    def fail_requests(self, request_ids: set[str], error: BaseException) -> list[Request]:
+        """Finish requests with an error (their output says why); the others go on."""
+        message = f"{type(error).__name__}: {error}"
+        ended = [self._end(rid, "error", message) for rid in request_ids]
+        return [r for r in ended if r is not None]
 
-    # ---- the step ----------------------------------------------------------------------------
+    def fail_step(self, out: SchedulerOutput, error: BaseException) -> list[Request]:
+        """The step could not run: fail its requests, keep its device work for the next one
+        (clearing or copying a block that meanwhile went back to the pool is harmless)."""
+        self._copies = out.block_copies + self._copies
+        for group, blocks in enumerate(out.blocks_to_clear):
+            self._clears[group] = blocks + self._clears[group]
+        return self.fail_requests({s.seq.request.request_id for s in out.scheduled}, error)
+
+    def _end(self, request_id: str, reason: str, error: str | None) -> Request | None:
+        req = self.requests.pop(request_id, None)
+        if req is None:
+            return None
+        for seq in req.sequences:
+            if not seq.is_finished:
+                seq.finish_reason = reason
+                self._finish(seq)
+        req.forks, req.forked, req.error = [], True, error
+        req.metrics.finished_time = time.monotonic()
+        return req
+
+    def stats(self) -> EngineStats:
+        c = self.counters
+        return EngineStats(
+            num_running=len(self.running),
+            num_waiting=len(self.waiting),
+            kv_cache_usage=self.kv.usage,
+            num_preemptions=c.num_preemptions,
+            prefix_cache_queries=c.prefix_cache_queries,
+            prefix_cache_hits=c.prefix_cache_hits,
+            prompt_tokens=c.prompt_tokens_computed,
+            generation_tokens=c.generation_tokens,
+            steps=c.steps,
+        )
+
+    # ---- the step: what runs ------------------------------------------------------------------
     def schedule(self) -> SchedulerOutput:
         budget = self.max_num_batched_tokens
-        scheduled: list[ScheduledSequence] = []
-        chosen: set[int] = set()
+        chosen: list[tuple[Sequence, int]] = []
         preempted: list[Sequence] = []
         decodes = [s for s in self.running if s.num_tokens - s.num_computed == 1]
         prefills = [s for s in self.running if s.num_tokens - s.num_computed > 1]
@@ -108,15 +139,15 @@ class Scheduler:
                 continue  # preempted earlier in this loop
             n = min(seq.num_tokens - seq.num_computed, budget)
             while not self.kv.allocate(seq, n):
-                victims = [s for s in self.running if s.seq_id not in chosen and s is not seq]
+                taken = {id(s) for s, _ in chosen}
+                victims = [s for s in self.running if id(s) not in taken and s is not seq]
                 victim = victims[-1] if victims else seq
                 self._preempt(victim)
                 preempted.append(victim)
                 if victim is seq:
                     break
             else:
-                scheduled.append(ScheduledSequence(seq, n))
-                chosen.add(seq.seq_id)
+                chosen.append((seq, n))
                 budget -= n
 
         while not preempted and self.waiting and budget > 0:
@@ -140,22 +171,128 @@ class Scheduler:
             seq.num_computed = start
             seq.status = SequenceStatus.RUNNING
             self.running.append(seq)
-            scheduled.append(ScheduledSequence(seq, n))
-            chosen.add(seq.seq_id)
+            chosen.append((seq, n))
             budget -= n
-        return SchedulerOutput(scheduled, preempted)
+        return self._output(chosen, preempted)
 
-    def fork(self, parent: Sequence, child: Sequence) -> list[tuple[int, int, int]]:
-        """Start `child` on the parent's KV blocks; returns device block copies to make.
-        Without room (a running slot and one block per group) the child instead waits and
-        recomputes its prompt, mostly from the prefix cache."""
+    def _output(self, chosen: list[tuple[Sequence, int]], preempted: list[Sequence]):
+        if not chosen:
+            return SchedulerOutput([], preempted)
+        self.counters.steps += 1
+        now = time.monotonic()
+        scheduled = []
+        for seq, n in chosen:
+            req, start = seq.request, seq.num_computed
+            req.metrics.first_scheduled_time = req.metrics.first_scheduled_time or now
+            needs_logits = start + n == seq.num_tokens
+            scheduled.append(
+                ScheduledSequence(
+                    seq,
+                    start,
+                    seq.token_ids[start : start + n],
+                    seq.block_tables,
+                    needs_logits,
+                    prompt_logprobs=req.prompt_logprobs is not None
+                    and start < seq.num_prompt_tokens,
+                    forks=list(req.forks) if needs_logits and not req.forked else [],
+                )
+            )
+        fresh = self.kv.take_fresh_blocks()
+        clears = [a + b for a, b in zip(self._clears, fresh, strict=True)]
+        copies, self._copies = self._copies, []
+        self._clears = [[] for _ in self.kv.pools]
+        return SchedulerOutput(scheduled, preempted, clears, copies)
+
+    def _preempt(self, seq: Sequence) -> None:
+        self.running.remove(seq)
+        self.kv.free(seq)
+        seq.num_computed = 0
+        seq.status = SequenceStatus.WAITING
+        seq.request.metrics.num_preemptions += 1
+        self.waiting.appendleft(seq)
+        self.counters.num_preemptions += 1
+
+    # ---- the step: what came of it ------------------------------------------------------------
+    def update_from_output(self, out: SchedulerOutput, result: ModelRunnerOutput) -> list[Request]:
+        """Apply a step's results. Returns the requests to report: those that finished, and
+        those that asked to stream."""
+        if len(result.sampled_token_ids) != sum(len(s.samples) for s in out.scheduled):
+            raise ValueError(
+                f"the step sampled {len(result.sampled_token_ids)} sequences, but "
+                f"{len(out.sampled)} were scheduled to sample"
+            )
+        now = time.monotonic()
+        row = 0
+        touched: dict[str, Request] = {}
+        for s in out.scheduled:
+            seq, req = s.seq, s.seq.request
+            touched[req.request_id] = req
+            if s.num_new_tokens > 1 or seq.num_output_tokens == 0:  # not a decode
+                self.counters.prompt_tokens_computed += s.num_new_tokens
+            seq.num_computed += s.num_new_tokens
+            if req.prompt_logprobs is not None:
+                req.prompt_logprobs.extend(result.prompt_logprobs.get(seq.seq_id, ()))
+            for sample in s.samples:
+                if sample is not seq:
+                    self._start_fork(seq, sample)
+                lps = result.logprobs[row] if result.logprobs else None
+                self._append(sample, result.sampled_token_ids[row], lps, now)
+                row += 1
+            if s.forks:
+                req.sequences += s.forks
+                req.forks, req.forked = [], True
+        for s in out.scheduled:
+            self.kv.cache_computed_blocks(s.seq)
+        for seq in out.sampled:
+            if seq.finish_reason is not None and not seq.is_finished:
+                self._finish(seq)
+        for req in touched.values():
+            if req.finished:
+                self.requests.pop(req.request_id, None)
+                req.metrics.finished_time = time.monotonic()
+        return [r for r in touched.values() if r.stream or r.finished]
+
+    def _append(self, seq: Sequence, tokens: list[int], logprobs, now: float) -> None:
+        """Append sampled tokens until one ends the sequence (later ones are dropped)."""
+        req = seq.request
+        for i, token in enumerate(tokens):
+            append_token(seq, token, self.eos_token_ids, req.max_tokens, self.max_model_len)
+            update_block_hashes(seq, self.kv.block_size, self.hash_root)
+            entry: PositionLogprobs | None = logprobs[i] if logprobs is not None else None
+            if entry is not None:
+                seq.logprobs.append(entry)
+                seq.cumulative_logprob += entry[token].logprob
+            m = req.metrics
+            m.first_token_time = m.first_token_time or now
+            m.last_token_time = now
+            m.num_generation_tokens += 1
+            self.counters.generation_tokens += 1
+            if seq.finish_reason is not None:
+                break
+
+    def _start_fork(self, parent: Sequence, child: Sequence) -> None:
+        """Start `child` on the parent's KV blocks (the copy of the partly filled last block is
+        made before the next step). Without room (a running slot and one block per group) the
+        child instead waits and recomputes its prompt, mostly from the prefix cache."""
+        # The child's tokens are the prompt: its full blocks hash like the parent's.
+        child.block_hashes = parent.block_hashes[: child.num_tokens // self.kv.block_size]
         copies = None
         if len(self.running) < self.max_num_seqs:
             copies = self.kv.fork(parent, child)
         if copies is None:
             child.num_computed = 0
-            self.add(child)
-            return []
+            child.status = SequenceStatus.WAITING
+            self.waiting.append(child)
+            return
         child.status = SequenceStatus.RUNNING
         self.running.append(child)
-        return copies
+        self._copies += copies
+
+    def _finish(self, seq: Sequence) -> None:
+        """Take a sequence out (finished or aborted) and free its blocks."""
+        if seq in self.running:
+            self.running.remove(seq)
+        elif seq in self.waiting:
+            self.waiting.remove(seq)
+        self.kv.free(seq)
+        seq.status = SequenceStatus.FINISHED

@@ -1,5 +1,6 @@
 """One entry point for every model source: `open_checkpoint(path)` → a `Checkpoint` that knows
-its config, its tensors and its tokenizer, whatever the format on disk."""
+its config and its tensors, whatever the format on disk (its tokenizer:
+`inferd.tokenizer.checkpoint_tokenizer`)."""
 
 from __future__ import annotations
 
@@ -28,13 +29,6 @@ class Checkpoint:
         if self.gguf is not None:
             return gguf_weights(self.gguf, self.config)
         return hf_dir.hf_weights(self.path)
-
-    def tokenizer(self):
-        from inferd.tokenizer import Tokenizer
-
-        if self.gguf is not None:
-            return Tokenizer.from_gguf(self.gguf)
-        return Tokenizer.from_hf_dir(self.path)
 
     @property
     def display_name(self) -> str:

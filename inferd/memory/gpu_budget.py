@@ -3,9 +3,9 @@ activations of the largest step, and memory outside PyTorch's allocator (CUDA co
 
     budget = total × utilization − (weights + activation peak + non-torch memory)
 
-The activation peak is measured, not estimated: a dummy step with `max_num_batched_tokens`
-tokens spread over `max_num_seqs` sequences runs once against a small scratch KV pool, and the
-allocator's peak minus what was allocated before (weights) minus the scratch pool is the answer.
+The activation peak is measured, not estimated: the engine runs one dummy step of the largest
+size it will schedule and reports the allocator's peak (`inferd/engine/kv_budget.py`); this
+module does the accounting.
 """
 
 from __future__ import annotations
@@ -35,40 +35,17 @@ class GPUBudget:
         )
 
 
-def profile_gpu_budget(
-    model: torch.nn.Module,
-    device: torch.device,
-    utilization: float,
-    max_num_batched_tokens: int,
-    max_num_seqs: int,
-    block_size: int,
-    kv_dtype: torch.dtype,
-) -> GPUBudget:
-    from inferd.engine.runner import ModelRunner, SequenceStep
-
+def check_utilization(utilization: float) -> None:
     if not 0 < utilization <= 1:
         raise ValueError(f"gpu_memory_utilization must be in (0, 1], got {utilization}")
-    torch.cuda.synchronize(device)
-    torch.cuda.empty_cache()
-    torch.cuda.reset_peak_memory_stats(device)
-    weights = torch.cuda.memory_allocated(device)
-    seqs = max(1, min(max_num_seqs, max_num_batched_tokens))
-    per_seq = max_num_batched_tokens // seqs
-    blocks = -(-per_seq // block_size)
-    groups = len(model.config.kv_groups())
-    scratch = ModelRunner(model, [seqs * blocks + 1] * groups, block_size, kv_dtype, device)
-    steps = []
-    for s in range(seqs):
-        table = list(range(1 + s * blocks, 1 + (s + 1) * blocks))
-        steps.append(SequenceStep([0] * per_seq, 0, [table] * groups))
-    logits = scratch.execute(steps)
-    # The sampler works on float32 copies of the logits of every sequence.
-    probs = torch.softmax(logits, dim=-1)
-    torch.cuda.synchronize(device)
-    peak = torch.cuda.max_memory_allocated(device)
-    activation_peak = peak - weights - scratch.kv_cache_bytes()
-    del scratch, logits, probs, steps
-    torch.cuda.empty_cache()
+
+
+def gpu_kv_budget(
+    device: torch.device, utilization: float, weights: int, activation_peak: int
+) -> GPUBudget:
+    """The KV budget once the weights are loaded and the activation peak was measured; reads
+    what the device and the caching allocator hold now."""
+    check_utilization(utilization)
     free, total = torch.cuda.mem_get_info(device)
     non_torch = max(0, total - free - torch.cuda.memory_reserved(device))
     budget = int(total * utilization) - weights - activation_peak - non_torch

@@ -8,12 +8,13 @@ from inferd.tokenizer.chat_template import (
     render_chat_template,
 )
 from inferd.tokenizer.detokenizer import IncrementalDetokenizer
-from inferd.tokenizer.tokenizer import Tokenizer, load_tokenizer
+from inferd.tokenizer.tokenizer import Tokenizer, checkpoint_tokenizer, load_tokenizer
 
 __all__ = [
     "ChatTemplate",
     "IncrementalDetokenizer",
     "Tokenizer",
+    "checkpoint_tokenizer",
     "default_chat_template",
     "load_chat_template",
     "load_tokenizer",

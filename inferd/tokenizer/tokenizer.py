@@ -12,13 +12,16 @@ import json
 from collections.abc import Iterable, Sequence
 from functools import cached_property
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from tokenizers import AddedToken, processors
 from tokenizers import Tokenizer as Backend
 
 from inferd.errors import ModelLoadError
 from inferd.loader.gguf_file import GGUFFile
+
+if TYPE_CHECKING:
+    from inferd.loader.checkpoint import Checkpoint
 from inferd.tokenizer.chat_template import ChatTemplate, default_chat_template
 from inferd.tokenizer.gguf_vocab import GEMMA_ARCHITECTURES, GGUFVocab, load_gguf_backend
 
@@ -246,6 +249,13 @@ class Tokenizer:
 _GGUF_ID_KEYS = ("bos_token_id", "eos_token_id", "unknown_token_id", "padding_token_id")
 # llama.cpp's own names for tokens that end a turn; files state them when the model has them.
 _GGUF_TURN_END_KEYS = ("tokenizer.ggml.eot_token_id", "tokenizer.ggml.eom_token_id")
+
+
+def checkpoint_tokenizer(checkpoint: Checkpoint) -> Tokenizer:
+    """The tokenizer of an opened checkpoint (a GGUF file is not read a second time)."""
+    if checkpoint.gguf is not None:
+        return Tokenizer.from_gguf(checkpoint.gguf)
+    return Tokenizer.from_hf_dir(checkpoint.path)
 
 
 def load_tokenizer(path: str | Path, *, chat_template: str | None = None) -> Tokenizer:

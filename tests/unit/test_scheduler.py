@@ -1,4 +1,6 @@
-"""Scheduler and KV-cache manager with fake model outputs: no model, milliseconds."""
+"""The scheduler and the KV-cache manager driven with fabricated runner outputs (the sampled token
+ids a model would return): no model, milliseconds. Each test runs steps exactly as the engine
+does, `schedule()` → (fake execution) → `update_from_output()`."""
 
 from __future__ import annotations
 
@@ -7,179 +9,189 @@ import itertools
 import pytest
 
 from inferd.engine.kv_cache import NULL_BLOCK, KVCacheManager
-from inferd.engine.request import Request, Sequence, SequenceStatus, update_block_hashes
+from inferd.engine.request import Request, Sequence, SequenceStatus
 from inferd.engine.scheduler import Scheduler
-from inferd.outputs import RequestMetrics
+from inferd.engine.step import ModelRunnerOutput, SchedulerOutput
+from inferd.outputs import Logprob, RequestMetrics
 from inferd.sampling_params import SamplingParams
 
 BS = 4
 ROOT = b"test-root"
+EOS = 1
 _ids = itertools.count()
 
 
-def make_seq(prompt: list[int], max_tokens: int = 4) -> Sequence:
-    params = SamplingParams(max_tokens=max_tokens, ignore_eos=True)
-    req = Request(f"r{next(_ids)}", None, list(prompt), params, RequestMetrics(0.0), max_tokens)
-    seq = Sequence(next(_ids), req, 0, list(prompt), len(prompt))
-    req.sequences.append(seq)
-    update_block_hashes(seq, BS, ROOT)
-    return seq
+def make_request(prompt: list[int], max_tokens: int = 4, n: int = 1, stream: bool = False,
+                 **params) -> Request:  # fmt: skip
+    params.setdefault("ignore_eos", True)
+    sp = SamplingParams(max_tokens=max_tokens, n=n, **params)
+    req = Request(f"r{next(_ids)}", None, list(prompt), sp, RequestMetrics(0.0), max_tokens,
+                  forked=n == 1, stream=stream)  # fmt: skip
+    samples = [Sequence(next(_ids), req, i, list(prompt), len(prompt)) for i in range(n)]
+    req.sequences, req.forks = samples[:1], samples[1:]
+    if sp.prompt_logprobs is not None:
+        req.prompt_logprobs = [None]
+    return req
 
 
-def make(num_blocks=64, windows=(None,), budget=32, max_seqs=8, caching=True):
+def make(num_blocks=64, windows=(None,), budget=32, max_seqs=8, caching=True, max_model_len=256):
     kv = KVCacheManager(list(windows), [num_blocks] * len(windows), BS, caching)
-    return kv, Scheduler(kv, max_seqs, budget)
+    return kv, Scheduler(kv, max_seqs, budget, max_model_len, (EOS,), ROOT)
 
 
-def run_step(sched: Scheduler, kv: KVCacheManager, finished: list[Sequence]):
-    """What the engine does after a step, with a fake sampled token (always 7)."""
+def add(sched: Scheduler, *args, **kw) -> Sequence:
+    req = make_request(*args, **kw)
+    sched.add_request(req)
+    return req.sequences[0]
+
+
+def fake_output(out: SchedulerOutput, token: int = 7) -> ModelRunnerOutput:
+    """What the runner and sampler would return: one token per sampled sequence."""
+    return ModelRunnerOutput([[token] for _ in out.sampled])
+
+
+def run_step(sched: Scheduler, token: int = 7) -> tuple[SchedulerOutput, list[Request]]:
     out = sched.schedule()
-    for s in out.scheduled:
-        seq = s.seq
-        seq.num_computed += s.num_new_tokens
-        if s.needs_logits:
-            seq.token_ids.append(7)
-            update_block_hashes(seq, BS, ROOT)
-        kv.cache_computed_blocks(seq)
-        if seq.num_output_tokens >= seq.request.max_tokens:
-            sched.remove(seq)
-            seq.status = SequenceStatus.FINISHED
-            finished.append(seq)
-    return out
+    return out, sched.update_from_output(out, fake_output(out, token))
+
+
+def run_all(sched: Scheduler, limit: int = 1000) -> list[Request]:
+    finished = []
+    for _ in range(limit):
+        if not sched.has_unfinished_requests():
+            return finished
+        finished += [r for r in run_step(sched)[1] if r.finished]
+    raise AssertionError("requests did not finish")
 
 
 def free_blocks(kv: KVCacheManager) -> list[int]:
     return [p.num_free for p in kv.pools]
 
 
+# ---- what runs ----------------------------------------------------------------------------------
 def test_budget_is_respected_and_long_prompt_is_chunked():
     kv, sched = make(budget=32)
-    long = make_seq(list(range(100)))
-    sched.add(long)
+    long = add(sched, list(range(100)))
     chunks = []
-    finished = []
     while long.num_output_tokens == 0:
-        out = run_step(sched, kv, finished)
+        out, _ = run_step(sched)
         assert out.num_tokens <= 32
         chunks.append(out.num_tokens)
     assert chunks == [32, 32, 32, 4]
+    assert long.num_computed == 100 and long.output_token_ids == [7]
 
 
 def test_decodes_are_scheduled_before_new_prefills():
     kv, sched = make(budget=8)
-    a, b = make_seq([1, 2, 3], max_tokens=10), make_seq([4, 5, 6], max_tokens=10)
-    sched.add(a)
-    sched.add(b)
-    run_step(sched, kv, [])  # both prefill (6 tokens)
-    newcomer = make_seq(list(range(50, 70)))
-    sched.add(newcomer)
+    a, b = add(sched, [1, 2, 3], max_tokens=10), add(sched, [4, 5, 6], max_tokens=10)
+    run_step(sched)  # both prefill (6 tokens)
+    newcomer = add(sched, list(range(50, 70)))
     out = sched.schedule()
     first_two = [s.seq for s in out.scheduled[:2]]
     assert first_two == [a, b] and all(s.num_new_tokens == 1 for s in out.scheduled[:2])
     assert out.scheduled[2].seq is newcomer and out.scheduled[2].num_new_tokens == 6
     assert out.num_tokens == 8
+    assert out.scheduled[2].token_ids == list(range(50, 56)) and not out.scheduled[2].needs_logits
 
 
 def test_budget_never_exceeded_under_many_requests():
     kv, sched = make(budget=16, max_seqs=4)
-    seqs = [make_seq(list(range(i, i + 9)), max_tokens=5) for i in range(10)]
-    for s in seqs:
-        sched.add(s)
-    finished: list[Sequence] = []
+    seqs = [add(sched, list(range(i, i + 9)), max_tokens=5) for i in range(10)]
+    finished: list[Request] = []
     for _ in range(500):
-        if not sched.has_work():
+        if not sched.has_unfinished_requests():
             break
-        out = run_step(sched, kv, finished)
+        out, reported = run_step(sched)
+        finished += reported
         assert out.num_tokens <= 16
         assert len(sched.running) <= 4
-    assert len(finished) == 10
+    assert sorted(r.request_id for r in finished) == sorted(s.request.request_id for s in seqs)
+    assert all(s.output_token_ids == [7] * 5 and s.finish_reason == "length" for s in seqs)
 
 
 def test_preemption_under_tiny_pool_finishes_every_request():
     # 13 usable blocks of 4 tokens; each request needs up to 4 blocks (12 prompt + 4 output).
     kv, sched = make(num_blocks=14, budget=64, max_seqs=8)
     start = free_blocks(kv)
-    seqs = [make_seq([100 + i] * 12, max_tokens=4) for i in range(6)]
-    for s in seqs:
-        sched.add(s)
-    finished: list[Sequence] = []
-    for _ in range(1000):
-        if not sched.has_work():
-            break
-        run_step(sched, kv, finished)
-    assert sorted(s.seq_id for s in finished) == sorted(s.seq_id for s in seqs)
+    seqs = [add(sched, [100 + i] * 12, max_tokens=4) for i in range(6)]
+    finished = run_all(sched)
+    assert sorted(r.request_id for r in finished) == sorted(s.request.request_id for s in seqs)
     assert sched.counters.num_preemptions > 0
+    assert sum(s.request.metrics.num_preemptions for s in seqs) == sched.counters.num_preemptions
     assert all(s.num_output_tokens == 4 for s in seqs)
     assert free_blocks(kv) == start
 
 
 def test_newest_running_sequence_is_the_one_preempted():
     kv, sched = make(num_blocks=7, budget=64, max_seqs=8)  # 6 usable blocks
-    old, new = make_seq([1] * 12, max_tokens=8), make_seq([2] * 12, max_tokens=8)
-    sched.add(old)
-    sched.add(new)
-    run_step(sched, kv, [])  # 3 blocks each: pool full
-    out = run_step(sched, kv, [])  # `old` needs a 4th block for token 12
+    old, new = add(sched, [1] * 12, max_tokens=8), add(sched, [2] * 12, max_tokens=8)
+    run_step(sched)  # 3 blocks each: pool full
+    out, _ = run_step(sched)  # `old` needs a 4th block for token 12
     assert out.preempted == [new]
     assert new.status is SequenceStatus.WAITING and new.num_computed == 0
     assert sched.waiting[0] is new and old in sched.running
+    assert new.output_token_ids == [7]  # kept: recomputed as part of its prompt later
 
 
+# ---- KV blocks and the prefix cache -------------------------------------------------------------
 def test_shared_prefix_blocks_return_to_zero_references():
     kv, sched = make(num_blocks=32)
     prefix = list(range(40, 52))  # 3 full blocks
-    a = make_seq(prefix + [1, 2], max_tokens=5)
-    sched.add(a)
-    finished: list[Sequence] = []
-    run_step(sched, kv, finished)
-    b = make_seq(prefix + [9, 9, 9], max_tokens=2)
-    sched.add(b)
-    out = run_step(sched, kv, finished)
+    a = add(sched, prefix + [1, 2], max_tokens=5)
+    run_step(sched)
+    b = add(sched, prefix + [9, 9, 9], max_tokens=2)
+    out, _ = run_step(sched)
     step_b = next(s for s in out.scheduled if s.seq is b)
-    assert step_b.num_new_tokens == 3  # 12 of 15 prompt tokens came from the cache
+    assert step_b.num_new_tokens == 3 and step_b.num_computed == 12  # 12 came from the cache
     shared = a.block_tables[0][:3]
     assert b.block_tables[0][:3] == shared
     assert all(kv.pools[0].ref[blk] == 2 for blk in shared)
-    assert sched.counters.prefix_cache_hits == 12
-    while sched.has_work():
-        run_step(sched, kv, finished)
-    assert all(kv.pools[0].ref[blk] == 0 for blk in shared)
+    assert sched.counters.prefix_cache_hits == 12 and b.request.metrics.num_cached_tokens == 12
+    run_all(sched)
     assert all(kv.pools[0].ref[blk] == 0 for blk in range(1, 32))
+
+
+def test_every_block_is_cleared_once_before_its_first_use():
+    kv, sched = make(num_blocks=32, budget=8)
+    for i in range(3):
+        add(sched, [10 + i] * 9, max_tokens=6)
+    held, cleared = set(), []
+    while sched.has_unfinished_requests():
+        out, _ = run_step(sched)
+        cleared += out.blocks_to_clear[0]
+        for s in out.scheduled:
+            held |= {b for b in s.block_tables[0] if b != NULL_BLOCK}
+    assert sorted(cleared) == sorted(set(cleared)) and held <= set(cleared)
 
 
 def test_aborts_return_every_block():
     kv, sched = make(num_blocks=40)
     start = free_blocks(kv)
-    seqs = [make_seq(list(range(i, i + 10)), max_tokens=20) for i in range(5)]
-    for s in seqs:
-        sched.add(s)
+    seqs = [add(sched, list(range(i, i + 10)), max_tokens=20) for i in range(5)]
     for _ in range(3):
-        run_step(sched, kv, [])
+        run_step(sched)
     for s in seqs:
-        sched.remove(s)
-    assert not sched.has_work()
+        req = sched.abort_request(s.request.request_id)
+        assert req is s.request and req.finished and s.finish_reason == "abort"
+    assert sched.abort_request(seqs[0].request.request_id) is None  # already gone
+    assert not sched.has_unfinished_requests() and not sched.running and not sched.waiting
     assert free_blocks(kv) == start
 
 
 def test_cached_free_blocks_survive_until_uncached_ones_are_used():
     kv, sched = make(num_blocks=9)  # 8 usable blocks
-    a = make_seq(list(range(8)) + [99], max_tokens=1)  # 2 full blocks + 1 partial
-    sched.add(a)
-    finished: list[Sequence] = []
-    while sched.has_work():
-        run_step(sched, kv, finished)
+    add(sched, list(range(8)) + [99], max_tokens=1)  # 2 full blocks + 1 partial
+    run_all(sched)
     pool = kv.pools[0]
     kept = dict(pool.cached)
     assert len(kept) == 2 and pool.num_free == 8
-    b = make_seq(list(range(200, 221)), max_tokens=1)  # 21 tokens: the 6 uncached blocks
-    sched.add(b)
-    run_step(sched, kv, finished)
+    add(sched, list(range(200, 221)), max_tokens=1)  # 21 tokens: the 6 uncached blocks
+    run_step(sched)
     assert all(pool.cached.get(h) == blk for h, blk in kept.items())
     newer = {h: blk for h, blk in pool.cached.items() if h not in kept}  # b's, freed later
     # 3 blocks: b's uncached partial block, then the two least recently freed cached ones.
-    c = make_seq(list(range(300, 310)), max_tokens=1)
-    sched.add(c)
-    run_step(sched, kv, finished)
+    add(sched, list(range(300, 310)), max_tokens=1)
+    run_step(sched)
     assert not any(pool.cached.get(h) == blk for h, blk in kept.items())
     assert all(pool.cached.get(h) == blk for h, blk in newer.items())
 
@@ -187,52 +199,164 @@ def test_cached_free_blocks_survive_until_uncached_ones_are_used():
 def test_sliding_group_drops_blocks_outside_the_window():
     window = 8
     kv, sched = make(num_blocks=64, windows=(None, window), budget=8)
-    seq = make_seq(list(range(40)), max_tokens=3)
-    sched.add(seq)
-    finished: list[Sequence] = []
-    while sched.has_work():
-        run_step(sched, kv, finished)
+    seq = add(sched, list(range(40)), max_tokens=3)
+    while sched.has_unfinished_requests():
+        run_step(sched)
         if seq.block_tables:
             live = [b for b in seq.block_tables[1] if b != NULL_BLOCK]
             # window (8) behind the step's first token + the step's 8 tokens, whole blocks
             assert len(live) <= (window - 1 + 8) // BS + 2
-            assert len([b for b in seq.block_tables[0] if b != NULL_BLOCK]) == len(
-                seq.block_tables[0]
-            )
-    assert seq in finished
+            assert NULL_BLOCK not in seq.block_tables[0]
+    assert seq.is_finished and seq.num_output_tokens == 3
 
 
 def test_prefix_hit_with_sliding_group_needs_only_the_window():
     window = 8
     kv, sched = make(num_blocks=64, windows=(None, window), budget=64)
     prompt = list(range(30))
-    a = make_seq(prompt + [1], max_tokens=1)
-    sched.add(a)
-    finished: list[Sequence] = []
-    run_step(sched, kv, finished)
-    b = make_seq(prompt + [2, 3], max_tokens=1)
-    cached, tables = kv.find_cached_prefix(b)
+    add(sched, prompt + [1], max_tokens=1)
+    run_step(sched)
+    b = make_request(prompt + [2, 3], max_tokens=1)
+    sched.add_request(b)  # hashes its blocks
+    cached, tables = kv.find_cached_prefix(b.sequences[0])
     assert cached == 28  # 7 full blocks of the shared 30 tokens
     first_needed = (28 - window + 1) // BS
     assert tables[1][:first_needed] == [NULL_BLOCK] * first_needed
     assert NULL_BLOCK not in tables[0]
 
 
+# ---- what came of a step ------------------------------------------------------------------------
+def test_stops_finish_the_sequence_and_free_its_blocks():
+    kv, sched = make()
+    start = free_blocks(kv)
+    eos = add(sched, [5, 6, 7], max_tokens=10, ignore_eos=False)
+    stop_id = add(sched, [5, 6, 8], max_tokens=10, stop_token_ids=[42])
+    out = sched.schedule()
+    tokens = {eos.seq_id: [EOS], stop_id.seq_id: [42]}
+    reported = sched.update_from_output(
+        out, ModelRunnerOutput([tokens[s.seq_id] for s in out.sampled])
+    )
+    assert {r.request_id for r in reported} == {eos.request.request_id, stop_id.request.request_id}
+    assert (eos.finish_reason, eos.stop_reason) == ("stop", None)
+    assert (stop_id.finish_reason, stop_id.stop_reason) == ("stop", 42)
+    assert all(r.finished and r.metrics.finished_time is not None for r in reported)
+    assert not sched.has_unfinished_requests() and free_blocks(kv) == start
+
+
+def test_only_streaming_requests_are_reported_before_they_finish():
+    kv, sched = make()
+    quiet, loud = add(sched, [3, 4], max_tokens=3), add(sched, [3, 5], max_tokens=3, stream=True)
+    reports = [run_step(sched)[1] for _ in range(3)]
+    assert [[r.request_id for r in rep] for rep in reports[:2]] == [[loud.request.request_id]] * 2
+    assert {r.request_id for r in reports[2]} == {quiet.request.request_id, loud.request.request_id}
+
+
+def test_tokens_after_a_stop_in_one_step_are_dropped():
+    # A step may return several tokens for a sequence (speculative decoding): the first stop
+    # ends it there.
+    kv, sched = make()
+    seq = add(sched, [5, 6], max_tokens=10, ignore_eos=False)
+    out = sched.schedule()
+    sched.update_from_output(out, ModelRunnerOutput([[9, EOS, 8]]))
+    assert seq.output_token_ids == [9, EOS] and seq.finish_reason == "stop"
+    assert sched.counters.generation_tokens == 2
+
+
+def test_counters_and_timestamps():
+    kv, sched = make(budget=8)
+    seq = add(sched, list(range(10, 22)), max_tokens=3)  # 12 tokens: chunks of 8 and 4
+    run_all(sched)
+    c, m = sched.counters, seq.request.metrics
+    assert (c.prompt_tokens_computed, c.generation_tokens, c.steps) == (12, 3, 4)
+    assert (c.prefix_cache_queries, c.prefix_cache_hits) == (12, 0)
+    assert m.num_generation_tokens == 3
+    assert m.first_scheduled_time <= m.first_token_time <= m.last_token_time <= m.finished_time
+    stats = sched.stats()
+    assert (stats.prompt_tokens, stats.generation_tokens, stats.steps) == (12, 3, 4)
+
+
+def test_a_runner_output_of_the_wrong_size_is_refused():
+    kv, sched = make()
+    add(sched, [1, 2, 3])
+    out = sched.schedule()
+    with pytest.raises(ValueError, match="sampled 2 sequences, but 1"):
+        sched.update_from_output(out, ModelRunnerOutput([[7], [7]]))
+
+
+def test_prompt_logprobs_come_from_the_runner_and_skip_the_prefix_cache():
+    kv, sched = make(budget=4)
+    prompt = list(range(20, 28))
+    add(sched, prompt, max_tokens=1)
+    run_all(sched)  # its blocks are cached now
+    seq = add(sched, prompt, max_tokens=1, prompt_logprobs=1)
+    req = seq.request
+    while not req.finished:
+        out = sched.schedule()
+        (s,) = out.scheduled
+        assert s.prompt_logprobs and s.num_computed == len(req.prompt_logprobs) - 1
+        # Position p predicts prompt token p + 1; the last prompt position predicts none.
+        targets = prompt[s.num_computed + 1 : s.num_computed + s.num_new_tokens + 1]
+        entries = [{t: Logprob(-1.0, 1)} for t in targets]
+        sched.update_from_output(out, ModelRunnerOutput([[7]] * len(out.sampled), [],
+                                                        {seq.seq_id: entries}))  # fmt: skip
+    assert len(req.prompt_logprobs) == len(prompt) and req.metrics.num_cached_tokens == 0
+    assert [next(iter(e)) for e in req.prompt_logprobs[1:]] == prompt[1:]
+
+
+# ---- n > 1 --------------------------------------------------------------------------------------
 @pytest.mark.parametrize("partial", [True, False])
 def test_fork_shares_full_blocks_and_copies_the_partial_one(partial):
     kv, sched = make(num_blocks=32)
     prompt = list(range(10 if partial else 12))
-    parent = make_seq(prompt, max_tokens=4)
-    sched.add(parent)
-    sched.schedule()
-    parent.num_computed = len(prompt)
-    child = make_seq(prompt, max_tokens=4)
-    copies = sched.fork(parent, child)
+    parent = add(sched, prompt, max_tokens=4, n=2, temperature=1.0)
+    req = parent.request
+    (child,) = req.forks
+    out = sched.schedule()
+    assert out.scheduled[0].forks == [child] and out.sampled == [parent, child]
+    sched.update_from_output(out, ModelRunnerOutput([[7], [8]]))
+    assert req.sequences == [parent, child] and req.forked and not req.forks
+    assert parent.output_token_ids == [7] and child.output_token_ids == [8]
     full = len(prompt) // BS
     assert child.block_tables[0][:full] == parent.block_tables[0][:full]
-    if partial:
-        assert len(copies) == 1 and copies[0][1] == parent.block_tables[0][-1]
-        assert child.block_tables[0][-1] == copies[0][2] != parent.block_tables[0][-1]
-    else:
-        assert copies == []
     assert child in sched.running and child.num_computed == len(prompt)
+    out = sched.schedule()  # the copy is made before the step that writes into the blocks
+    if partial:
+        assert out.block_copies == [(0, parent.block_tables[0][-1], child.block_tables[0][-1])]
+        assert child.block_tables[0][-1] != parent.block_tables[0][-1]
+        assert child.block_tables[0][-1] in out.blocks_to_clear[0]  # zeroed, then copied
+    else:
+        assert out.block_copies == []
+    assert [s.seq for s in out.scheduled] == [parent, child]
+
+
+def test_fork_without_a_running_slot_waits_and_recomputes():
+    kv, sched = make(num_blocks=32, max_seqs=1)
+    parent = add(sched, list(range(10)), max_tokens=2, n=2, temperature=1.0)
+    (child,) = parent.request.forks
+    out, _ = run_step(sched)
+    assert child.status is SequenceStatus.WAITING and child.num_computed == 0
+    assert child.output_token_ids == [7] and not child.block_tables
+    assert sched.schedule().block_copies == []
+    finished = run_all(sched)
+    assert finished == [parent.request] and child.output_token_ids == [7, 7]
+
+
+# ---- failures -----------------------------------------------------------------------------------
+def test_a_failed_step_fails_its_requests_and_keeps_the_device_work():
+    kv, sched = make(num_blocks=32)
+    start = free_blocks(kv)
+    parent = add(sched, list(range(10)), max_tokens=4, n=2, temperature=1.0)
+    run_step(sched)  # forks: a block copy is due before the next step
+    out = sched.schedule()
+    assert out.block_copies
+    bystander = add(sched, [9, 9, 9])
+    failed = sched.fail_step(out, RuntimeError("kernel exploded"))
+    assert failed == [parent.request] and parent.request.finished
+    assert parent.request.error == "RuntimeError: kernel exploded"
+    assert {s.finish_reason for s in parent.request.sequences} == {"error"}
+    retry = sched.schedule()
+    assert retry.block_copies == out.block_copies
+    assert set(out.blocks_to_clear[0]) <= set(retry.blocks_to_clear[0])
+    sched.update_from_output(retry, fake_output(retry))
+    assert run_all(sched) == [bystander.request]
+    assert free_blocks(kv) == start

@@ -1,7 +1,8 @@
-"""A tensor-parallel worker (ranks 1..N-1): holds its shard of the model and of the KV cache and
-runs every step rank 0 sends it. Rank 0 owns the scheduler and the sampler; workers only need
-each step's token ids, positions and block tables, and send nothing back but their share of the
-collectives inside the forward pass.
+"""The processes of a tensor-parallel engine: rank 0 starts the workers (ranks 1..N-1), each
+holding its shard of the model and of the KV cache and running every step rank 0 sends it. Rank 0
+owns the scheduler and the sampler; workers only need each step's token ids, positions and block
+tables, and send nothing back but their share of the collectives inside the forward pass.
+Rank 0's side of the conversation is `tp_runner.py`.
 
 Run directly under torchrun for ranks on other machines:
 
@@ -17,8 +18,17 @@ import sys
 
 import torch
 import torch.distributed as dist
+import torch.multiprocessing as mp
 
 from inferd.config import EngineConfig
+from inferd.distributed.control import broadcast, gather_reports
+from inferd.distributed.launch import (
+    DEFAULT_TIMEOUT_S,
+    free_port,
+    join_group,
+    launched_by_torchrun,
+)
+from inferd.distributed.state import TPGroup
 
 log = logging.getLogger(__name__)
 
@@ -26,11 +36,27 @@ log = logging.getLogger(__name__)
 # ("report",), ("stop",)
 
 
-def broadcast(message, control) -> object:
-    """Rank 0 sends `message`; the others pass None and receive it."""
-    box = [message]
-    dist.broadcast_object_list(box, src=0, group=control)
-    return box[0]
+def start_ranks(config: EngineConfig, device: torch.device) -> tuple[TPGroup, object, list]:
+    """Rank 0's side: spawn the other ranks here (or find them under torchrun) and join."""
+    n = config.tensor_parallel_size
+    timeout = config.distributed_timeout or DEFAULT_TIMEOUT_S
+    if launched_by_torchrun():
+        if int(os.environ["WORLD_SIZE"]) != n:
+            raise ValueError(f"WORLD_SIZE={os.environ['WORLD_SIZE']} but tensor_parallel_size={n}")
+        tp, control = join_group(0, n, "env://", device, timeout)
+        return tp, control, []
+    init_method = f"tcp://127.0.0.1:{free_port()}"
+    ctx = mp.get_context("spawn")
+    procs = []
+    for rank in range(1, n):
+        worker_device = device if device.type == "cpu" else torch.device("cuda", rank)
+        args = (rank, n, init_method, config, str(worker_device), timeout)
+        p = ctx.Process(target=worker_main, name=f"inferd-tp-rank{rank}", daemon=True, args=args)
+        p.start()
+        procs.append(p)
+    log.info("started %d tensor-parallel worker processes", len(procs))
+    tp, control = join_group(0, n, init_method, device, timeout)
+    return tp, control, procs
 
 
 def rank_report(model: torch.nn.Module, runner) -> dict:
@@ -40,15 +66,8 @@ def rank_report(model: torch.nn.Module, runner) -> dict:
             "kv_cache_bytes": runner.kv_cache_bytes()}  # fmt: skip
 
 
-def gather_reports(report: dict, control) -> list[dict] | None:
-    out = [None] * dist.get_world_size() if dist.get_rank() == 0 else None
-    dist.gather_object(report, out, dst=0, group=control)
-    return out
-
-
 def worker_main(rank: int, world_size: int, init_method: str, config: EngineConfig,
                 device_name: str, timeout_s: float) -> None:  # fmt: skip
-    from inferd.distributed.launch import join_group
     from inferd.engine.model_setup import load_rank_model
     from inferd.engine.runner import ModelRunner
 
@@ -77,7 +96,6 @@ def worker_main(rank: int, world_size: int, init_method: str, config: EngineConf
 
 def torchrun_worker(config: EngineConfig) -> None:
     """Entry for ranks > 0 started by torchrun: serve rank 0 until it stops."""
-    from inferd.distributed.launch import DEFAULT_TIMEOUT_S
     from inferd.platform import resolve_device
 
     device = resolve_device(config.device)

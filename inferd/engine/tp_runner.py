@@ -1,7 +1,7 @@
 """Rank 0's runner under tensor parallelism: before running a step on its own shard it sends
-the step to every worker, so all ranks enter the same collectives. A worker that died or hung
-turns into `WorkerFailure` (the collectives time out or lose their peer): the engine then fails
-every request and reports itself dead, instead of waiting forever."""
+the step to every worker (`tp_workers.py`), so all ranks enter the same collectives. A worker
+that died or hung turns into `WorkerFailure` (the collectives time out or lose their peer): the
+engine then fails every request and reports itself dead, instead of waiting forever."""
 
 from __future__ import annotations
 
@@ -11,8 +11,9 @@ import time
 
 import torch
 
-from inferd.distributed.worker import broadcast, gather_reports, rank_report
+from inferd.distributed.control import broadcast, gather_reports
 from inferd.engine.runner import ModelRunner, SequenceStep
+from inferd.engine.tp_workers import rank_report
 from inferd.errors import EngineDeadError
 
 log = logging.getLogger(__name__)

@@ -1,0 +1,111 @@
+"""The boundary between the HTTP server and the engine: what a server may ask of an engine.
+
+    server routes ──EngineClient──▶ AsyncEngine (inferd/engine/async_engine.py) ──▶ LLMEngine
+
+The server imports this module, the shared value types (`SamplingParams`, `RequestOutput`) and
+the typed errors (`inferd/errors.py`), never the engine itself: anything that implements
+`EngineClient` can be served, and a test can serve a fake. See docs/architecture.md.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Protocol, runtime_checkable
+
+from inferd.outputs import RequestOutput
+from inferd.sampling_params import SamplingParams
+
+# A prompt as the engine takes it: text, token ids, or {"prompt": text or None,
+# "prompt_token_ids": ids} when the caller tokenized it already.
+PromptInput = str | list[int] | dict[str, Any]
+
+
+@dataclass(frozen=True)
+class ModelInfo:
+    """What a client may know about the served model; built once, when the engine starts."""
+
+    name: str  # URL- and shell-friendly: 'Gemma 3 270m' → 'gemma-3-270m'
+    display_name: str  # as the checkpoint names itself
+    max_model_len: int  # longest prompt + output, in tokens
+    vocab_size: int
+    # Changes when the weights' identity, precision or inferd's version do (OpenAI's
+    # system_fingerprint: the same request may be answered differently).
+    fingerprint: str
+
+
+@dataclass
+class EngineStats:
+    """A snapshot for metrics and logs; the counters are cumulative since start."""
+
+    num_running: int
+    num_waiting: int
+    kv_cache_usage: float  # fraction of KV blocks in use (most-used group)
+    num_preemptions: int
+    prefix_cache_queries: int
+    prefix_cache_hits: int
+    prompt_tokens: int  # prompt tokens computed (cache hits excluded, recompute included)
+    generation_tokens: int
+    steps: int
+
+
+class TokenizerLike(Protocol):
+    """The tokenizer operations the server uses (inferd.tokenizer.Tokenizer has them)."""
+
+    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]: ...
+
+    def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str: ...
+
+    def convert_ids_to_tokens(self, ids: list[int]) -> list[str | None]: ...
+
+    def apply_chat_template(
+        self, messages: list[dict[str, Any]], add_generation_prompt: bool = True, **kwargs: Any
+    ) -> str:
+        """The rendered conversation; raises ValueError when it cannot be rendered (no
+        template, or the template refuses the messages)."""
+        ...
+
+
+@runtime_checkable
+class EngineClient(Protocol):
+    """An engine as an asyncio server sees it. Methods are called on the event loop."""
+
+    @property
+    def model_info(self) -> ModelInfo: ...
+
+    @property
+    def tokenizer(self) -> TokenizerLike: ...
+
+    def start(self) -> None:
+        """Start serving (inside the running event loop)."""
+
+    def stop(self, timeout: float = 30.0) -> None:
+        """Stop serving; requests still in flight are failed."""
+
+    async def add_request(
+        self,
+        request_id: str,
+        prompt: PromptInput,
+        params: SamplingParams,
+        outputs: asyncio.Queue,
+        arrival_time: float | None = None,
+    ) -> None:
+        """Generate for one prompt. Returns once the request is queued; from then on its
+        outputs (cumulative `RequestOutput`s, the last with `finished`) arrive in `outputs`,
+        or an exception that ends the stream (`RequestFailed`, `EngineDead`). Raises
+        `InvalidRequest`, `Overloaded` or `EngineDead` with nothing queued. Several requests
+        may share one `outputs` queue."""
+
+    def abort(self, request_id: str) -> None:
+        """Stop a request and free what it holds; its queue gets no more outputs."""
+
+    def health(self) -> str | None:
+        """None when healthy, else why not (the engine died, or makes no progress)."""
+
+    def stats(self) -> EngineStats:
+        """The latest snapshot of the engine's gauges and counters."""
+
+    def observe_outputs(self, callback: Callable[[RequestOutput], None]) -> None:
+        """Call `callback` on the event loop for every output of every request, in order,
+        including those nobody reads any more (for metrics)."""
