@@ -9,7 +9,7 @@ The offline API keeps vLLM's names so scripts carry over:
 
 from __future__ import annotations
 
-__version__ = "0.1.0"
+from inferd.version import __version__
 
 # Imported lazily so `inferd --help` and config-only tools do not pay for importing torch.
 _EXPORTS = {

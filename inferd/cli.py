@@ -12,7 +12,7 @@ import importlib
 import logging
 import sys
 
-from inferd import __version__
+from inferd.version import __version__
 
 # name → help; each module inferd.commands.<name> has add_arguments(parser) and run(args) -> int
 COMMANDS = {

@@ -53,6 +53,12 @@ class LLM:
         """Stop tensor-parallel workers now (they also stop when this process exits)."""
         self.engine.shutdown()
 
+    def rank_reports(self) -> list[dict]:
+        """Per tensor-parallel rank, measured on that rank: rank, pid, bytes of weights and of
+        KV cache held. Empty without tensor parallelism."""
+        reports = getattr(self.engine.runner, "reports", None)
+        return reports() if reports is not None else []
+
     def generate(
         self,
         prompts: PromptType | Sequence[PromptType],

@@ -1,9 +1,10 @@
 """Per-request sampling parameters with vLLM's names and defaults.
 
 Everything a client can get wrong is checked here, once, when the object is built: a bad value
-raises `ValueError` naming the parameter, the value and the allowed range (the server turns it
-into HTTP 400). Checks that need the model (vocabulary size) or the engine's limits live in
-`verify`. The module stays free of torch so the HTTP layer can validate without importing it.
+raises `InvalidRequest` (a ValueError) naming the parameter, the value and the allowed range,
+with the parameter in `param` (the server turns it into HTTP 400). Checks that need the model
+(vocabulary size) or the engine's limits live in `verify`. The module stays free of torch so the
+HTTP layer can validate without importing it.
 """
 
 from __future__ import annotations
@@ -14,6 +15,8 @@ import math
 from dataclasses import dataclass
 from numbers import Integral, Real
 from typing import Any
+
+from inferd.errors import InvalidRequest
 
 MAX_LOGPROBS = 20  # the OpenAI API's limit for top_logprobs
 MAX_LOGIT_BIAS = 100.0  # the OpenAI API's range for logit_bias values
@@ -31,20 +34,21 @@ def _is_real(value: Any) -> bool:
     return isinstance(value, Real) and not isinstance(value, bool)
 
 
-def _check_float(name: str, value: Any, ok, allowed: str) -> float:
-    """`value` as a plain float when it is a finite real number satisfying `ok`."""
+def _check_float(name: str, value: Any, ok, allowed: str, param: str | None = None) -> float:
+    """`value` as a plain float when it is a finite real number satisfying `ok`; `param` is the
+    field to blame when `name` is not one (`logit_bias[5]`)."""
     try:
         number = float(value) if _is_real(value) else math.nan
     except OverflowError:  # an int too large for a float
         number = math.nan
     if not math.isfinite(number) or not ok(number):
-        raise ValueError(f"{name} must be {allowed}, got {value!r}")
+        raise InvalidRequest(param or name, f"{name} must be {allowed}, got {value!r}")
     return number
 
 
 def _check_int(name: str, value: Any, ok, allowed: str) -> int:
     if not _is_int(value) or not ok(int(value)):
-        raise ValueError(f"{name} must be {allowed}, got {value!r}")
+        raise InvalidRequest(name, f"{name} must be {allowed}, got {value!r}")
     return int(value)
 
 
@@ -57,7 +61,7 @@ def _token_id(name: str, key: Any) -> int:
             return int(key.strip())
         except ValueError:
             pass
-    raise ValueError(f"{name} keys must be integer token ids, got {key!r}")
+    raise InvalidRequest(name, f"{name} keys must be integer token ids, got {key!r}")
 
 
 @dataclass
@@ -108,8 +112,9 @@ class SamplingParams:
             "min_tokens", self.min_tokens, lambda v: v >= 0, "an integer >= 0"
         )
         if self.max_tokens is not None and self.min_tokens > self.max_tokens:
-            raise ValueError(
-                f"min_tokens must be <= max_tokens ({self.max_tokens}), got {self.min_tokens}"
+            raise InvalidRequest(
+                "min_tokens",
+                f"min_tokens must be <= max_tokens ({self.max_tokens}), got {self.min_tokens}",
             )
         for name in ("logprobs", "prompt_logprobs"):
             if getattr(self, name) is not None:
@@ -133,11 +138,11 @@ class SamplingParams:
             return []
         items = [stop] if isinstance(stop, str) else stop
         if not isinstance(items, list | tuple):
-            raise ValueError(f"stop must be {allowed}, got {stop!r}")
+            raise InvalidRequest("stop", f"stop must be {allowed}, got {stop!r}")
         for s in items:
             # An empty stop string would match before every character and end every request.
             if not isinstance(s, str) or not s:
-                raise ValueError(f"stop must be {allowed}, got {s!r} in {stop!r}")
+                raise InvalidRequest("stop", f"stop must be {allowed}, got {s!r} in {stop!r}")
         return list(items)
 
     @staticmethod
@@ -145,7 +150,8 @@ class SamplingParams:
         if ids is None:
             return []
         if not isinstance(ids, list | tuple) or not all(_is_int(t) for t in ids):
-            raise ValueError(f"stop_token_ids must be a list of integer token ids, got {ids!r}")
+            message = f"stop_token_ids must be a list of integer token ids, got {ids!r}"
+            raise InvalidRequest("stop_token_ids", message)
         return [int(t) for t in ids]
 
     @staticmethod
@@ -153,31 +159,32 @@ class SamplingParams:
         if bias is None:
             return None
         if not isinstance(bias, dict):
-            raise ValueError(f"logit_bias must be a mapping of token id to bias, got {bias!r}")
+            message = f"logit_bias must be a mapping of token id to bias, got {bias!r}"
+            raise InvalidRequest("logit_bias", message)
         out: dict[int, float] = {}
         lim = MAX_LOGIT_BIAS
         for key, value in bias.items():
             token = _token_id("logit_bias", key)
             out[token] = _check_float(
                 f"logit_bias[{token}]", value, lambda v: -lim <= v <= lim,
-                f"a finite number in [{-lim:g}, {lim:g}]",
+                f"a finite number in [{-lim:g}, {lim:g}]", param="logit_bias",
             )  # fmt: skip
         return out
 
     def verify(self, vocab_size: int | None, max_n: int = 128, max_stop_strings: int = 16) -> None:
-        """Checks that depend on the model and the engine's limits; raises ValueError."""
+        """Checks that depend on the model and the engine's limits; raises InvalidRequest."""
         if self.n > max_n:
-            raise ValueError(f"n must be <= {max_n}, got {self.n}")
+            raise InvalidRequest("n", f"n must be <= {max_n}, got {self.n}")
         if len(self.stop) > max_stop_strings:
-            raise ValueError(
-                f"stop must hold at most {max_stop_strings} strings, got {len(self.stop)}"
+            raise InvalidRequest(
+                "stop", f"stop must hold at most {max_stop_strings} strings, got {len(self.stop)}"
             )
         ids = [("stop_token_ids", t) for t in self.stop_token_ids]
         ids += [("logit_bias", t) for t in self.logit_bias or ()]
         for name, token in ids:
             if token < 0 or (vocab_size is not None and token >= vocab_size):
                 allowed = ">= 0" if vocab_size is None else f"in [0, {vocab_size})"
-                raise ValueError(f"{name} token ids must be {allowed}, got {token}")
+                raise InvalidRequest(name, f"{name} token ids must be {allowed}, got {token}")
 
     @property
     def greedy(self) -> bool:

@@ -113,7 +113,9 @@ def run(args: argparse.Namespace) -> int:
     )
     measured = None
     if args.measure:
-        measured = measure_memory(model, checkpoint.config, est, args.max_tokens)
+        from inferd.llm import LLM
+
+        measured = measure_memory(model, checkpoint.config, est, args.max_tokens, make_llm=LLM)
     if args.json:
         out = {"model_path": str(checkpoint.path), "format": checkpoint.format,
                "device_memory_source": source, **est.to_dict()}  # fmt: skip

@@ -109,6 +109,7 @@ def run(args: argparse.Namespace) -> int:
     _show_startup_logs()
     import uvicorn
 
+    from inferd.engine.async_engine import AsyncEngine
     from inferd.engine.engine import LLMEngine
     from inferd.server.app import DEFAULT_MAX_REQUEST_BYTES, ServerSettings, create_app
     from inferd.tokenizer.chat_template import ChatTemplate, load_chat_template
@@ -124,11 +125,10 @@ def run(args: argparse.Namespace) -> int:
         # Like vLLM: the name clients send is the model argument as given, unless renamed.
         served_model_names=args.served_model_name or ([model_arg] if model_arg else []),
         api_key=args.api_key or None,
-        max_queued_requests=args.max_queued_requests,
         max_request_bytes=args.max_request_bytes or DEFAULT_MAX_REQUEST_BYTES,
-        stall_timeout=args.stall_timeout,
     )
-    app = create_app(engine, settings)
+    client = AsyncEngine(engine, args.max_queued_requests, args.stall_timeout)
+    app = create_app(client, settings)
     level = logging.getLogger().getEffectiveLevel()
     config = uvicorn.Config(
         app,

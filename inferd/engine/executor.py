@@ -27,9 +27,9 @@ class Executor:
         self.runner.copy_blocks(out.block_copies)
         steps = [
             SequenceStep(s.token_ids, s.num_computed, s.block_tables, s.needs_logits,
-                         all_logits=s.prompt_logprobs)  # fmt: skip
+                         all_logits=s.prompt_logprobs)
             for s in out.scheduled
-        ]
+        ]  # fmt: skip
         logits, every = self.runner.execute_with_prompt_logits(steps)
         prompt = {
             out.scheduled[i].seq.seq_id: _prompt_logprobs(out.scheduled[i], rows)

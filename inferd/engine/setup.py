@@ -12,7 +12,6 @@ from dataclasses import dataclass
 
 import torch
 
-from inferd import __version__
 from inferd.config import ENGINE_DEFAULTS, EngineConfig, ModelConfig
 from inferd.distributed.control import broadcast
 from inferd.distributed.state import SINGLE
@@ -27,6 +26,7 @@ from inferd.memory.kv import KVPoolPlan, plan_kv_pool
 from inferd.memory.weights import tp_shard
 from inferd.platform import resolve_device
 from inferd.tokenizer import Tokenizer, checkpoint_tokenizer
+from inferd.version import __version__
 
 log = logging.getLogger(__name__)
 

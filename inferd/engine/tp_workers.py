@@ -29,6 +29,9 @@ from inferd.distributed.launch import (
     launched_by_torchrun,
 )
 from inferd.distributed.state import TPGroup
+from inferd.engine.model_setup import load_rank_model
+from inferd.engine.runner import ModelRunner
+from inferd.platform import resolve_device
 
 log = logging.getLogger(__name__)
 
@@ -68,9 +71,6 @@ def rank_report(model: torch.nn.Module, runner) -> dict:
 
 def worker_main(rank: int, world_size: int, init_method: str, config: EngineConfig,
                 device_name: str, timeout_s: float) -> None:  # fmt: skip
-    from inferd.engine.model_setup import load_rank_model
-    from inferd.engine.runner import ModelRunner
-
     logging.basicConfig(level=logging.WARNING, stream=sys.stderr)
     device = torch.device(device_name)
     tp, control = join_group(rank, world_size, init_method, device, timeout_s)
@@ -96,8 +96,6 @@ def worker_main(rank: int, world_size: int, init_method: str, config: EngineConf
 
 def torchrun_worker(config: EngineConfig) -> None:
     """Entry for ranks > 0 started by torchrun: serve rank 0 until it stops."""
-    from inferd.platform import resolve_device
-
     device = resolve_device(config.device)
     if device.type == "cuda":
         device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))

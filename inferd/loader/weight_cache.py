@@ -37,8 +37,8 @@ def enabled() -> bool:
 
 def cache_path(source: Path, dtype: torch.dtype, rank: int, world: int, variant: str = "") -> Path:
     """`variant`: what else the cached tensors depend on (the gguf mode's block layout)."""
-    from inferd import __version__
     from inferd.cache import cache_dir
+    from inferd.version import __version__
 
     st = source.stat()
     ident = f"{_FORMAT}|{source.resolve()}|{st.st_size}|{st.st_mtime_ns}|{dtype}|{rank}/{world}"

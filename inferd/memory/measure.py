@@ -1,6 +1,8 @@
 """Measured memory (`inferd memory --measure`): load the model with the engine, run a generation,
 and read what the process holds (CPU: resident set size from /proc) or what the CUDA caching
-allocator holds (GPU: allocated, reserved, peak), next to the estimate's predictions.
+allocator holds (GPU: allocated, reserved, peak), next to the estimate's predictions. The caller
+hands in the engine's offline API (`inferd.LLM`): memory accounting sits below the engine, which
+itself sizes its KV pool with this package.
 
 Measurements and predictions differ for reasons worth seeing, so each row says why: RSS counts
 touched pages (including pages of the memory-mapped checkpoint), glibc keeps freed memory for
@@ -10,13 +12,15 @@ CUDA context lives outside the allocator altogether.
 
 from __future__ import annotations
 
-import inspect
 import os
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any, Protocol
 
 from inferd.config import ModelConfig
 from inferd.memory.activations import estimate_activations
 from inferd.memory.estimate import ELEMENT_BYTES, MemoryEstimate, compute_dtype
+from inferd.sampling_params import SamplingParams
 
 _TORCH_DTYPES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
 _PROMPT = "Request {i}: explain in a few sentences why the KV cache grows with the context."
@@ -97,27 +101,31 @@ class Measurement:
     rows: list[tuple[str, int | None, int | None, str]] = field(default_factory=list)
 
 
-def _engine():
-    """The engine's offline API, or a clear error when this build does not have it yet."""
-    try:
-        from inferd.llm import LLM
-    except ModuleNotFoundError as e:
-        if e.name != "inferd.llm":
-            raise
-        raise ValueError(
-            "--measure needs the engine's offline API (inferd.llm.LLM), which this build of "
-            "inferd does not include yet; the estimate itself works without it"
-        ) from e
-    from inferd.sampling_params import SamplingParams
+class OfflineLLM(Protocol):
+    """What measuring needs of the engine's offline API (`inferd.LLM` has it)."""
 
-    return LLM, SamplingParams
+    def generate(
+        self, prompts: list[str], params: SamplingParams, use_tqdm: bool = True
+    ) -> list: ...
+
+    def rank_reports(self) -> list[dict]:
+        """Per tensor-parallel rank: rank, pid, weight_bytes, kv_cache_bytes ([] without TP)."""
+        ...
+
+    def shutdown(self) -> None: ...
 
 
 def measure_memory(
-    model: str | None, config: ModelConfig, estimate: MemoryEstimate, max_tokens: int = 16
+    model: str | None,
+    config: ModelConfig,
+    estimate: MemoryEstimate,
+    max_tokens: int = 16,
+    *,
+    make_llm: Callable[..., OfflineLLM],
 ) -> Measurement:
-    """Load `model` with the engine sized as `estimate` says, generate `max_tokens` tokens for
-    each of `estimate.concurrency` prompts, and compare memory with the predictions."""
+    """Load `model` with the engine (`make_llm(**engine arguments)`) sized as `estimate` says,
+    generate `max_tokens` tokens for each of `estimate.concurrency` prompts, and compare memory
+    with the predictions."""
     tp = estimate.tensor_parallel_size
     if tp != 1 and estimate.device != "cpu":
         raise ValueError("--measure with --tensor-parallel-size runs on CPU ranks only")
@@ -131,9 +139,8 @@ def measure_memory(
             f"--measure: the engine keeps its KV cache in float32, bfloat16 or float16, not "
             f"{estimate.kv_cache_dtype}"
         )
-    LLM, SamplingParams = _engine()
     dev, pred = estimate.device, estimate.per_device
-    kwargs = dict(
+    kwargs: dict[str, Any] = dict(
         model=model,
         dtype=_TORCH_DTYPES[estimate.dtype],
         max_model_len=estimate.max_model_len,
@@ -145,10 +152,6 @@ def measure_memory(
     )
     if tp != 1:
         kwargs["tensor_parallel_size"] = tp
-    params = inspect.signature(LLM).parameters
-    if not any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
-        optional = ("device", "max_num_seqs", "max_num_batched_tokens", "kv_cache_dtype")
-        kwargs = {k: v for k, v in kwargs.items() if k in params or k not in optional}
 
     # NOTE: the converted-weights cache maps weights from a file (RssFile, touched lazily);
     # measuring loads them into anonymous memory, where the accounting below expects them.
@@ -156,7 +159,7 @@ def measure_memory(
     os.environ["INFERD_WEIGHT_CACHE"] = "0"
     before = take_snapshot("before load", dev)
     try:
-        llm = LLM(**kwargs)
+        llm = make_llm(**kwargs)
     finally:
         if saved is None:
             del os.environ["INFERD_WEIGHT_CACHE"]
@@ -170,10 +173,9 @@ def measure_memory(
         torch.cuda.reset_peak_memory_stats()
     prompts = [_PROMPT.format(i=i) for i in range(estimate.concurrency)]
     sampling = SamplingParams(temperature=0.0, max_tokens=max_tokens)
-    quiet = {"use_tqdm": False} if "use_tqdm" in inspect.signature(llm.generate).parameters else {}
-    outputs = llm.generate(prompts, sampling, **quiet)
+    outputs = llm.generate(prompts, sampling, use_tqdm=False)
     done = take_snapshot("after generation", dev)
-    reports = llm.engine.runner.reports() if tp != 1 else []
+    reports = llm.rank_reports()
 
     prompt_lens = [len(o.prompt_token_ids) for o in outputs]
     generated = sum(len(c.token_ids) for o in outputs for c in o.outputs)

@@ -1,20 +1,26 @@
 """Errors in the OpenAI shape: `{"error": {"message", "type", "param", "code"}}`.
 
-Every failure a client can cause becomes a 4xx with a message that names the parameter; FastAPI's
-own validation errors (which would be 422 with internal locations) are rewritten the same way.
-Only a bug in inferd reaches the 500 handler, and its reply carries no traceback or path.
+Each typed error of `inferd/errors.py` has its status here, its `param` and `code` taken from the
+exception itself (`error_status`); FastAPI's own validation errors (which would be 422 with
+internal locations) become 400s naming the field. Anything else is a bug in inferd: a 500 whose
+body carries an error id and no internals, with the traceback logged once under that id
+(`InternalErrorMiddleware`).
 """
 
 from __future__ import annotations
 
 import logging
 import re
+import uuid
 from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from inferd.errors import EngineDeadError, InvalidRequest, Overloaded, RequestFailed
 
 log = logging.getLogger(__name__)
 
@@ -27,10 +33,16 @@ _EXPECTED = {
     "stop": "a string or a list of strings",
     "content": "a string or a list of content parts",
 }
-_LEADING_NAME = re.compile(r"^(?:the )?([a-z_]+)\b")
 _IDENTIFIER = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 # pydantic names union members in error locations ('str', 'list[int]'); they are not fields.
 _TYPE_TAGS = {"str", "int", "float", "bool", "list", "dict", "none"}
+# The error kinds a client can cause or meet, and their HTTP status.
+_STATUS: tuple[tuple[type[Exception], int], ...] = (
+    (InvalidRequest, 400),
+    (Overloaded, 503),
+    (EngineDeadError, 503),
+    (RequestFailed, 500),
+)
 
 
 class APIError(Exception):
@@ -62,24 +74,27 @@ def error_body(
     return {"error": {"message": message, "type": type_, "param": param, "code": code}}
 
 
-def guess_param(message: str, fields: set[str], prompt_param: str = "prompt") -> str | None:
-    """The request field a validation message is about. Engine and SamplingParams messages
-    start with the parameter's name ("top_p must be ..."), or speak of the prompt."""
-    if "max_model_len" in message and "max_tokens" in message:
-        return "max_tokens"  # the prompt fits, the requested completion does not
-    match = _LEADING_NAME.match(message)
-    if match and match.group(1) in fields:
-        name = match.group(1)
-        return prompt_param if name == "prompt" else name
-    if any(word in message for word in ("prompt", "template", "content")):
-        return prompt_param
-    return None
+def error_status(error: BaseException, chat: bool = False) -> APIError | None:
+    """The HTTP answer to one of inferd's typed errors; None for anything else (a bug). On the
+    chat route the prompt is the `messages` field."""
+    status = next((s for kind, s in _STATUS if isinstance(error, kind)), None)
+    if status is None:
+        return None
+    code = getattr(error, "code", None)
+    if isinstance(error, InvalidRequest):
+        param = "messages" if chat and error.param == "prompt" else error.param
+        return APIError(400, error.message or "invalid request", param=param, code=code)
+    headers = None
+    if isinstance(error, Overloaded):
+        headers = {"Retry-After": str(error.retry_after_s)}
+    return APIError(status, str(error), SERVER_ERROR, code=code, headers=headers)
 
 
-def from_value_error(error: ValueError, fields: set[str], prompt_param: str = "prompt") -> APIError:
-    message = str(error) or "invalid request"
-    code = "context_length_exceeded" if "max_model_len" in message else None
-    return APIError(400, message, param=guess_param(message, fields, prompt_param), code=code)
+def internal_error(error: BaseException, where: str) -> APIError:
+    """Log an unexpected error once, with its traceback, under an id the client also gets."""
+    error_id = f"err-{uuid.uuid4().hex[:12]}"
+    log.error("internal error %s in %s", error_id, where, exc_info=error)
+    return APIError(500, f"internal server error (id {error_id})", SERVER_ERROR)
 
 
 def _location(loc: tuple[Any, ...]) -> list[str]:
@@ -116,7 +131,33 @@ def from_validation_error(exc: RequestValidationError) -> APIError:
     return APIError(400, message, param=param)
 
 
-def install_error_handlers(app: FastAPI, fields: set[str]) -> None:
+class InternalErrorMiddleware:
+    """Turns an exception no handler knows into a 500 with an error id, logged once. It sits
+    just outside FastAPI's handlers, so Starlette's own last-resort handler (which would log the
+    traceback a second time) never sees it."""
+
+    def __init__(self, app: ASGIApp):
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        started = False
+
+        async def send_and_note(message: Message) -> None:
+            nonlocal started
+            started = started or message["type"] == "http.response.start"
+            await send(message)
+
+        try:
+            await self.app(scope, receive, send_and_note)
+        except Exception as exc:  # noqa: BLE001 - the last line before the client
+            error = internal_error(exc, f"{scope.get('method')} {scope.get('path')}")
+            if not started:  # else the status line is out: the connection just ends
+                await error.response()(scope, receive, send)
+
+
+def install_error_handlers(app: FastAPI) -> None:
     """Map every exception a route can raise to an OpenAI-shaped reply."""
 
     @app.exception_handler(APIError)
@@ -127,10 +168,15 @@ def install_error_handlers(app: FastAPI, fields: set[str]) -> None:
     async def _validation(request: Request, exc: RequestValidationError) -> JSONResponse:
         return from_validation_error(exc).response()
 
-    @app.exception_handler(ValueError)
-    async def _value_error(request: Request, exc: ValueError) -> JSONResponse:
+    async def _typed(request: Request, exc: Exception) -> JSONResponse:
         chat = request.url.path.endswith("/chat/completions")
-        return from_value_error(exc, fields, "messages" if chat else "prompt").response()
+        error = error_status(exc, chat)
+        if error is None:  # not reached: registered for the typed errors only
+            error = internal_error(exc, f"{request.method} {request.url.path}")
+        return error.response()
+
+    for kind, _ in _STATUS:
+        app.add_exception_handler(kind, _typed)
 
     @app.exception_handler(StarletteHTTPException)
     async def _http(request: Request, exc: StarletteHTTPException) -> JSONResponse:
@@ -140,7 +186,4 @@ def install_error_handlers(app: FastAPI, fields: set[str]) -> None:
         type_ = INVALID_REQUEST if exc.status_code < 500 else SERVER_ERROR
         return APIError(exc.status_code, message, type_, headers=exc.headers).response()
 
-    @app.exception_handler(Exception)
-    async def _internal(request: Request, exc: Exception) -> JSONResponse:
-        log.exception("unhandled error in %s %s", request.method, request.url.path)
-        return APIError(500, "internal server error", SERVER_ERROR).response()
+    app.add_middleware(InternalErrorMiddleware)  # first added: innermost of the middlewares

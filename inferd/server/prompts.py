@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from inferd.errors import InvalidRequest
+
 # Template variables the server sets itself; chat_template_kwargs cannot replace them.
 _RESERVED = frozenset({"messages", "add_generation_prompt"})
 
@@ -17,7 +19,7 @@ def completion_prompts(tokenizer: Any, prompts: list[str | list[int]]) -> list[d
     for prompt in prompts:
         if isinstance(prompt, str):
             if not prompt:
-                raise ValueError("prompt must not be empty")
+                raise InvalidRequest("prompt", "prompt must not be empty")
             # Completion prompts get the model's special tokens (BOS), as in HF and vLLM.
             out.append({"prompt": prompt, "prompt_token_ids": tokenizer.encode(prompt)})
         else:
@@ -41,9 +43,13 @@ def chat_prompt(
     add_generation_prompt: bool = True,
     template_kwargs: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """Render the chat template (a model without one raises a ValueError naming
-    --chat-template) and tokenize it."""
+    """Render the chat template and tokenize it. A conversation the template cannot render (no
+    template: the message names --chat-template; or the template refuses it) is the request's
+    `messages` at fault."""
     extra = {k: v for k, v in (template_kwargs or {}).items() if k not in _RESERVED}
-    text = tokenizer.apply_chat_template(messages, add_generation_prompt, **extra)
+    try:
+        text = tokenizer.apply_chat_template(messages, add_generation_prompt, **extra)
+    except ValueError as e:  # TokenizerLike.apply_chat_template's one way to fail
+        raise InvalidRequest("messages", str(e)) from e
     # NOTE: templates write BOS themselves; adding special tokens again would double it.
     return {"prompt": text, "prompt_token_ids": tokenizer.encode(text, add_special_tokens=False)}

@@ -13,6 +13,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from inferd.errors import InvalidRequest
 from inferd.sampling_params import SamplingParams
 
 TokenIds = list[int]
@@ -87,16 +88,18 @@ class CompletionRequest(SamplingFields):
         if isinstance(p, str):
             return [p]
         if not p:
-            raise ValueError("prompt must not be an empty list")
+            raise InvalidRequest("prompt", "prompt must not be an empty list")
         if all(isinstance(x, int) for x in p):
             return [list(p)]  # one prompt given as token ids
         return list(p)
 
     def sampling_params(self) -> SamplingParams:
         if self.suffix:
-            raise ValueError("suffix is not supported")
+            raise InvalidRequest("suffix", "suffix is not supported")
         if self.best_of is not None and self.best_of != self.n:
-            raise ValueError(f"best_of must equal n ({self.n}) if given, got {self.best_of}")
+            raise InvalidRequest(
+                "best_of", f"best_of must equal n ({self.n}) if given, got {self.best_of}"
+            )
         kwargs = self.sampling_kwargs()
         kwargs["max_tokens"] = self.max_tokens
         if self.logprobs is not None:
@@ -126,8 +129,9 @@ class ChatMessage(Body):
         if isinstance(self.content, list):
             for part in self.content:
                 if part.type != "text":
-                    raise ValueError(
-                        f"content parts of type {part.type!r} are not supported (only 'text')"
+                    raise InvalidRequest(
+                        "messages",
+                        f"content parts of type {part.type!r} are not supported (only 'text')",
                     )
             message["content"] = [p.model_dump(exclude_none=True) for p in self.content]
         elif self.content is None:
@@ -148,18 +152,21 @@ class ChatCompletionRequest(SamplingFields):
 
     def template_messages(self) -> list[dict[str, Any]]:
         if not self.messages:
-            raise ValueError("messages must contain at least one message")
+            raise InvalidRequest("messages", "messages must contain at least one message")
         return [m.to_template() for m in self.messages]
 
     def sampling_params(self) -> SamplingParams:
         kwargs = self.sampling_kwargs()
         limit = self.max_completion_tokens
         if limit is not None and limit < 1:
-            raise ValueError(f"max_completion_tokens must be an integer >= 1, got {limit}")
+            raise InvalidRequest(
+                "max_completion_tokens",
+                f"max_completion_tokens must be an integer >= 1, got {limit}",
+            )
         # None: up to the context length, like vLLM (the engine resolves it per prompt).
         kwargs["max_tokens"] = limit if limit is not None else self.max_tokens
         if self.top_logprobs is not None and not self.logprobs:
-            raise ValueError("top_logprobs requires logprobs to be true")
+            raise InvalidRequest("top_logprobs", "top_logprobs requires logprobs to be true")
         if self.logprobs:
             kwargs["logprobs"] = self.top_logprobs or 0
         return SamplingParams(**kwargs)
@@ -187,16 +194,3 @@ class TokenizeRequest(Body):
 class DetokenizeRequest(Body):
     model: str | None = None
     tokens: TokenIds
-
-
-def request_fields() -> set[str]:
-    """Every field name of every request body: what an error message may be about."""
-    models = (
-        CompletionRequest,
-        ChatCompletionRequest,
-        GenerateRequest,
-        TokenizeRequest,
-        DetokenizeRequest,
-    )
-    names = {name for m in models for name in m.model_fields}
-    return names | {"prompt_logprobs", "logprobs"}

@@ -7,7 +7,7 @@ from typing import Any
 
 from fastapi import APIRouter, Request, Response
 
-from inferd import __version__
+from inferd.errors import InvalidRequest
 from inferd.outputs import RequestMetrics
 from inferd.server.errors import SERVER_ERROR, APIError
 from inferd.server.metrics import CONTENT_TYPE
@@ -17,6 +17,7 @@ from inferd.server.responses import new_id
 from inferd.server.routes_openai import CLIENT_GONE
 from inferd.server.serving import ClientDisconnected, RequestGroup, arrival_now, collect
 from inferd.server.state import get_state
+from inferd.version import __version__
 
 router = APIRouter()
 
@@ -50,7 +51,7 @@ async def generate(body: GenerateRequest, request: Request) -> Any:
     state.check_model(body.model)
     params = body.sampling_params()
     prompts = await state.tokenize(completion_prompts, state.tokenizer, [body.prompt])
-    group = RequestGroup(state.engine)
+    group = RequestGroup(state.client)
     await group.submit(new_id("gen"), prompts, params, arrival)
     try:
         out = (await collect(group, request))[group.request_ids[0]]
@@ -73,7 +74,7 @@ async def tokenize(body: TokenizeRequest, request: Request) -> dict[str, Any]:
     state = get_state(request)
     state.check_model(body.model)
     if (body.prompt is None) == (body.messages is None):
-        raise ValueError("prompt: give exactly one of 'prompt' or 'messages'")
+        raise InvalidRequest("prompt", "prompt: give exactly one of 'prompt' or 'messages'")
     tok = state.tokenizer
     if body.messages is not None:
         messages = [m.to_template() for m in body.messages]
@@ -83,24 +84,25 @@ async def tokenize(body: TokenizeRequest, request: Request) -> dict[str, Any]:
             ids = await state.tokenize(tok.encode, rendered["prompt"], True)
     else:
         ids = await state.tokenize(tok.encode, body.prompt, body.add_special_tokens is not False)
-    return {"tokens": ids, "count": len(ids), "max_model_len": state.max_model_len}
+    return {"tokens": ids, "count": len(ids), "max_model_len": state.info.max_model_len}
 
 
 @router.post("/detokenize")
 async def detokenize(body: DetokenizeRequest, request: Request) -> dict[str, Any]:
     state = get_state(request)
     state.check_model(body.model)
-    bad = next((t for t in body.tokens if not 0 <= t < state.vocab_size), None)
+    bad = next((t for t in body.tokens if not 0 <= t < state.info.vocab_size), None)
     if bad is not None:
-        raise ValueError(
-            f"tokens: token id {bad} is outside the vocabulary [0, {state.vocab_size})"
+        raise InvalidRequest(
+            "tokens",
+            f"tokens: token id {bad} is outside the vocabulary [0, {state.info.vocab_size})",
         )
     return {"prompt": await state.tokenize(state.tokenizer.decode, body.tokens)}
 
 
 @router.get("/health")
 async def health(request: Request) -> Response:
-    problem = get_state(request).engine.health()
+    problem = get_state(request).client.health()
     if problem is not None:
         raise APIError(503, problem, SERVER_ERROR, code="engine_unhealthy")
     return Response(status_code=200)
@@ -109,7 +111,7 @@ async def health(request: Request) -> Response:
 @router.get("/metrics")
 async def metrics(request: Request) -> Response:
     state = get_state(request)
-    return Response(state.metrics.render(state.engine.stats), media_type=CONTENT_TYPE)
+    return Response(state.metrics.render(state.client.stats()), media_type=CONTENT_TYPE)
 
 
 @router.get("/version")

@@ -39,7 +39,7 @@ def _head(state: ServerState, request_id: str, obj: str, model: str) -> dict[str
         "object": obj,
         "created": int(time.time()),
         "model": model,
-        "system_fingerprint": state.fingerprint,
+        "system_fingerprint": state.info.fingerprint,
     }
 
 
@@ -53,7 +53,7 @@ async def list_models(request: Request) -> dict[str, Any]:
             "created": state.created,
             "owned_by": "inferd",
             "root": state.model_name,
-            "max_model_len": state.max_model_len,
+            "max_model_len": state.info.max_model_len,
         }
         for name in state.model_names
     ]
@@ -70,9 +70,9 @@ async def create_completion(body: CompletionRequest, request: Request) -> Respon
     echo_texts: list[str] = []
     if body.echo:
         echo_texts = await state.tokenize(
-            lambda: [prompt_text(state.tokenizer, p, state.vocab_size) for p in prompts]
+            lambda: [prompt_text(state.tokenizer, p, state.info.vocab_size) for p in prompts]
         )
-    group = RequestGroup(state.engine)
+    group = RequestGroup(state.client)
     request_id = new_id("cmpl")
     await group.submit(request_id, prompts, params, arrival)
     head = _head(state, request_id, "text_completion", model)
@@ -143,7 +143,7 @@ async def create_chat_completion(body: ChatCompletionRequest, request: Request) 
         body.add_generation_prompt,
         body.chat_template_kwargs,
     )
-    group = RequestGroup(state.engine)
+    group = RequestGroup(state.client)
     request_id = new_id("chatcmpl")
     await group.submit(request_id, [prompt], params, arrival)
     top = (body.top_logprobs or 0) if body.logprobs else None

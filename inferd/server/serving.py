@@ -14,17 +14,11 @@ from typing import Any
 
 from fastapi import Request
 
+from inferd.engine_client import EngineClient
+from inferd.errors import RequestFailed
 from inferd.outputs import RequestOutput
-from inferd.server.async_engine import (
-    AsyncEngine,
-    EngineDeadError,
-    QueueFullError,
-    RequestFailedError,
-)
-from inferd.server.errors import SERVER_ERROR, APIError
 
 _CLOSED = object()  # wakes a reader blocked on the queue after an abort
-RETRY_AFTER_S = 1
 
 
 class ClientDisconnected(Exception):
@@ -34,8 +28,8 @@ class ClientDisconnected(Exception):
 class RequestGroup:
     """The engine requests serving one HTTP request, and their shared output queue."""
 
-    def __init__(self, engine: AsyncEngine):
-        self.engine = engine
+    def __init__(self, client: EngineClient):
+        self.client = client
         self.queue: asyncio.Queue = asyncio.Queue()
         self.request_ids: list[str] = []
         self._open: set[str] = set()
@@ -46,12 +40,12 @@ class RequestGroup:
         thread takes them in one batch) and the first failure aborts the others."""
         ids = [f"{base_id}-{i}" for i in range(len(prompts))]
         pairs = zip(ids, prompts, strict=True)
-        adds = [self.engine.add(rid, p, params, self.queue, arrival) for rid, p in pairs]
+        adds = [self.client.add_request(rid, p, params, self.queue, arrival) for rid, p in pairs]
         try:
             results = await asyncio.gather(*adds, return_exceptions=True)
         except asyncio.CancelledError:
             for rid in ids:
-                self.engine.abort(rid)
+                self.client.abort(rid)
             raise
         for rid, result in zip(ids, results, strict=True):
             if result is None:
@@ -60,7 +54,7 @@ class RequestGroup:
         error = next((r for r in results if isinstance(r, BaseException)), None)
         if error is not None:
             self.abort()
-            raise as_api_error(error)
+            raise error  # typed (InvalidRequest, Overloaded, ...): the app's handlers answer
 
     async def outputs(self) -> AsyncIterator[RequestOutput]:
         """Every output of every request (cumulative, per step) until all have finished."""
@@ -75,7 +69,7 @@ class RequestGroup:
                 self._open.discard(item.request_id)
             if item.error:
                 self.abort()
-                raise RequestFailedError(item.error)
+                raise RequestFailed(item.error)
             yield item
 
     def abort(self) -> None:
@@ -84,26 +78,9 @@ class RequestGroup:
             return
         self.closed = True
         for rid in self._open:
-            self.engine.abort(rid)
+            self.client.abort(rid)
         self._open.clear()
         self.queue.put_nowait(_CLOSED)
-
-
-def as_api_error(error: BaseException) -> BaseException:
-    """Engine-side refusals as HTTP errors; ValueError stays (the 400 handler names the field)."""
-    if isinstance(error, QueueFullError):
-        return APIError(
-            503,
-            str(error),
-            SERVER_ERROR,
-            code="queue_full",
-            headers={"Retry-After": str(RETRY_AFTER_S)},
-        )
-    if isinstance(error, EngineDeadError):
-        return APIError(503, str(error), SERVER_ERROR, code="engine_unavailable")
-    if isinstance(error, RequestFailedError):
-        return APIError(500, str(error), SERVER_ERROR, code="engine_error")
-    return error
 
 
 async def wait_for_disconnect(request: Request) -> None:
@@ -132,7 +109,7 @@ async def collect(group: RequestGroup, request: Request) -> dict[str, RequestOut
         if reader.done():
             error = reader.exception()
             if error is not None:
-                raise as_api_error(error)
+                raise error
             return final
         raise ClientDisconnected()
     finally:

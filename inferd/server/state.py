@@ -1,4 +1,4 @@
-"""What the routes share: the engine handle, the tokenizer, the served names and the metrics."""
+"""What the routes share: the engine client, the served names and the metrics."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from typing import Any
 
 from fastapi import Request
 
-from inferd.server.async_engine import AsyncEngine
+from inferd.engine_client import EngineClient, ModelInfo, TokenizerLike
 from inferd.server.errors import APIError
 from inferd.server.metrics import ServerMetrics
 from inferd.server.responses import TokenText
@@ -17,12 +17,8 @@ from inferd.server.responses import TokenText
 
 @dataclass
 class ServerState:
-    engine: AsyncEngine
-    tokenizer: Any
+    client: EngineClient
     model_names: list[str]  # the first is the one reported in responses
-    max_model_len: int
-    vocab_size: int
-    fingerprint: str
     metrics: ServerMetrics
     texts: TokenText
     created: int = field(default_factory=lambda: int(time.time()))
@@ -30,6 +26,14 @@ class ServerState:
     @property
     def model_name(self) -> str:
         return self.model_names[0]
+
+    @property
+    def info(self) -> ModelInfo:
+        return self.client.model_info
+
+    @property
+    def tokenizer(self) -> TokenizerLike:
+        return self.client.tokenizer
 
     def check_model(self, name: str | None) -> str:
         """The model a request names must be one this server serves (404 otherwise)."""

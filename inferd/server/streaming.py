@@ -9,28 +9,23 @@ the final `[DONE]`.
 from __future__ import annotations
 
 import asyncio
-import logging
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 from inferd.outputs import RequestOutput
-from inferd.server.async_engine import EngineDeadError, RequestFailedError
+from inferd.server.errors import error_status, internal_error
 from inferd.server.responses import usage_of
 from inferd.server.serving import RequestGroup, abort_on_disconnect
 from inferd.server.sse import DONE, encode_event, error_event
-
-log = logging.getLogger(__name__)
 
 ChunkChoices = Callable[[int, RequestOutput], list[dict[str, Any]]]
 
 
 def stream_error(error: BaseException) -> bytes:
-    if isinstance(error, RequestFailedError):
-        return error_event(str(error), code="engine_error")
-    if isinstance(error, EngineDeadError):
-        return error_event(str(error), code="engine_unavailable")
-    log.error("stream failed", exc_info=error)
-    return error_event("internal server error")
+    """The error event for a failure after the stream started (RequestFailed, EngineDeadError,
+    or a bug, logged once under the id the event carries)."""
+    known = error_status(error) or internal_error(error, "a stream")
+    return error_event(known.message, code=known.code)
 
 
 async def stream_events(

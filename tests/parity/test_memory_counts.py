@@ -64,13 +64,14 @@ def test_embedded_model_counts(gemma_gguf):
 
 
 _MEASURE = textwrap.dedent("""
+    from inferd import LLM
     from inferd.memory.estimate import estimate_memory
     from inferd.memory.measure import measure_memory
     from inferd.loader import open_checkpoint
     cfg = open_checkpoint(None).config
     est = estimate_memory(cfg, dtype="fp32", device="cpu", max_model_len=512, concurrency=2,
                           max_num_batched_tokens=256)
-    m = measure_memory(None, cfg, est, max_tokens=4)
+    m = measure_memory(None, cfg, est, max_tokens=4, make_llm=LLM)
     rows = {what: (pred, got) for what, pred, got, _ in m.rows}
     pred, got = rows["load: weights + KV pool (anonymous RSS)"]
     assert m.generated_tokens == 8, m.generated_tokens

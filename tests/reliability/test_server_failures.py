@@ -9,15 +9,15 @@ import asyncio
 import json
 import threading
 import time
-from types import SimpleNamespace
 
 import pytest
 from starlette.testclient import TestClient
 
-from inferd.engine.engine import EngineStats
+from inferd.engine.async_engine import AsyncEngine
+from inferd.engine_client import EngineStats, ModelInfo
+from inferd.errors import EngineDeadError, InvalidRequest, RequestFailed
 from inferd.outputs import CompletionOutput, RequestMetrics, RequestOutput
 from inferd.server.app import ServerSettings, create_app
-from inferd.server.async_engine import AsyncEngine, EngineDeadError, RequestFailedError
 
 VOCAB = 64
 
@@ -51,12 +51,7 @@ class FakeEngine:
     def __init__(self, fail_at=None, die_at=None, error_at=None, gate=None, schedulable=True,
                  tokenizer=None):  # fmt: skip
         self.tokenizer = tokenizer or FakeTokenizer()
-        self.setup = SimpleNamespace(
-            checkpoint=SimpleNamespace(display_name="Fake Model", path="fake"), dtype="float32"
-        )
-        self.config = SimpleNamespace(quantization=None)
-        self.model_config = SimpleNamespace(vocab_size=VOCAB, architecture="fake")
-        self.max_model_len = 128
+        self.model_info = ModelInfo("fake-model", "Fake Model", 128, VOCAB, "fp_fake")
         self.fail_at, self.die_at, self.error_at, self.gate = fail_at, die_at, error_at, gate
         self.dead_at = None  # step that raises EngineDeadError (the engine's own fatal error)
         self.schedulable = schedulable
@@ -69,7 +64,9 @@ class FakeEngine:
     def add_request(self, request_id, prompt, params, arrival_time=None, stream=False):
         ids = prompt["prompt_token_ids"] if isinstance(prompt, dict) else prompt
         if not ids:
-            raise ValueError("the prompt is empty: it must contain at least one token")
+            raise InvalidRequest(
+                "prompt", "the prompt is empty: it must contain at least one token"
+            )
         metrics = RequestMetrics(arrival_time=arrival_time or time.monotonic())
         self.requests[request_id] = dict(ids=list(ids), out=[], max=params.max_tokens, m=metrics)
 
@@ -134,7 +131,7 @@ def params(max_tokens=3):
 
 async def run_request(engine: AsyncEngine, rid: str, max_tokens=3) -> list:
     q: asyncio.Queue = asyncio.Queue()
-    await engine.add(rid, {"prompt_token_ids": [1, 2]}, params(max_tokens), q)
+    await engine.add_request(rid, {"prompt_token_ids": [1, 2]}, params(max_tokens), q)
     items = []
     while True:
         item = await asyncio.wait_for(q.get(), 5)
@@ -162,7 +159,7 @@ def test_a_raising_step_fails_its_requests_and_the_loop_serves_on():
         return failed, ok, engine.health()
 
     failed, ok, health = with_engine(FakeEngine(fail_at=1), body)
-    assert isinstance(failed[-1], RequestFailedError) and "kernel exploded" in str(failed[-1])
+    assert isinstance(failed[-1], RequestFailed) and "kernel exploded" in str(failed[-1])
     assert ok[-1].finished and ok[-1].outputs[0].token_ids == [5, 5, 5]
     assert health is None
 
@@ -172,7 +169,7 @@ def test_invalid_request_raises_to_the_caller_and_queues_nothing():
 
     async def body(engine):
         with pytest.raises(ValueError, match="prompt is empty"):
-            await engine.add("bad", {"prompt_token_ids": []}, params(), asyncio.Queue())
+            await engine.add_request("bad", {"prompt_token_ids": []}, params(), asyncio.Queue())
         return await run_request(engine, "good")
 
     assert with_engine(fake, body)[-1].finished
@@ -184,7 +181,7 @@ def test_a_dead_loop_errors_in_flight_and_new_requests_and_fails_health():
         in_flight = await run_request(engine, "a")
         await asyncio.sleep(0.05)
         with pytest.raises(EngineDeadError):
-            await engine.add("b", {"prompt_token_ids": [1]}, params(), asyncio.Queue())
+            await engine.add_request("b", {"prompt_token_ids": [1]}, params(), asyncio.Queue())
         return in_flight, engine.health()
 
     in_flight, health = with_engine(FakeEngine(die_at=2), body)
@@ -231,7 +228,7 @@ def test_abort_reaches_the_engine_before_the_next_step():
 
     async def body(engine):
         q: asyncio.Queue = asyncio.Queue()
-        await engine.add("long", {"prompt_token_ids": [1]}, params(1000), q)
+        await engine.add_request("long", {"prompt_token_ids": [1]}, params(1000), q)
         first = await q.get()
         engine.abort("long")
         # The loop may already be inside the next step (waiting for its permit); that step
@@ -255,7 +252,7 @@ def test_idle_loop_blocks_and_a_stuck_queue_does_not_spin():
         await asyncio.sleep(0.05)
         before = engine.engine.calls
         if engine.engine is stuck:
-            await engine.add("w", {"prompt_token_ids": [1]}, params(), asyncio.Queue())
+            await engine.add_request("w", {"prompt_token_ids": [1]}, params(), asyncio.Queue())
         await asyncio.sleep(0.3)
         return engine.engine.calls - before
 
@@ -270,7 +267,7 @@ def sse_payloads(response) -> list:
 
 @pytest.mark.parametrize("fault", [dict(fail_at=2), dict(error_at=2), dict(die_at=2)])
 def test_error_after_stream_start_is_an_event_then_done(fault):
-    app = create_app(FakeEngine(**fault), ServerSettings())
+    app = create_app(AsyncEngine(FakeEngine(**fault)), ServerSettings())
     body = {"prompt": "hello", "max_tokens": 5, "stream": True}
     with TestClient(app) as client:
         with client.stream("POST", "/v1/completions", json=body) as r:
@@ -290,7 +287,7 @@ def test_error_after_stream_start_is_an_event_then_done(fault):
 
 
 def test_engine_failure_without_stream_is_a_500_not_a_hang():
-    app = create_app(FakeEngine(fail_at=1), ServerSettings())
+    app = create_app(AsyncEngine(FakeEngine(fail_at=1)), ServerSettings())
     with TestClient(app) as client:
         r = client.post("/v1/completions", json={"prompt": "hi", "max_tokens": 2})
         assert r.status_code == 500 and r.json()["error"]["code"] == "engine_error"
@@ -305,7 +302,7 @@ def test_a_model_without_chat_template_gets_400_naming_the_flag():
 
     backend = Backend(models.WordLevel({"[UNK]": 0, "hi": 1}, unk_token="[UNK]"))
     backend.pre_tokenizer = pre_tokenizers.Whitespace()
-    app = create_app(FakeEngine(tokenizer=Tokenizer(backend)), ServerSettings())
+    app = create_app(AsyncEngine(FakeEngine(tokenizer=Tokenizer(backend))), ServerSettings())
     with TestClient(app) as client:
         body = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
         r = client.post("/v1/chat/completions", json=body)

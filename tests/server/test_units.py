@@ -10,12 +10,16 @@ import pytest
 from fastapi.exceptions import RequestValidationError
 from pydantic import ValidationError
 
+from inferd.engine.input_processor import InputProcessor
+from inferd.engine_client import EngineStats, ModelInfo
+from inferd.errors import ContextTooLong, EngineDeadError, InvalidRequest, Overloaded, RequestFailed
 from inferd.outputs import CompletionOutput, Logprob, RequestMetrics, RequestOutput
+from inferd.sampling_params import SamplingParams
 from inferd.server.auth import bearer_token, key_matches
 from inferd.server.choices import DeltaTracker
-from inferd.server.errors import from_validation_error, from_value_error, guess_param
+from inferd.server.errors import error_status, from_validation_error
 from inferd.server.metrics import ServerMetrics
-from inferd.server.protocol import ChatCompletionRequest, CompletionRequest, request_fields
+from inferd.server.protocol import ChatCompletionRequest, CompletionRequest
 from inferd.server.responses import (
     LOGPROB_FLOOR,
     TokenText,
@@ -24,8 +28,6 @@ from inferd.server.responses import (
     usage_of,
 )
 from inferd.server.sse import DONE, encode_event, error_event
-
-FIELDS = request_fields()
 
 
 # ---- protocol -----------------------------------------------------------------------------------
@@ -84,30 +86,59 @@ def test_range_errors_name_the_parameter():
         CompletionRequest(prompt="x", top_p=2.0).sampling_params()
 
 
-# ---- errors -------------------------------------------------------------------------------------
+# ---- errors ---------------------------------------------------------------------------------
+def _raised(make) -> Exception:
+    try:
+        make()
+    except Exception as e:  # noqa: BLE001 - the error itself is what the test looks at
+        return e
+    raise AssertionError("expected an error")
+
+
+# The engine's own checks, as it runs them (prompts of token ids need no tokenizer).
+_ENGINE = InputProcessor(None, 262144, 7264, 128, 16, "cpu")
+
+
+def _engine_request(prompt, **params):
+    return _ENGINE.make_request("r", prompt, SamplingParams(**params), None, False)
+
+
 @pytest.mark.parametrize(
-    "message, param",
+    "make, message, param",
     [
-        ("top_p must be a number in (0, 1], got 2.0", "top_p"),
-        ("logit_bias[5] must be a finite number in [-100, 100], got 300", "logit_bias"),
-        ("the prompt is empty: it must contain at least one token", "prompt"),
-        ("prompt token id 300000 is outside the vocabulary [0, 262144)", "prompt"),
-        ("prompt (5 tokens) + max_tokens (9000) = 9005 exceeds max_model_len (7264)", "max_tokens"),
-        ("something unrelated", None),
+        (lambda: SamplingParams(top_p=2.0), "top_p must be a number in (0, 1], got 2.0", "top_p"),
+        (lambda: SamplingParams(logit_bias={5: 300}),
+         "logit_bias[5] must be a finite number in [-100, 100], got 300", "logit_bias"),
+        (lambda: _engine_request([]),
+         "the prompt is empty: it must contain at least one token", "prompt"),
+        (lambda: _engine_request([300000]),
+         "prompt token id 300000 is outside the vocabulary [0, 262144)", "prompt"),
+        (lambda: _engine_request([1] * 5, max_tokens=9000),
+         "prompt (5 tokens) + max_tokens (9000) = 9005 exceeds max_model_len (7264)", "max_tokens"),
     ],
-)
-def test_guess_param(message, param):
-    assert guess_param(message, FIELDS) == param
+)  # fmt: skip
+def test_typed_errors_name_their_parameter(make, message, param):
+    error = _raised(make)
+    assert isinstance(error, InvalidRequest) and str(error) == message
+    api = error_status(error)
+    assert (api.status, api.param, api.message) == (400, param, message)
 
 
-def test_value_error_mapping_for_chat_and_context_length():
-    e = from_value_error(ValueError("the prompt is empty"), FIELDS, prompt_param="messages")
+def test_error_mapping_for_chat_context_length_and_engine_states():
+    e = error_status(InvalidRequest("prompt", "the prompt is empty"), chat=True)
     assert (e.status, e.param) == (400, "messages")
-    e = from_value_error(ValueError("prompt (5 tokens) + max_tokens (9) exceeds max_model_len"),
-                         FIELDS)  # fmt: skip
-    assert e.code == "context_length_exceeded"
+    too_long = _raised(lambda: _engine_request([1] * 7264))
+    assert isinstance(too_long, ContextTooLong)
+    e = error_status(too_long)
+    assert (e.status, e.param, e.code) == (400, "prompt", "context_length_exceeded")
     body = e.body()["error"]
     assert set(body) == {"message", "type", "param", "code"}
+    busy = error_status(Overloaded("the server's queue is full (1 requests waiting)"))
+    assert (busy.status, busy.code, busy.headers) == (503, "queue_full", {"Retry-After": "1"})
+    assert error_status(EngineDeadError("worker exited")).status == 503
+    assert error_status(RequestFailed("RuntimeError: boom")).code == "engine_error"
+    # Anything untyped is a bug, not the client's fault: no 400 for a stray ValueError.
+    assert error_status(ValueError("something unrelated")) is None
 
 
 def _validation_error(model, data) -> RequestValidationError:
@@ -248,3 +279,70 @@ def test_bearer_token_and_constant_time_match():
     assert bearer_token([]) is None
     assert key_matches(b"abc", b"abc") and not key_matches(b"abd", b"abc")
     assert not key_matches(None, b"abc") and not key_matches(b"", b"abc")
+
+
+# ---- the app on a fake engine client -------------------------------------------------------------
+class _BrokenTokenizer:
+    def encode(self, text, add_special_tokens=True):
+        raise ValueError("a bug deep inside")  # untyped: not the client's fault
+
+    def decode(self, ids, skip_special_tokens=True):
+        return ""
+
+    def convert_ids_to_tokens(self, ids):
+        return [None for _ in ids]
+
+    def apply_chat_template(self, messages, add_generation_prompt=True, **kwargs):
+        raise ValueError("this model has no chat template; pass one with --chat-template")
+
+
+class _FakeClient:
+    """The smallest EngineClient: the server must need nothing more."""
+
+    model_info = ModelInfo("fake", "Fake", 64, 100, "fp_fake")
+    tokenizer = _BrokenTokenizer()
+
+    def start(self):
+        pass
+
+    def stop(self, timeout=30.0):
+        pass
+
+    async def add_request(self, request_id, prompt, params, outputs, arrival_time=None):
+        raise Overloaded("the server's queue is full (0 requests waiting)")
+
+    def abort(self, request_id):
+        pass
+
+    def health(self):
+        return None
+
+    def stats(self):
+        return EngineStats(0, 0, 0.0, 0, 0, 0, 0, 0, 0)
+
+    def observe_outputs(self, callback):
+        pass
+
+
+def test_the_app_needs_only_an_engine_client_and_maps_errors_by_type(caplog):
+    from starlette.testclient import TestClient
+
+    from inferd.engine_client import EngineClient
+    from inferd.server.app import create_app
+
+    assert isinstance(_FakeClient(), EngineClient)
+    with TestClient(create_app(_FakeClient())) as http:
+        assert http.get("/v1/models").json()["data"][0]["id"] == "fake"
+        busy = http.post("/v1/completions", json={"prompt": [1, 2]})
+        assert busy.status_code == 503 and busy.headers["Retry-After"] == "1"
+        chat = http.post(
+            "/v1/chat/completions", json={"messages": [{"role": "user", "content": "hi"}]}
+        )
+        assert chat.status_code == 400 and chat.json()["error"]["param"] == "messages"
+        with caplog.at_level("ERROR"):
+            bug = http.post("/v1/completions", json={"prompt": "hi"})
+    assert bug.status_code == 500
+    message = bug.json()["error"]["message"]
+    assert message.startswith("internal server error (id err-") and "bug" not in message
+    logged = [r for r in caplog.records if r.exc_info]
+    assert len(logged) == 1 and message[len("internal server error (id ") : -1] in logged[0].message

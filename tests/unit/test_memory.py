@@ -287,17 +287,6 @@ def test_proc_status_reads_this_process():
     assert st["RssAnon"] + st["RssFile"] <= st["VmRSS"]
 
 
-def test_measure_without_the_engine_is_a_clear_error(monkeypatch):
-    import sys
-
-    from inferd.memory.measure import measure_memory
-
-    monkeypatch.setitem(sys.modules, "inferd.llm", None)  # as if the module did not exist
-    est = estimate_memory(GEMMA_LIKE, dtype="fp32", max_model_len=64)
-    with pytest.raises(ValueError, match="inferd.llm"):
-        measure_memory(None, GEMMA_LIKE, est)
-
-
 class _FakeOutput:
     def __init__(self, n_prompt: int, n_gen: int):
         self.prompt_token_ids = list(range(n_prompt))
@@ -319,22 +308,26 @@ class _FakeLLM:
     """Stands in for the engine to test the measuring itself: allocates (and touches) what it
     is told, as the engine would."""
 
-    def __init__(self, model=None, dtype="auto", max_model_len=None, kv_cache_memory=None):
+    def __init__(self, kv_cache_memory: int, **engine_arguments):
         self.pool = _touched(kv_cache_memory)
 
     def generate(self, prompts, params, use_tqdm=True):
         self.scratch = _touched(32 << 20)  # 32 MiB of temporaries
         return [_FakeOutput(10, params.max_tokens) for _ in prompts]
 
+    def rank_reports(self) -> list[dict]:
+        return []
 
-def test_measure_reports_rss_deltas(monkeypatch):
+    def shutdown(self) -> None:
+        pass
+
+
+def test_measure_reports_rss_deltas():
     from inferd.memory import measure as m
 
-    sampling = lambda **kw: argparse.Namespace(**kw)  # noqa: E731
-    monkeypatch.setattr(m, "_engine", lambda: (_FakeLLM, sampling))
     est = estimate_memory(LLAMA3_8B, dtype="fp32", max_model_len=2048, concurrency=2)
     assert est.per_device.kv_cache > 256 << 20
-    result = m.measure_memory(None, LLAMA3_8B, est, max_tokens=3)
+    result = m.measure_memory(None, LLAMA3_8B, est, max_tokens=3, make_llm=_FakeLLM)
     assert result.prompt_tokens == 20 and result.generated_tokens == 6
     assert [s.label for s in result.snapshots] == ["before load", "after load", "after generation"]
     rows = {what: (pred, got) for what, pred, got, _ in result.rows}
@@ -351,4 +344,4 @@ def test_measure_refuses_what_if_precisions():
                dict(dtype="fp32", tensor_parallel_size=2, device="cuda")):  # fmt: skip
         est = estimate_memory(GEMMA_LIKE, max_model_len=64, **kw)
         with pytest.raises(ValueError, match="--measure"):
-            measure_memory(None, GEMMA_LIKE, est)
+            measure_memory(None, GEMMA_LIKE, est, make_llm=_FakeLLM)

@@ -1,4 +1,5 @@
-"""The engine loop: one thread owns the `LLMEngine`, the asyncio event loop owns the clients.
+"""The engine as an asyncio server sees it (`inferd.engine_client.EngineClient`): one thread owns
+the `LLMEngine`, the asyncio event loop owns the clients.
 
     HTTP handler ──add/abort──▶ command queue ──▶ loop thread: apply commands, engine.step()
     HTTP handler ◀── per-request asyncio.Queue ◀── call_soon_threadsafe(deliver, outputs)
@@ -20,24 +21,21 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from inferd.errors import EngineDeadError
+from inferd.engine_client import EngineStats, ModelInfo, PromptInput, TokenizerLike
+from inferd.errors import EngineDeadError, Overloaded, RequestFailed
 from inferd.outputs import RequestOutput
+from inferd.sampling_params import SamplingParams
+
+if TYPE_CHECKING:
+    from inferd.engine.engine import LLMEngine
 
 log = logging.getLogger(__name__)
 
 # When steps schedule nothing although requests exist (nothing fits yet), the thread waits
 # this long for a command before trying again, rather than spinning on the GIL.
 _STUCK_WAIT_S = 0.005
-
-
-class QueueFullError(RuntimeError):
-    """`max_queued_requests` requests are already waiting (HTTP 503 with Retry-After)."""
-
-
-class RequestFailedError(RuntimeError):
-    """The engine failed this request (its step raised); other requests are unaffected."""
 
 
 @dataclass
@@ -58,18 +56,20 @@ _STOP = object()
 
 
 class AsyncEngine:
+    """Implements `EngineClient` around a synchronous engine (an `LLMEngine`, or anything with
+    its request and step methods)."""
+
     def __init__(
         self,
-        engine: Any,
+        engine: LLMEngine,
         max_queued_requests: int | None = None,
-        stall_timeout: float = 60.0,
-        on_output: Callable[[RequestOutput], None] | None = None,
+        stall_timeout: float = 60.0,  # health() fails after this long without a step while busy
     ):
         self.engine = engine
         self.max_queued_requests = max_queued_requests
         self.stall_timeout = stall_timeout
-        self.on_output = on_output  # called on the event loop for every output (metrics)
-        self.stats = engine.stats()  # latest snapshot, replaced (never mutated) by the thread
+        self._observers: list[Callable[[RequestOutput], None]] = []
+        self._stats = engine.stats()  # latest snapshot, replaced (never mutated) by the thread
         self._commands: queue.SimpleQueue = queue.SimpleQueue()
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
@@ -83,7 +83,21 @@ class AsyncEngine:
         self._dead_reason: str | None = None
         self._stopping = False
 
-    # ---- lifecycle (event loop) --------------------------------------------------------------
+    # ---- what the server may ask (event loop) ------------------------------------------------
+    @property
+    def model_info(self) -> ModelInfo:
+        return self.engine.model_info
+
+    @property
+    def tokenizer(self) -> TokenizerLike:
+        return self.engine.tokenizer
+
+    def stats(self) -> EngineStats:
+        return self._stats
+
+    def observe_outputs(self, callback: Callable[[RequestOutput], None]) -> None:
+        self._observers.append(callback)
+
     def start(self) -> None:
         self._loop = asyncio.get_running_loop()
         self._thread = threading.Thread(target=self._run, name="inferd-engine", daemon=True)
@@ -106,16 +120,16 @@ class AsyncEngine:
         return None
 
     # ---- requests (event loop) ---------------------------------------------------------------
-    async def add(
+    async def add_request(
         self,
         request_id: str,
-        prompt: Any,
-        params: Any,
+        prompt: PromptInput,
+        params: SamplingParams,
         outputs: asyncio.Queue,
         arrival_time: float | None = None,
     ) -> None:
-        """Queue a request; its outputs (or an exception) go to `outputs`. Raises ValueError
-        (invalid request), QueueFullError or EngineDeadError, with nothing left queued."""
+        """Queue a request; its outputs (or an exception) go to `outputs`. Raises InvalidRequest,
+        Overloaded or EngineDeadError, with nothing left queued."""
         if self._dead_reason is not None or self._loop is None:
             raise EngineDeadError(self._dead_reason or "the engine loop is not running")
         future = self._loop.create_future()
@@ -156,7 +170,7 @@ class AsyncEngine:
                 else:
                     stuck = False
                 self._busy = bool(self._active)
-                self.stats = self.engine.stats()
+                self._stats = self.engine.stats()
                 if settled or outputs or failed:
                     self._post(self._deliver, settled, outputs, failed)
         except BaseException as e:  # noqa: BLE001 - whatever killed the loop, say so in /health
@@ -200,7 +214,7 @@ class AsyncEngine:
         try:
             limit = self.max_queued_requests
             if limit is not None and self.engine.stats().num_waiting >= limit:
-                raise QueueFullError(f"the server's queue is full ({limit} requests waiting)")
+                raise Overloaded(f"the server's queue is full ({limit} requests waiting)")
             self.engine.add_request(
                 cmd.request_id, cmd.prompt, cmd.params, cmd.arrival_time, stream=True
             )
@@ -212,7 +226,7 @@ class AsyncEngine:
         return None
 
     def _step(self) -> tuple[list[RequestOutput], list[tuple[str, str]], bool]:
-        steps_before = self.stats.steps
+        steps_before = self._stats.steps
         try:
             outputs = self.engine.step()
         except EngineDeadError:
@@ -254,11 +268,11 @@ class AsyncEngine:
             if not future.done():
                 future.set_result(None) if error is None else future.set_exception(error)
         for out in outputs:
-            if self.on_output is not None:
+            for observe in self._observers:
                 try:
-                    self.on_output(out)
+                    observe(out)
                 except Exception:  # noqa: BLE001 - metrics must never break delivery
-                    log.exception("output hook failed")
+                    log.exception("output observer failed")
             q = self._queues.get(out.request_id)
             if q is not None:
                 q.put_nowait(out)
@@ -267,7 +281,7 @@ class AsyncEngine:
         for request_id, message in failed:
             q = self._queues.pop(request_id, None)
             if q is not None:
-                q.put_nowait(RequestFailedError(message))
+                q.put_nowait(RequestFailed(message))
 
     def _fail_all(self, reason: str) -> None:
         for future in list(self._pending_adds):

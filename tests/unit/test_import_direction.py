@@ -1,0 +1,177 @@
+"""Imports between inferd's packages go one way (docs/architecture.md draws it). Every module under
+inferd/ is parsed with `ast`; a module belongs to its top-level package (`inferd/engine/...` →
+engine) or is a node of its own (`inferd/errors.py` → errors). Every import of another node must
+be an edge listed below, and the listed edges must form no cycle. Imports inside functions and
+under TYPE_CHECKING count: they are dependencies all the same."""
+
+from __future__ import annotations
+
+import ast
+import graphlib
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+
+# node → the nodes it may import. Read bottom-up: plain data and leaves first, the public API and
+# the command line last.
+ALLOWED: dict[str, set[str]] = {
+    # leaves: plain data, errors, facts about the machine
+    "version": set(),
+    "errors": set(),
+    "cache": set(),
+    "cpu_info": set(),
+    "config": set(),
+    "outputs": set(),
+    "platform": {"cpu_info"},
+    "sampling_params": {"errors"},
+    "engine_client": {"outputs", "sampling_params", "errors"},
+    # the model side: kernels, process groups, attention, layers, architectures, loading
+    "cpu_kernels": {"cache", "cpu_info"},
+    "distributed": {"config", "errors"},
+    "attention": {"config", "cpu_kernels", "errors"},
+    "layers": {"attention", "config", "cpu_kernels", "distributed", "errors"},
+    "models": {"attention", "config", "cpu_kernels", "distributed", "errors", "layers"},
+    "loader": {"cache", "config", "distributed", "errors", "layers", "models", "version"},
+    "tokenizer": {"cache", "errors", "loader"},
+    "memory": {"config", "cpu_info", "errors", "loader", "sampling_params"},
+    # the engine on top of all that, and what uses it
+    "engine": {
+        "attention", "config", "cpu_kernels", "distributed", "engine_client", "errors", "layers",
+        "loader", "memory", "models", "outputs", "platform", "sampling_params", "tokenizer",
+        "version",
+    },
+    "llm": {"config", "engine", "errors", "outputs", "sampling_params", "tokenizer"},
+    # the server knows the engine only as an EngineClient
+    "server": {"engine_client", "errors", "outputs", "sampling_params", "version"},
+    "bench": {"config", "errors", "llm", "outputs", "sampling_params"},
+    "commands": {
+        "bench", "config", "cpu_info", "distributed", "engine", "errors", "llm", "loader",
+        "memory", "platform", "sampling_params", "server", "tokenizer",
+    },
+    "cli": {"commands", "errors", "version"},
+    "__main__": {"cli"},
+    # the package root re-exports the offline API lazily (`_EXPORTS`); nothing inside imports it
+    "inferd": {"llm", "outputs", "sampling_params", "version"},
+}  # fmt: skip
+
+# Edges that still run against the direction above, each with the work that removes it. The test
+# fails once an edge is gone, so that its entry goes with it.
+PENDING: dict[tuple[str, str], str] = {
+    ("attention", "layers"): "torch_backend takes fp8 constants from layers/quant.py "
+    "(issue 20, the attention backend contract)",
+}
+
+
+def node_of(module: str) -> str:
+    """'inferd.engine.scheduler' → 'engine'; 'inferd.errors' → 'errors'; 'inferd' → 'inferd'."""
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 else "inferd"
+
+
+def _module_name(path: Path, root: Path) -> str:
+    parts = list(path.relative_to(root).with_suffix("").parts)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def imports_of(path: Path, module: str) -> set[str]:
+    """Every inferd module `path` imports, wherever the import statement is."""
+    tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
+    package = module if path.name == "__init__.py" else module.rpartition(".")[0]
+    found = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            found |= {alias.name for alias in node.names}
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:  # relative: resolve against this module's package
+                base = package.split(".")[: len(package.split(".")) - node.level + 1]
+                found.add(".".join(base + ([node.module] if node.module else [])))
+            else:
+                found.add(node.module or "")
+        elif isinstance(node, ast.Assign) and path.name == "__init__.py":
+            # lazy re-exports: _EXPORTS = {"LLM": "inferd.llm", ...}
+            names = [t.id for t in node.targets if isinstance(t, ast.Name)]
+            if names == ["_EXPORTS"] and isinstance(node.value, ast.Dict):
+                found |= {v.value for v in node.value.values if isinstance(v, ast.Constant)}
+    return {m for m in found if m == "inferd" or m.startswith("inferd.")}
+
+
+def package_edges(root: Path) -> dict[tuple[str, str], list[str]]:
+    """(importing node, imported node) → the files that make the edge."""
+    edges: dict[tuple[str, str], list[str]] = {}
+    source = root / "inferd"
+    for path in sorted(source.rglob("*.py")):
+        module = _module_name(path, root)
+        here = node_of(module)
+        for target in imports_of(path, module):
+            there = node_of(target)
+            if there != here:
+                edges.setdefault((here, there), []).append(str(path.relative_to(root)))
+    return edges
+
+
+def violations(edges: dict[tuple[str, str], list[str]], allowed: dict[str, set[str]]) -> list[str]:
+    problems = []
+    for (here, there), files in sorted(edges.items()):
+        if here not in allowed:
+            problems.append(f"{here} is not in ALLOWED: add it at its place in the layering")
+        elif there not in allowed[here] and (here, there) not in PENDING:
+            problems.append(f"{here} -> {there} goes against the direction ({', '.join(files)})")
+    return problems
+
+
+def test_every_import_follows_the_allowed_direction():
+    problems = violations(package_edges(ROOT), ALLOWED)
+    assert not problems, "\n".join(problems)
+
+
+def layering(allowed: dict[str, set[str]]) -> list[str]:
+    """The nodes, each after everything it may import; raises CycleError if there is no order."""
+    unknown = {t for targets in allowed.values() for t in targets} - allowed.keys()
+    assert not unknown, f"edges to nodes missing from ALLOWED: {sorted(unknown)}"
+    return list(graphlib.TopologicalSorter(allowed).static_order())
+
+
+def test_the_allowed_edges_form_no_cycle():
+    order = layering(ALLOWED)
+    assert order.index("errors") < order.index("engine") < order.index("llm")
+
+
+def test_pending_exceptions_still_exist():
+    edges = package_edges(ROOT)
+    gone = [f"{a} -> {b}" for a, b in PENDING if (a, b) not in edges]
+    assert not gone, f"no longer imported, remove from PENDING: {gone}"
+
+
+# ---- the check itself can fail ------------------------------------------------------------------
+def _tree(tmp_path: Path, files: dict[str, str]) -> Path:
+    for name, text in files.items():
+        path = tmp_path / "inferd" / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+    return tmp_path
+
+
+def test_a_reversed_import_is_reported(tmp_path):
+    root = _tree(tmp_path, {
+        "__init__.py": "",
+        "engine/__init__.py": "from inferd.loader import open_checkpoint\n",
+        "loader/__init__.py": "def f():\n    from inferd.engine.scheduler import Scheduler\n",
+        "server/app.py": "from .errors import APIError\nfrom ..engine import engine\n",
+        "server/errors.py": "",
+    })  # fmt: skip
+    edges = package_edges(root)
+    assert set(edges) == {("engine", "loader"), ("loader", "engine"), ("server", "engine")}
+    problems = violations(edges, ALLOWED)
+    assert len(problems) == 2 and "loader -> engine" in problems[0]
+    assert "server -> engine" in problems[1] and "inferd/server/app.py" in problems[1]
+
+
+def test_an_unknown_node_and_a_cycle_are_reported(tmp_path):
+    root = _tree(tmp_path, {"newthing.py": "import inferd.errors\n"})
+    assert violations(package_edges(root), ALLOWED) == [
+        "newthing is not in ALLOWED: add it at its place in the layering"
+    ]
+    with pytest.raises(graphlib.CycleError):
+        layering({**ALLOWED, "loader": ALLOWED["loader"] | {"engine"}})
