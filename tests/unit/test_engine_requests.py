@@ -122,3 +122,30 @@ def test_prompt_plus_max_tokens_error_states_the_arithmetic(tiny_llm):
         tiny_llm.generate([[1] * 100], SamplingParams(max_tokens=50), use_tqdm=False)
     assert "100" in str(e.value) and "50" in str(e.value) and "150" in str(e.value)
     assert "128" in str(e.value)
+
+
+def test_a_failing_step_fails_its_requests_and_the_engine_goes_on(tiny_llm, monkeypatch):
+    engine = tiny_llm.engine
+    run = engine.executor.execute
+    failures = [RuntimeError("kernel exploded")]
+
+    def flaky(scheduled):
+        if failures:
+            raise failures.pop()
+        return run(scheduled)
+
+    monkeypatch.setattr(engine.executor, "execute", flaky)
+    engine.add_request("doomed", [1, 5, 6], greedy(4))
+    (out,) = engine.step()
+    assert out.finished and out.error == "RuntimeError: kernel exploded"
+    assert [c.finish_reason for c in out.outputs] == ["error"]
+    assert not engine.has_unfinished_requests() and engine.stats().num_running == 0
+    fine = tiny_llm.generate([[1, 5, 6]], greedy(4), use_tqdm=False)[0].outputs[0]
+    assert len(fine.token_ids) == 4 and fine.finish_reason == "length"
+
+
+def test_the_engine_describes_its_model_once(tiny_llm):
+    info = tiny_llm.engine.model_info
+    assert info.name == "-".join(info.display_name.lower().split()) and info.name
+    assert info.max_model_len == 128 and info.vocab_size == tiny_llm.engine.model_config.vocab_size
+    assert info.fingerprint.startswith("fp_") and len(info.fingerprint) == 13
