@@ -41,8 +41,8 @@ _STUCK_WAIT_S = 0.005
 @dataclass
 class _Add:
     request_id: str
-    prompt: Any
-    params: Any
+    prompt: PromptInput
+    params: SamplingParams
     arrival_time: float
     future: asyncio.Future
 

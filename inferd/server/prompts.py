@@ -14,6 +14,17 @@ from inferd.errors import InvalidRequest
 _RESERVED = frozenset({"messages", "add_generation_prompt"})
 
 
+def checked_text(param: str, text: str) -> str:
+    """`text` if a tokenizer can take it: JSON may carry lone UTF-16 surrogates ("\\ud800"),
+    which decode to a Python string but are no text."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as e:
+        message = f"{param} is not valid text: {e.reason} at character {e.start}"
+        raise InvalidRequest(param, message) from e
+    return text
+
+
 def completion_prompts(tokenizer: Any, prompts: list[str | list[int]]) -> list[dict[str, Any]]:
     out = []
     for prompt in prompts:
@@ -21,7 +32,8 @@ def completion_prompts(tokenizer: Any, prompts: list[str | list[int]]) -> list[d
             if not prompt:
                 raise InvalidRequest("prompt", "prompt must not be empty")
             # Completion prompts get the model's special tokens (BOS), as in HF and vLLM.
-            out.append({"prompt": prompt, "prompt_token_ids": tokenizer.encode(prompt)})
+            ids = tokenizer.encode(checked_text("prompt", prompt))
+            out.append({"prompt": prompt, "prompt_token_ids": ids})
         else:
             out.append({"prompt": None, "prompt_token_ids": list(prompt)})
     return out
@@ -52,4 +64,5 @@ def chat_prompt(
     except ValueError as e:  # TokenizerLike.apply_chat_template's one way to fail
         raise InvalidRequest("messages", str(e)) from e
     # NOTE: templates write BOS themselves; adding special tokens again would double it.
-    return {"prompt": text, "prompt_token_ids": tokenizer.encode(text, add_special_tokens=False)}
+    ids = tokenizer.encode(checked_text("messages", text), add_special_tokens=False)
+    return {"prompt": text, "prompt_token_ids": ids}

@@ -11,7 +11,7 @@ from inferd.errors import InvalidRequest
 from inferd.outputs import RequestMetrics
 from inferd.server.errors import SERVER_ERROR, APIError
 from inferd.server.metrics import CONTENT_TYPE
-from inferd.server.prompts import chat_prompt, completion_prompts
+from inferd.server.prompts import chat_prompt, checked_text, completion_prompts
 from inferd.server.protocol import DetokenizeRequest, GenerateRequest, TokenizeRequest
 from inferd.server.responses import new_id
 from inferd.server.routes_openai import CLIENT_GONE
@@ -83,7 +83,8 @@ async def tokenize(body: TokenizeRequest, request: Request) -> dict[str, Any]:
         if body.add_special_tokens:  # the template wrote its own; add them only on request
             ids = await state.tokenize(tok.encode, rendered["prompt"], True)
     else:
-        ids = await state.tokenize(tok.encode, body.prompt, body.add_special_tokens is not False)
+        text = checked_text("prompt", body.prompt)
+        ids = await state.tokenize(tok.encode, text, body.add_special_tokens is not False)
     return {"tokens": ids, "count": len(ids), "max_model_len": state.info.max_model_len}
 
 

@@ -339,6 +339,11 @@ def test_the_app_needs_only_an_engine_client_and_maps_errors_by_type(caplog):
             "/v1/chat/completions", json={"messages": [{"role": "user", "content": "hi"}]}
         )
         assert chat.status_code == 400 and chat.json()["error"]["param"] == "messages"
+        surrogate = b'{"prompt": "a\\ud800b"}'  # valid JSON, but no text a tokenizer takes
+        bad = http.post(
+            "/v1/completions", content=surrogate, headers={"Content-Type": "application/json"}
+        )
+        assert bad.status_code == 400 and bad.json()["error"]["param"] == "prompt"
         with caplog.at_level("ERROR"):
             bug = http.post("/v1/completions", json={"prompt": "hi"})
     assert bug.status_code == 500
