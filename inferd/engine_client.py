@@ -93,8 +93,8 @@ class EngineClient(Protocol):
     ) -> None:
         """Generate for one prompt. Returns once the request is queued; from then on its
         outputs (cumulative `RequestOutput`s, the last with `finished`) arrive in `outputs`,
-        or an exception that ends the stream (`RequestFailed`, `EngineDead`). Raises
-        `InvalidRequest`, `Overloaded` or `EngineDead` with nothing queued. Several requests
+        or an exception that ends the stream (`RequestFailed`, `EngineDeadError`). Raises
+        `InvalidRequest`, `Overloaded` or `EngineDeadError` with nothing queued. Several requests
         may share one `outputs` queue."""
 
     def abort(self, request_id: str) -> None:

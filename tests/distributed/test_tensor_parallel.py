@@ -174,7 +174,7 @@ def test_memory_measure_reports_each_rank(checkpoints):
     ckpt = open_checkpoint(checkpoints["llama"])
     est = estimate_memory(ckpt.config, dtype="fp32", max_model_len=128, concurrency=2,
                           tensor_parallel_size=2, device="cpu")  # fmt: skip
-    m = measure_memory(str(checkpoints["llama"]), ckpt.config, est, max_tokens=4)
+    m = measure_memory(str(checkpoints["llama"]), ckpt.config, est, max_tokens=4, make_llm=LLM)
     rows = {what: (pred, got) for what, pred, got, _ in m.rows}
     for rank in (0, 1):
         pred, got = rows[f"rank {rank}: weights held"]
