@@ -221,8 +221,9 @@ class KVCacheManager:
         seq.registered_blocks = max(seq.registered_blocks, full)
 
     def fork(self, parent: Sequence, child: Sequence) -> list[tuple[int, int, int]] | None:
-        """Give `child` the parent's blocks: full blocks shared, the partial last block copied.
-        Returns the (group, src, dst) copies to make on the device, or None if no room."""
+        """Give `child` the blocks of the parent's `num_computed` tokens: full blocks shared,
+        the partial last block copied. Returns the (group, src, dst) copies to make on the
+        device, or None if no room."""
         partial = parent.num_computed % self.block_size != 0
         if partial and any(pool.num_free < 1 for pool in self.pools):
             return None
@@ -239,7 +240,6 @@ class KVCacheManager:
                 new_table.append(dst)
             tables.append(new_table)
         child.block_tables = tables
-        child.num_computed = parent.num_computed
         child.registered_blocks = parent.registered_blocks
         return copies
 

@@ -284,6 +284,7 @@ class Scheduler:
             child.status = SequenceStatus.WAITING
             self.waiting.append(child)
             return
+        child.num_computed = parent.num_computed
         child.status = SequenceStatus.RUNNING
         self.running.append(child)
         self._copies += copies

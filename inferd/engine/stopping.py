@@ -1,4 +1,5 @@
-"""Deciding when a sequence ends, and turning its tokens into text as they arrive.
+"""Deciding when a sequence ends, and turning its tokens into text as they arrive (the scheduler
+calls `append_token` for every sampled token).
 
 Stop strings can straddle token boundaries, so they are searched in the detokenized text, not in
 token ids: after each token only the tail that could contain a new match is scanned. While a
