@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from inferd.engine_client import TokenizerLike
 from inferd.errors import InvalidRequest
 
 # Template variables the server sets itself; chat_template_kwargs cannot replace them.
@@ -25,7 +26,9 @@ def checked_text(param: str, text: str) -> str:
     return text
 
 
-def completion_prompts(tokenizer: Any, prompts: list[str | list[int]]) -> list[dict[str, Any]]:
+def completion_prompts(
+    tokenizer: TokenizerLike, prompts: list[str | list[int]]
+) -> list[dict[str, Any]]:
     out = []
     for prompt in prompts:
         if isinstance(prompt, str):
@@ -39,7 +42,7 @@ def completion_prompts(tokenizer: Any, prompts: list[str | list[int]]) -> list[d
     return out
 
 
-def prompt_text(tokenizer: Any, prompt: dict[str, Any], vocab_size: int) -> str:
+def prompt_text(tokenizer: TokenizerLike, prompt: dict[str, Any], vocab_size: int) -> str:
     """The prompt as text, for `echo` (token-id prompts are decoded)."""
     if prompt["prompt"] is not None:
         return prompt["prompt"]
@@ -50,7 +53,7 @@ def prompt_text(tokenizer: Any, prompt: dict[str, Any], vocab_size: int) -> str:
 
 
 def chat_prompt(
-    tokenizer: Any,
+    tokenizer: TokenizerLike,
     messages: list[dict[str, Any]],
     add_generation_prompt: bool = True,
     template_kwargs: dict[str, Any] | None = None,
