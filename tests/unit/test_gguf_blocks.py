@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
+from kernel_variants import VARIANT_NAMES, variant_library
 
 from inferd.cpu_kernels import build
 from inferd.layers.gguf_blocks import BlockWeight, stack
@@ -88,15 +89,10 @@ def emulate(x: torch.Tensor, w: BlockWeight) -> torch.Tensor:
     return torch.cat(out, dim=1).float()
 
 
-@pytest.fixture(scope="module", params=["native", "portable"])
+@pytest.fixture(scope="module", params=VARIANT_NAMES)
 def kernels(request):
-    try:
-        flags = () if request.param == "native" else ("-mno-avx512f",)
-        lib = build.load(build.build(flags))
-    except build.KernelsUnavailable as e:
-        pytest.skip(f"no C compiler here: {e}")
-    if request.param == "portable":
-        assert lib.inferd_kernel_isa() == b"portable"
+    lib = variant_library(request.param)
+    assert lib.inferd_kernel_isa().decode() == request.param
     return lib
 
 
@@ -165,9 +161,5 @@ def test_gguf_mode_without_kernels_says_why(monkeypatch):
     from inferd.layers.quant import check_quantization
 
     monkeypatch.setenv("INFERD_CPU_KERNELS", "0")
-    build._cached_library.cache_clear()
-    try:
-        with pytest.raises(ValueError, match="INFERD_CPU_KERNELS=0.*int8"):
-            check_quantization("gguf", torch.device("cpu"))
-    finally:
-        build._cached_library.cache_clear()
+    with pytest.raises(ValueError, match="INFERD_CPU_KERNELS=0.*int8"):
+        check_quantization("gguf", torch.device("cpu"))
