@@ -12,14 +12,23 @@
 #ifdef INFERD_ISA_AVX2
 #include <immintrin.h>
 
+/* Loops over the rows of a step are short and constant: unrolled, their accumulators stay in
+ * registers (an array the compiler indexes at run time would live in memory). */
+#define UNROLL _Pragma("GCC unroll 16")
+
+/* Where one row's data are: its first chunk in q (and high), the distance between chunks (4
+ * chunks apart when interleaved), and its first scale; the inner loop only adds. */
 typedef struct {
     const uint8_t *q, *high;
+    const char* scale;
     int64_t q_step, high_step;
 } RowPtr;
 
 static inline RowPtr row_ptr(const BlockMatrix* W, int64_t n, int bits) {
     const int64_t cb = bits == 8 ? 64 : 32, group = W->interleaved ? 4 : 1;
-    RowPtr p = {W->q + chunk_at(W, n, 0, cb), NULL, cb * group, 8 * group};
+    const int64_t scale_bytes = W->half_scales ? 2 : 4;
+    RowPtr p = {W->q + chunk_at(W, n, 0, cb), NULL,
+                (const char*)W->scale + n * (W->K / W->B) * scale_bytes, cb * group, 8 * group};
     if (bits == 5) p.high = W->high + chunk_at(W, n, 0, 8);
     return p;
 }
@@ -50,22 +59,22 @@ static inline __attribute__((always_inline)) __m256i half_weights(RowPtr p, int6
     return w;
 }
 
-/* The scales of the 32 weights from k of row n, per int32 lane (B = 16: lanes 0-3 and 4-7
- * belong to two blocks). Only the scales of these weights are read. */
-static inline __attribute__((always_inline)) __m256 lane_scales(const BlockMatrix* W, int64_t n,
-                                                                int64_t k, const int half) {
-    const int64_t first = n * (W->K / W->B) + k / W->B;
-    if (W->B == 32) {
-        return half ? _mm256_set1_ps(_cvtsh_ss(((const uint16_t*)W->scale)[first]))
-                    : _mm256_broadcast_ss((const float*)W->scale + first);
+/* The scales of a row's 32 weights from k, per int32 lane (B = 16: lanes 0-3 and 4-7 belong
+ * to two blocks); `shift` is log2(B). Reads only these weights' scales. */
+static inline __attribute__((always_inline)) __m256 lane_scales(RowPtr p, int64_t k, int shift,
+                                                                const int half) {
+    const int64_t first = k >> shift;
+    if (shift == 5) {
+        return half ? _mm256_set1_ps(_cvtsh_ss(((const uint16_t*)p.scale)[first]))
+                    : _mm256_broadcast_ss((const float*)p.scale + first);
     }
     __m128 two;
     if (half) {
         int32_t bits;
-        memcpy(&bits, (const uint16_t*)W->scale + first, 4);
+        memcpy(&bits, (const uint16_t*)p.scale + first, 4);
         two = _mm_cvtph_ps(_mm_cvtsi32_si128(bits));
     } else {
-        two = _mm_castpd_ps(_mm_load_sd((const double*)((const float*)W->scale + first)));
+        two = _mm_castpd_ps(_mm_load_sd((const double*)((const float*)p.scale + first)));
     }
     return _mm256_permutevar8x32_ps(_mm256_castps128_ps256(two),
                                     _mm256_set_epi32(1, 1, 1, 1, 0, 0, 0, 0));
@@ -100,37 +109,52 @@ static inline float sum8(__m256 v) {
     return _mm_cvtss_f32(s);
 }
 
+/* Weights [k, k + 32 * halves) of R rows against M activation rows, into acc [M, R]. */
+static inline __attribute__((always_inline)) void chunk_dot(
+    const RowPtr* rp, QuantRows x, int64_t K, int64_t k, int shift, const int halves,
+    const int M, const int R, const int bits, const int half, __m256* acc) {
+    const int64_t c = k / 64;
+    __m256i packed[4];
+    UNROLL
+    for (int r = 0; r < R; r++)
+        packed[r] = bits == 8 ? _mm256_setzero_si256()
+                              : _mm256_loadu_si256((const __m256i*)(rp[r].q + c * rp[r].q_step));
+    UNROLL
+    for (int h = 0; h < halves; h++) {
+        const int64_t kh = k + 32 * h;
+        UNROLL
+        for (int m = 0; m < M; m++) {
+            const __m256i a = _mm256_loadu_si256((const __m256i*)(x.xq + m * K + kh));
+            const __m256i cz = _mm256_loadu_si256((const __m256i*)(x.xc + m * (K / 4) + kh / 4));
+            const __m256 d = _mm256_broadcast_ss(x.xl + m * (K / 4) + kh / 4);
+            UNROLL
+            for (int r = 0; r < R; r++) {
+                const __m256i w = half_weights(rp[r], c, h, packed[r], bits);
+                const __m256 p = _mm256_cvtepi32_ps(dot4(cz, w, a, bits));
+                const __m256 s = lane_scales(rp[r], kh, shift, half);
+                acc[m * R + r] = _mm256_fmadd_ps(_mm256_mul_ps(s, d), p, acc[m * R + r]);
+            }
+        }
+    }
+}
+
 /* R weight rows (n, n+1, ...) against M activation rows; M, R, bits and half are compile-time
  * constants in each instantiation (ROW_DOT), so the accumulators stay in the 16 registers. */
 static inline __attribute__((always_inline)) void row_dot_m(
     const BlockMatrix* W, int64_t n, QuantRows x, const int M, const int R, const int bits,
     const int half, float* out /* [M, R] */) {
     const int64_t K = W->K;
+    const int shift = W->B == 32 ? 5 : 4;
     __m256 acc[4];
+    UNROLL
     for (int i = 0; i < M * R; i++) acc[i] = _mm256_setzero_ps();
     RowPtr rp[4];
+    UNROLL
     for (int r = 0; r < R; r++) rp[r] = row_ptr(W, n + r, bits);
-    for (int64_t k = 0; k < K; k += 64) {
-        const int64_t c = k / 64, halves = K - k >= 64 ? 2 : 1; /* K % 32 == 0 */
-        __m256i packed[4];
-        for (int r = 0; r < R; r++)
-            packed[r] = bits == 8 ? _mm256_setzero_si256()
-                                  : _mm256_loadu_si256((const __m256i*)(rp[r].q + c * rp[r].q_step));
-        for (int h = 0; h < halves; h++) {
-            const int64_t kh = k + 32 * h;
-            for (int m = 0; m < M; m++) {
-                const __m256i a = _mm256_loadu_si256((const __m256i*)(x.xq + m * K + kh));
-                const __m256i cz = _mm256_loadu_si256((const __m256i*)(x.xc + m * (K / 4) + kh / 4));
-                const __m256 d = _mm256_broadcast_ss(x.xl + m * (K / 4) + kh / 4);
-                for (int r = 0; r < R; r++) {
-                    const __m256i w = half_weights(rp[r], c, h, packed[r], bits);
-                    const __m256 p = _mm256_cvtepi32_ps(dot4(cz, w, a, bits));
-                    const __m256 s = lane_scales(W, n + r, kh, half);
-                    acc[m * R + r] = _mm256_fmadd_ps(_mm256_mul_ps(s, d), p, acc[m * R + r]);
-                }
-            }
-        }
-    }
+    int64_t k = 0;
+    for (; k + 64 <= K; k += 64) chunk_dot(rp, x, K, k, shift, 2, M, R, bits, half, acc);
+    if (k < K) chunk_dot(rp, x, K, k, shift, 1, M, R, bits, half, acc); /* K % 64 == 32 */
+    UNROLL
     for (int i = 0; i < M * R; i++) out[i] = sum8(acc[i]);
 }
 
