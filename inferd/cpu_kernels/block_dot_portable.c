@@ -21,25 +21,35 @@ void unpack_chunk(const BlockMatrix* W, int64_t n, int64_t c, int64_t len, uint8
     }
 }
 
+/* sum_j w[j] * a[j] over one block: a loop the compiler vectorises for the baseline ISA */
+static inline int32_t block_sum(const uint8_t* w, const int8_t* a, int64_t B) {
+    int32_t sum = 0;
+    for (int64_t j = 0; j < B; j++) sum += (int32_t)w[j] * a[j];
+    return sum;
+}
+
 static void row_dot(const BlockMatrix* W, int64_t n0, int64_t R, QuantRows x, int64_t M,
                     float* out) {
     const int64_t K = W->K, B = W->B;
-    const int32_t zero = (int32_t)W->zero;
-    uint8_t stored[64];
+    uint8_t unpacked[64];
     for (int64_t r = 0; r < R; r++) {
         const int64_t n = n0 + r;
         float total[MAX_ROWS] = {0};
         for (int64_t k = 0; k < K; k += 64) {
             const int64_t len = K - k >= 64 ? 64 : 32;
-            unpack_chunk(W, n, k / 64, len, stored);
+            const uint8_t* stored = unpacked;
+            if (W->bits == 8)
+                stored = W->q + chunk_at(W, n, k / 64, 64);
+            else
+                unpack_chunk(W, n, k / 64, len, unpacked);
             for (int64_t b = 0; b < len / B; b++) {
-                const float s = scale_at(W, n * (K / B) + (k + b * B) / B);
-                const uint8_t* w = stored + b * B;
+                const int64_t kb = k + b * B;
+                const float s = scale_at(W, n * (K / B) + kb / B);
                 for (int64_t m = 0; m < M; m++) {
-                    const int8_t* a = x.xq + m * K + k + b * B;
-                    int32_t sum = 0;
-                    for (int64_t j = 0; j < B; j++) sum += ((int32_t)w[j] - zero) * a[j];
-                    total[m] += s * x.xl[(m * K + k + b * B) / 4] * (float)sum;
+                    /* the zero point: xc holds -zero * (the sum of each four activations) */
+                    int32_t sum = block_sum(stored + b * B, x.xq + m * K + kb, B);
+                    for (int64_t l = 0; l < B / 4; l++) sum += x.xc[(m * K + kb) / 4 + l];
+                    total[m] += s * x.xl[(m * K + kb) / 4] * (float)sum;
                 }
             }
         }
