@@ -84,5 +84,6 @@ def describe(features: frozenset[str] | None = None, arch: str | None = None) ->
     lines = []
     for v in VARIANTS:
         missing = v.missing(features, arch)
-        lines.append(f"{v.name}: " + ("runs here" if not missing else "needs " + ", ".join(missing)))
+        verdict = "needs " + ", ".join(missing) if missing else "runs here"
+        lines.append(f"{v.name}: {verdict}")
     return lines
