@@ -10,6 +10,7 @@ from dataclasses import dataclass
 import torch
 
 from inferd.config import ENGINE_DEFAULTS, EngineConfig, ModelConfig
+from inferd.cpu_kernels.startup import prepare_cpu_kernels
 from inferd.distributed.state import SINGLE, TPGroup
 from inferd.engine.runner import ModelRunner
 from inferd.layers.quant import check_quantization
@@ -125,6 +126,7 @@ def set_up_engine(config: EngineConfig) -> EngineSetup:
     t0 = time.monotonic()
     _check_limits(config)
     device = resolve_device(config.device)
+    prepare_cpu_kernels(device)  # compiled now (or cached), never inside a request; says which
     resolve_dtypes(config, device)  # fail on bad dtype flags before starting anything
     checkpoint = open_checkpoint(config.model)
     mc = checkpoint.config
