@@ -16,6 +16,7 @@ from inferd.cpu_info import cpu_flags, machine
 from inferd.cpu_kernels import build, variants
 from inferd.cpu_kernels.startup import prepare_cpu_kernels
 
+ENV_SET = "INFERD_CPU_KERNELS=portable"
 AVX2_ONLY = frozenset("sse2 avx avx2 fma f16c bmi2".split())  # an AMD EPYC without AVX-512
 
 
@@ -94,6 +95,7 @@ def test_the_best_variant_is_chosen_and_loads():
 
 
 def test_start_up_says_which_kernels_run(monkeypatch, capsys, caplog):
+    monkeypatch.delenv("INFERD_CPU_KERNELS", raising=False)
     kernels = prepare_cpu_kernels(torch.device("cpu"))
     assert kernels is not None
     line = capsys.readouterr().err.strip()
@@ -101,7 +103,8 @@ def test_start_up_says_which_kernels_run(monkeypatch, capsys, caplog):
 
     monkeypatch.setenv("INFERD_CPU_KERNELS", "portable")
     prepare_cpu_kernels(torch.device("cpu"))
-    assert "cpu kernels: portable (" in capsys.readouterr().err
+    forced = r"cpu kernels: portable \((cached|built in \d+\.\d s)\), forced by " + ENV_SET
+    assert re.fullmatch(forced, capsys.readouterr().err.strip())
 
     monkeypatch.setenv("INFERD_CPU_KERNELS", "0")
     with caplog.at_level(logging.WARNING):
