@@ -21,6 +21,7 @@ COMMANDS = {
     "serve": "Run the OpenAI-compatible HTTP server",
     "memory": "Estimate (or measure) what a model costs in memory",
     "bench": "Benchmark throughput and latency",
+    "doctor": "Print what a bug report needs: CPU features, compiler, kernels, torch, threads",
 }
 
 

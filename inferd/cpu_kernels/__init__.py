@@ -1,6 +1,14 @@
-"""inferd's own CPU kernels, in C: built on first use with the machine's C compiler, for this
-CPU (`-march=native`), and called through ctypes. See build.py."""
+"""inferd's own CPU kernels, in C: compiled per ISA variant (variants.py) with the machine's C
+compiler, the best one the CPU runs loaded at engine start-up (startup.py), and called through
+ctypes. See build.py."""
 
-from inferd.cpu_kernels.build import KernelsUnavailable, kernel_library, kernels_available
+from inferd.cpu_kernels.build import (
+    Kernels,
+    KernelsUnavailable,
+    current_kernels,
+    kernel_library,
+    kernels_available,
+)
 
-__all__ = ["KernelsUnavailable", "kernel_library", "kernels_available"]
+__all__ = ["Kernels", "KernelsUnavailable", "current_kernels", "kernel_library",
+           "kernels_available"]  # fmt: skip

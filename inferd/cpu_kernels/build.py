@@ -1,12 +1,17 @@
-"""Compile and load the C kernels.
+"""Compile and load the C kernels: one library per ISA variant (variants.py).
 
-The source is compiled once per (source, compiler, CPU) into `$INFERD_CACHE/kernels/` with
-`-O3 -march=native -fopenmp`; later processes load the cached library in milliseconds. The
-library links the same OpenMP runtime PyTorch already loaded (`libgomp.so.1`), so kernels and
-PyTorch share one thread pool instead of two pools fighting over the cores.
+A variant is compiled once per (sources, compiler, flags) into `$INFERD_CACHE/kernels/`, under a
+name that says which variant it is (`inferd_kernels-avx2-<hash>.so`); later processes load it in
+milliseconds. Nothing in the key depends on the machine that built it, so a cache shared by
+different CPUs is safe: each loads the variant it runs, and a library is refused at load (with
+the reason) unless the CPU has every feature it was compiled for. That check is a small C file
+compiled for the architecture's baseline (isa_check.c), so it runs even where the kernels
+would not.
 
-Why ctypes rather than a PyTorch C++ extension: the kernels need no PyTorch headers, and a plain C
-file compiles in under a second instead of a minute.
+The library links the same OpenMP runtime PyTorch already loaded (`libgomp.so.1`), so kernels and
+PyTorch share one thread pool instead of two pools fighting over the cores. Why ctypes rather
+than a PyTorch C++ extension: the kernels need no PyTorch headers, and plain C files compile in
+about a second instead of a minute.
 """
 
 from __future__ import annotations
@@ -16,94 +21,126 @@ import functools
 import hashlib
 import logging
 import os
-import platform
 import shutil
 import subprocess
 import tempfile
+import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch  # noqa: F401  (loaded first, so its OpenMP runtime is the one the kernels bind to)
 
+from inferd.cpu_info import cpu_flags, machine
+from inferd.cpu_kernels.variants import BY_NAME, ENV, Variant, requested, runnable, target_flags
+
 log = logging.getLogger(__name__)
 
-SOURCES = sorted(Path(__file__).parent.glob("*.c"))
-HEADERS = sorted(Path(__file__).parent.glob("*.h"))
-FLAGS = [
-    "-O3",
-    "-march=native",
-    "-fopenmp",
-    "-shared",
-    "-fPIC",
-    "-std=c11",
-    "-Werror=implicit-function-declaration",
-]
+HERE = Path(__file__).parent
+CHECK_SOURCE = HERE / "isa_check.c"
+SOURCES = sorted(p for p in HERE.glob("*.c") if p != CHECK_SOURCE)
+HEADERS = sorted(HERE.glob("*.h"))
+FLAGS = ("-O3", "-fopenmp", "-fPIC", "-std=c11", "-Werror=implicit-function-declaration")
 
 
 class KernelsUnavailable(RuntimeError):
-    """The C kernels could not be built here (no compiler, or it failed); says why."""
+    """The C kernels cannot be used here (no compiler, a failed build, a CPU without the
+    variant's features, or turned off); says why."""
 
 
-def _compiler() -> str:
+@dataclass(frozen=True)
+class Kernels:
+    """A loaded kernel library and how it came to be."""
+
+    lib: ctypes.CDLL
+    variant: str
+    path: Path
+    build_seconds: float | None  # None: loaded from the cache
+    reason: str  # why this variant
+
+    def status(self) -> str:
+        how = "cached" if self.build_seconds is None else f"built in {self.build_seconds:.1f} s"
+        return f"cpu kernels: {self.variant} ({how})"
+
+
+def compiler() -> str:
     for name in (os.environ.get("CC"), "cc", "gcc", "clang"):
         if name and shutil.which(name):
             return name
     raise KernelsUnavailable("no C compiler found (install gcc, or set CC)")
 
 
-def _cpu_signature() -> str:
-    """What -march=native depends on: the CPU model and its feature flags."""
+@functools.cache
+def compiler_version(cc: str) -> str:
+    """The compiler's `--version` banner (part of every library's cache key)."""
     try:
-        text = Path("/proc/cpuinfo").read_text()
-    except OSError:
-        return platform.processor()
-    lines = [ln for ln in text.splitlines() if ln.startswith(("model name", "flags"))]
-    return "\n".join(sorted(set(lines)))
+        return subprocess.run([cc, "--version"], capture_output=True, text=True).stdout.strip()
+    except OSError as e:
+        raise KernelsUnavailable(f"cannot run the C compiler {cc!r}: {e}") from e
 
 
-def _library_path(compiler: str, extra_flags: tuple[str, ...]) -> Path:
+def library_path(variant: Variant, cc: str) -> Path:
     from inferd.cache import cache_dir
 
-    version = subprocess.run([compiler, "--version"], capture_output=True, text=True).stdout
     key = hashlib.sha256()
-    for part in [s.read_bytes() for s in SOURCES + HEADERS] + [
-        version.encode(),
-        _cpu_signature().encode(),
-        " ".join(FLAGS + list(extra_flags)).encode(),
-    ]:
-        key.update(part)
-    return cache_dir() / "kernels" / f"inferd_kernels-{key.hexdigest()[:16]}.so"
+    for path in [*SOURCES, *HEADERS, CHECK_SOURCE]:
+        key.update(path.name.encode() + b"\0" + path.read_bytes())
+    for part in (variant.name, compiler_version(cc), " ".join(FLAGS + target_flags(variant))):
+        key.update(b"\0" + part.encode())
+    return cache_dir() / "kernels" / f"inferd_kernels-{variant.name}-{key.hexdigest()[:16]}.so"
 
 
-def build(extra_flags: tuple[str, ...] = ()) -> Path:
-    """Compile (unless cached) and return the library's path. `extra_flags` override the target
-    (tests build the portable version with `-mno-avx512f`)."""
-    compiler = _compiler()
-    path = _library_path(compiler, extra_flags)
+def _run(cmd: list[str], what: str) -> None:
+    result = subprocess.run(cmd, capture_output=True, text=True)
+    if result.returncode != 0:
+        raise KernelsUnavailable(f"compiling {what} failed:\n{result.stderr[-2000:]}")
+
+
+def build(variant: Variant | str) -> tuple[Path, float | None]:
+    """Compile `variant` (unless cached); returns the library's path and the seconds the build
+    took (None when it was cached)."""
+    variant = BY_NAME[variant] if isinstance(variant, str) else variant
+    cc = compiler()
+    path = library_path(variant, cc)
     if path.exists():
-        return path
+        return path, None
+    t0 = time.monotonic()
     path.parent.mkdir(parents=True, exist_ok=True)
+    baseline = target_flags(BY_NAME["portable"])
+    needs = [f"-DINFERD_NEEDS_{f.upper()}" for f in variant.needs]
     with tempfile.TemporaryDirectory(dir=path.parent) as tmp:
-        out = Path(tmp) / path.name
-        cmd = [compiler, *FLAGS, *extra_flags, *map(str, SOURCES), "-o", str(out), "-lm"]
-        result = subprocess.run(cmd, capture_output=True, text=True)
-        if result.returncode != 0:
-            raise KernelsUnavailable(f"compiling the CPU kernels failed:\n{result.stderr[-2000:]}")
+        check, out = Path(tmp) / "isa_check.o", Path(tmp) / path.name
+        _run([cc, "-O2", "-fPIC", "-std=c11", *baseline, *needs, "-c", str(CHECK_SOURCE),
+              "-o", str(check)], "the CPU feature check")  # fmt: skip
+        _run([cc, *FLAGS, *target_flags(variant), "-shared", *map(str, SOURCES), str(check),
+              "-o", str(out), "-lm"], f"the {variant.name} CPU kernels")  # fmt: skip
         os.replace(out, path)  # atomic: concurrent processes never load a half-written file
-    log.info("built CPU kernels %s", path)
-    return path
+    seconds = time.monotonic() - t0
+    log.info("built the %s CPU kernels in %.1f s: %s", variant.name, seconds, path)
+    return path, seconds
 
 
-def load(path: Path) -> ctypes.CDLL:
+def load(path: Path, variant: str | None = None) -> ctypes.CDLL:
+    """Open a built library and declare its functions. Refuses (KernelsUnavailable) a library
+    whose ISA this CPU lacks, or that is not the variant asked for."""
     lib = ctypes.CDLL(str(path))
-    ptr, i64 = ctypes.c_void_p, ctypes.c_int64
+    ptr, i64, f32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_float
+    lib.inferd_kernel_missing_features.argtypes = [ctypes.c_char_p, i64]
+    lib.inferd_kernel_missing_features.restype = ctypes.c_int
+    missing = ctypes.create_string_buffer(256)
+    # NOTE: nothing else in the library may run before this check passes.
+    if lib.inferd_kernel_missing_features(missing, len(missing)):
+        raise KernelsUnavailable(f"{path.name} needs CPU features this CPU lacks: "
+                                 f"{missing.value.decode()}")  # fmt: skip
+    lib.inferd_kernel_isa.restype = ctypes.c_char_p
+    isa = lib.inferd_kernel_isa().decode()
+    if variant is not None and isa != variant:
+        raise KernelsUnavailable(f"{path.name} was asked for {variant} but holds {isa} code "
+                                 "(does the compiler honour the target flags?)")  # fmt: skip
     lib.inferd_block_gemv.argtypes = [ptr, i64, ptr, ptr, i64]
     lib.inferd_block_gemv.restype = ctypes.c_int
-    lib.inferd_kernel_isa.restype = ctypes.c_char_p
-    lib.inferd_rms_norm.argtypes = [ptr, ptr, i64, i64, ctypes.c_float, ptr]
+    lib.inferd_rms_norm.argtypes = [ptr, ptr, i64, i64, f32, ptr]
     lib.inferd_rms_norm.restype = None
-    lib.inferd_decode_attention.argtypes = (
-        [ptr] * 6 + [i64] * 6 + [ctypes.c_float, i64, ctypes.c_float, i64, ptr]
-    )
+    lib.inferd_decode_attention.argtypes = [ptr] * 6 + [i64] * 6 + [f32, i64, f32, i64, ptr]
     lib.inferd_decode_attention.restype = ctypes.c_int
     lib.inferd_block_dequantize.argtypes = [ptr, i64, ptr]
     lib.inferd_block_dequantize.restype = None
@@ -114,27 +151,68 @@ def load(path: Path) -> ctypes.CDLL:
     return lib
 
 
+def load_variant(variant: Variant | str, reason: str = "") -> Kernels:
+    """Build (unless cached) and load one variant."""
+    variant = BY_NAME[variant] if isinstance(variant, str) else variant
+    path, seconds = build(variant)
+    return Kernels(load(path, variant.name), variant.name, path, seconds, reason)
+
+
+def choose(request: str) -> Kernels:
+    """The kernels for an INFERD_CPU_KERNELS value (normalised by variants.requested)."""
+    if request == "off":
+        raise KernelsUnavailable(f"turned off by {ENV}=0")
+    candidates = runnable()
+    if request != "auto":
+        if BY_NAME[request] not in candidates:
+            lacks = ", ".join(BY_NAME[request].missing(cpu_flags(), machine()))
+            raise KernelsUnavailable(f"{ENV}={request}, but this CPU lacks {lacks}")
+        return load_variant(request, f"forced by {ENV}={request}")
+    failures = []
+    for variant in candidates:  # best first; a variant the compiler cannot build falls through
+        reason = "the best variant this CPU runs" + (f" that builds ({'; '.join(failures)})"
+                                                     if failures else "")  # fmt: skip
+        try:
+            return load_variant(variant, reason)
+        except (KernelsUnavailable, OSError) as e:
+            if variant.name == "portable" or "no C compiler" in str(e):
+                raise KernelsUnavailable(str(e)) from e
+            log.warning("the %s CPU kernels are unusable here (%s); trying the next variant",
+                        variant.name, str(e).splitlines()[0])  # fmt: skip
+            failures.append(f"{variant.name}: {str(e).splitlines()[0]}")
+    raise AssertionError("portable is always a candidate")
+
+
 @functools.cache
-def _cached_library() -> ctypes.CDLL | KernelsUnavailable:
-    """Built once per process; a failure is remembered too (and logged once)."""
-    if os.environ.get("INFERD_CPU_KERNELS", "1") == "0":
-        return KernelsUnavailable("turned off by INFERD_CPU_KERNELS=0")
+def _kernels_for(request: str) -> Kernels | KernelsUnavailable:
+    """Once per process and INFERD_CPU_KERNELS value; a failure is remembered too."""
     try:
-        lib = load(build())
+        return choose(request)
     except (KernelsUnavailable, OSError) as e:
-        log.info("inferd's C kernels are unavailable (%s); using PyTorch ops instead", e)
         return e if isinstance(e, KernelsUnavailable) else KernelsUnavailable(str(e))
-    log.info("CPU kernels: %s", lib.inferd_kernel_isa().decode())
-    return lib
+
+
+def current_kernels() -> Kernels:
+    """The kernels INFERD_CPU_KERNELS asks for (default: the best this CPU runs); raises
+    KernelsUnavailable with the reason, ValueError for an INFERD_CPU_KERNELS value that names
+    nothing."""
+    found = _kernels_for(requested(os.environ.get(ENV)))
+    if isinstance(found, KernelsUnavailable):
+        raise found
+    return found
 
 
 def kernel_library() -> ctypes.CDLL:
-    """The built library for this machine; raises KernelsUnavailable with the reason."""
-    lib = _cached_library()
-    if isinstance(lib, KernelsUnavailable):
-        raise lib
-    return lib
+    """The loaded library; raises KernelsUnavailable with the reason."""
+    try:
+        return current_kernels().lib
+    except ValueError as e:
+        raise KernelsUnavailable(str(e)) from e
 
 
 def kernels_available() -> bool:
-    return not isinstance(_cached_library(), KernelsUnavailable)
+    try:
+        kernel_library()
+    except KernelsUnavailable:
+        return False
+    return True

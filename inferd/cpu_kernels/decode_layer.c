@@ -66,7 +66,8 @@ static int gemv(const BlockLinear* W, const float* x, int64_t n, float* y) {
 }
 
 /* x * cos + swap_halves(x) * signed_sin, per head, in place */
-static void rope(float* x, int64_t heads, int64_t D, const float* cos, const float* sin) {
+static void rope(float* x, int64_t heads, int64_t D, const float* restrict cos,
+                 const float* restrict sin) {
     const int64_t half = D / 2;
     for (int64_t h = 0; h < heads; h++) {
         float* v = x + h * D;

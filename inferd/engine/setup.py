@@ -24,6 +24,7 @@ from inferd.engine_client import ModelInfo
 from inferd.loader import Checkpoint, open_checkpoint
 from inferd.memory.kv import KVPoolPlan, plan_kv_pool
 from inferd.memory.weights import tp_shard
+from inferd.cpu_kernels.startup import prepare_cpu_kernels
 from inferd.platform import resolve_device
 from inferd.tokenizer import Tokenizer, checkpoint_tokenizer
 from inferd.version import __version__
@@ -82,6 +83,7 @@ def set_up_engine(config: EngineConfig) -> EngineSetup:
     t0 = time.monotonic()
     _check_limits(config)
     device = resolve_device(config.device)
+    prepare_cpu_kernels(device)  # compiled now (or cached), never inside a request; says which
     resolve_dtypes(config, device)  # fail on bad dtype flags before starting anything
     checkpoint = open_checkpoint(config.model)
     mc = checkpoint.config

@@ -8,18 +8,26 @@ import math
 
 import pytest
 import torch
-
-from inferd.attention.backend import LayerAttentionSpec
-from inferd.attention.torch_backend import _decode_in_c, _DecodePlan
-from inferd.cpu_kernels import build
+from kernel_variants import VARIANT_NAMES, variant_library
 
 
-@pytest.fixture(scope="module")
-def lib():
-    try:
-        return build.load(build.build())
-    except build.KernelsUnavailable as e:
-        pytest.skip(f"no C compiler here: {e}")
+@pytest.fixture(scope="module", params=VARIANT_NAMES)
+def lib(request):
+    return variant_library(request.param)
+
+
+def decode_in_c(lib, q, pool, blocks, starts, lens, scale, window, softcap):
+    """The kernel through its C signature (kernels.h), as the attention backend calls it."""
+    n, heads, dim = q.shape
+    out = torch.empty_like(q)
+    rc = lib.inferd_decode_attention(
+        q.data_ptr(), pool[0].data_ptr(), pool[1].data_ptr(), blocks.data_ptr(),
+        starts.data_ptr(), lens.data_ptr(), n, blocks.shape[1], pool.shape[2], heads,
+        pool.shape[3], dim, scale, window or 0, softcap or 0.0,
+        int(pool.dtype == torch.bfloat16), out.data_ptr(),
+    )  # fmt: skip
+    assert rc == 0
+    return out
 
 
 def reference(q, keys, values, scale, softcap):
@@ -43,9 +51,7 @@ def test_decode_attention_matches_pytorch(lib, heads, kv_heads, window, softcap,
     torch.manual_seed(heads + (window or 0))
     bs, dim, num_blocks = 4, 40, 40  # 40: not a whole number of 16-float vectors
     pool = torch.randn(2, num_blocks, bs, kv_heads, dim).to(cache_dtype)
-    spec = LayerAttentionSpec(num_heads=heads, num_kv_heads=kv_heads, head_dim=dim,
-                              scale=1 / math.sqrt(dim), window=window, softcap=softcap,
-                              group=0, index_in_group=0)  # fmt: skip
+    scale = 1 / math.sqrt(dim)
     perm = torch.randperm(num_blocks - 1) + 1  # block 0 is the null block
     tables = [perm[i * 8 : (i + 1) * 8] for i in range(len(lens))]
     firsts = [0 if window is None else max(0, n - window) // bs for n in lens]
@@ -54,15 +60,14 @@ def test_decode_attention_matches_pytorch(lib, heads, kv_heads, window, softcap,
     for i, (n, f) in enumerate(zip(lens, firsts)):
         used = tables[i][f : (n - 1) // bs + 1]
         blocks[i, : len(used)] = used
-    plan = _DecodePlan(None, blocks.flatten(), width, torch.tensor(firsts) * bs,
-                       torch.tensor(lens), window, bs)  # fmt: skip
     q = torch.randn(len(lens), heads, dim)
-    out = _decode_in_c(lib, q, pool, plan, spec)
+    out = decode_in_c(lib, q, pool, blocks, torch.tensor(firsts) * bs, torch.tensor(lens),
+                      scale, window, softcap)  # fmt: skip
     for i, n in enumerate(lens):
         lo = 0 if window is None else max(0, n - window)
         pos = torch.arange(lo, n)
         slots = tables[i][pos // bs] * bs + pos % bs
         keys = pool[0].reshape(-1, kv_heads, dim)[slots].float()
         values = pool[1].reshape(-1, kv_heads, dim)[slots].float()
-        expected = reference(q[i], keys, values, spec.scale, softcap)
+        expected = reference(q[i], keys, values, scale, softcap)
         torch.testing.assert_close(out[i], expected, rtol=1e-5, atol=1e-5)

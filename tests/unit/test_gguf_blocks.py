@@ -1,9 +1,10 @@
 """`--quantization gguf`: GGUF blocks unpacked without changing a weight, and the C kernels.
 
 Unpacking is checked bit for bit against the `gguf` package's dequantisation, on random blocks of
-every type. The matrix-vector kernel is checked against a PyTorch emulation of what it computes
-(activations quantised to int8 per 32 values, exact integer sums), in both its AVX-512 VNNI and
-its portable build, and against the exact float product within the activation rounding.
+every type. The matrix-vector kernel, in every ISA variant this CPU runs (tests/kernel_variants.py),
+is checked against its definition: the activations quantised to int8 per 32 values exactly as the
+kernel does it, so the integer sums are exact and only float rounding of the scaled sums remains;
+and against the exact float product, within the bound the activation rounding implies.
 """
 
 from __future__ import annotations
@@ -12,8 +13,8 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
+from kernel_variants import VARIANT_NAMES, variant_library
 
-from inferd.cpu_kernels import build
 from inferd.layers.gguf_blocks import BlockWeight, stack
 from inferd.layers.norm import kernel_rms_norm
 from inferd.loader import gguf_quants as gq
@@ -71,45 +72,57 @@ def test_stacking_parts_with_different_groups_keeps_every_weight():
     assert torch.equal(stacked.dequantized(), torch.cat([w.dequantized() for w in weights]))
 
 
-def emulate(x: torch.Tensor, w: BlockWeight) -> torch.Tensor:
-    """What the kernel computes: x rounded to int8 per 32 values (scale absmax / 127), times the
-    weights' integers with their scales; offsets times the exact float sums."""
+def quantize_like_the_kernel(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """x [m, k] → (int8 values, their per-32 scales d), by block_gemv.c's float32 arithmetic:
+    d = absmax / 127, q = round-half-even(x * (1 / d)). Same bits, so no rounding can flip."""
     m, k = x.shape
     xb = x.view(m, k // 32, 32)
     d = xb.abs().amax(-1, keepdim=True) / 127
-    xq = torch.round(xb / torch.where(d > 0, d, torch.ones_like(d))) * d
+    inv = torch.where(d > 0, 1 / d, torch.zeros_like(d))
+    return torch.round(xb * inv).view(m, k), d
+
+
+def emulate(x: torch.Tensor, w: BlockWeight) -> torch.Tensor:
+    """What the kernel computes, in float64: the int8 activations times the weights' integers
+    with their scales; offsets times the exact float sums."""
+    m, k = x.shape
+    q, d = quantize_like_the_kernel(x)
+    xq = (q.view(m, k // 32, 32).double() * d.double()).view(m, k)
     out = []
     for p in w.parts:
         scale = p.scale.double().repeat_interleave(p.group, 1)
-        y = xq.view(m, k).double() @ (p.integers().double() * scale).t()
+        y = xq @ (p.integers().double() * scale).t()
         if p.offset is not None:
             y += x.view(m, k // p.group, p.group).double().sum(-1) @ p.offset.double().t()
         out.append(y)
     return torch.cat(out, dim=1).float()
 
 
-@pytest.fixture(scope="module", params=["native", "portable"])
+def rounding_bound(x: torch.Tensor, w: BlockWeight) -> torch.Tensor:
+    """[m, n]: how far rounding the activations can move each output. Each activation moves by
+    at most half its block's step d, so |y - exact| <= sum_k d_k / 2 * |w_nk|."""
+    half_step = quantize_like_the_kernel(x)[1].double().expand(-1, -1, 32) / 2
+    return half_step.reshape(x.shape) @ w.dequantized().double().abs().t()
+
+
+@pytest.fixture(scope="module", params=VARIANT_NAMES)
 def kernels(request):
-    try:
-        flags = () if request.param == "native" else ("-mno-avx512f",)
-        lib = build.load(build.build(flags))
-    except build.KernelsUnavailable as e:
-        pytest.skip(f"no C compiler here: {e}")
-    if request.param == "portable":
-        assert lib.inferd_kernel_isa() == b"portable"
+    lib = variant_library(request.param)
+    assert lib.inferd_kernel_isa().decode() == request.param
     return lib
 
 
 @pytest.mark.parametrize("group", [16, 32])
 @pytest.mark.parametrize("with_offset", [False, True])
-@pytest.mark.parametrize("rows, in_features", [(1, 640), (3, 96), (8, 2048), (11, 64)])
+# 48 outputs: rows in groups of four (interleaved); 22: not, and a last group of two
+@pytest.mark.parametrize("rows, in_features, out_features",
+                         [(1, 640, 48), (3, 96, 22), (8, 2048, 48), (11, 64, 22)])  # fmt: skip
 @pytest.mark.parametrize(
     "q_range, fp16_scales", [((-128, 128), True), ((-16, 16), False), ((0, 16), True)]
-)  # 8, 5 and 4 bits
+)  # 8, 5 and 4 bits (96 inputs: 8 bits whatever the range, and a last half chunk)
 def test_block_kernel_matches_its_definition(kernels, group, with_offset, rows, in_features,
-                                             q_range, fp16_scales):  # fmt: skip
+                                             out_features, q_range, fp16_scales):  # fmt: skip
     torch.manual_seed(rows * in_features + group)
-    out_features = 48
     q = torch.randint(*q_range, (out_features, in_features), dtype=torch.int8)
     scale = torch.rand(out_features, in_features // group) * 0.02
     if fp16_scales:
@@ -129,7 +142,24 @@ def test_block_kernel_matches_its_definition(kernels, group, with_offset, rows, 
     expected = emulate(x, w)
     torch.testing.assert_close(y, expected, rtol=1e-5, atol=1e-5 * expected.abs().max().item())
     exact = x.double() @ w.dequantized().double().t()
-    assert (y.double() - exact).abs().max() <= 0.02 * exact.abs().max()
+    slack = 1e-5 * exact.abs().max()  # float rounding of the scaled sums
+    assert ((y.double() - exact).abs() <= rounding_bound(x, w) + slack).all()
+
+
+@pytest.mark.parametrize("q_range", [(-128, 128), (-16, 16), (-8, 8)])  # 8, 5 and 4 bits
+def test_block_kernel_does_not_saturate(kernels, q_range):
+    """The largest products there are: every weight at an end of its range, every activation
+    at +-127 (int16 pair sums of 8-bit weights overflow unless the kernel splits them), and
+    row 0's activations all of its weights' signs (its sum at the largest)."""
+    torch.manual_seed(1)
+    lo, hi = q_range[0], q_range[1] - 1
+    q = torch.where(torch.rand(8, 256) < 0.5, lo, hi).to(torch.int8)
+    w = BlockWeight(q, torch.full((8, 8), 0.5), None, compute_dtype=torch.float32)
+    w.lib = kernels
+    x = torch.where(torch.rand(2, 256) < 0.5, -1.0, 1.0)
+    x[0] = torch.sign(q[0].float())
+    torch.testing.assert_close(w(x), emulate(x, w), rtol=1e-6, atol=0)
+    assert w(x)[0, 0].item() == pytest.approx(0.5 * q[0].int().abs().sum().item())
 
 
 @pytest.mark.parametrize("ggml_type", [gq.Q8_0, gq.Q5_0, gq.Q4_K, gq.Q6_K], ids=gq.type_name)
@@ -165,9 +195,5 @@ def test_gguf_mode_without_kernels_says_why(monkeypatch):
     from inferd.layers.quant import check_quantization
 
     monkeypatch.setenv("INFERD_CPU_KERNELS", "0")
-    build._cached_library.cache_clear()
-    try:
-        with pytest.raises(ValueError, match="INFERD_CPU_KERNELS=0.*int8"):
-            check_quantization("gguf", torch.device("cpu"))
-    finally:
-        build._cached_library.cache_clear()
+    with pytest.raises(ValueError, match="INFERD_CPU_KERNELS=0.*int8"):
+        check_quantization("gguf", torch.device("cpu"))

@@ -1,0 +1,100 @@
+"""`inferd doctor`: what a bug report needs to know about this machine and this install.
+
+The CPU and the features inferd's kernels and dtypes depend on, the C compiler, which kernel
+variant runs here and why (building it if the cache lacks it, as engine start-up would), the
+cache directory, the torch build, CUDA, and the thread settings. `--json` prints the same facts
+as one JSON object.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import sys
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--json", action="store_true", help="print the facts as one JSON object")
+
+
+def _kernel_facts() -> dict[str, object]:
+    from inferd.cpu_kernels import build, variants
+    from inferd.cpu_kernels.startup import status_line
+
+    facts: dict[str, object] = {
+        variants.ENV: os.environ.get(variants.ENV, "(unset: auto)"),
+        "kernel variants": variants.describe(),
+    }
+    try:
+        cc = build.compiler()
+        facts["compiler"] = f"{cc}: {build.compiler_version(cc).splitlines()[0]}"
+    except build.KernelsUnavailable as e:
+        facts["compiler"] = f"none ({e})"
+    try:
+        kernels = build.current_kernels()
+        facts["cpu kernels"] = status_line(kernels).removeprefix("cpu kernels: ")
+        facts["why this variant"] = kernels.reason
+        facts["kernel library"] = str(kernels.path)
+    except (build.KernelsUnavailable, ValueError) as e:
+        facts["cpu kernels"] = f"none ({e}); PyTorch ops serve instead"
+    return facts
+
+
+def _torch_facts() -> dict[str, object]:
+    import torch
+
+    cuda = torch.cuda.is_available()
+    facts: dict[str, object] = {
+        "torch": f"{torch.__version__} (CUDA build: {torch.version.cuda or 'no'})",
+        "torch CPU capability": torch.backends.cpu.get_cpu_capability(),
+        "CUDA available": cuda,
+    }
+    if cuda:
+        names = [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())]
+        facts["CUDA devices"] = ", ".join(names)
+    affinity = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None
+    facts["threads"] = (f"torch {torch.get_num_threads()} (inter-op "
+                        f"{torch.get_num_interop_threads()}); cores usable {affinity or '?'} "
+                        f"of {os.cpu_count()}")  # fmt: skip
+    for name in ("OMP_NUM_THREADS", "MKL_NUM_THREADS"):
+        facts[name] = os.environ.get(name, "(unset)")
+    return facts
+
+
+def collect() -> dict[str, object]:
+    """The facts, in the order they print."""
+    from inferd import __version__
+    from inferd.cache import cache_dir
+    from inferd.cpu_info import NOTABLE_FEATURES, cpu_flags, cpu_model, default_cpu_dtype, machine
+
+    flags = cpu_flags()
+    facts: dict[str, object] = {
+        "inferd": __version__,
+        "python": f"{platform.python_version()} on {platform.platform()}",
+        "cpu": f"{cpu_model()} ({machine()})",
+        "cpu features": " ".join(f for f in NOTABLE_FEATURES if f in flags) or "(none found)",
+        "default dtype on this CPU": default_cpu_dtype(),
+        "cache": str(cache_dir()),
+    }
+    facts.update(_kernel_facts())
+    facts.update(_torch_facts())
+    return facts
+
+
+def run(args: argparse.Namespace) -> int:
+    facts = collect()
+    if args.json:
+        print(json.dumps(facts, indent=2, default=str))
+        return 0
+    width = max(len(k) for k in facts)
+    for key, value in facts.items():
+        if isinstance(value, list):
+            print(f"{key}:")
+            for item in value:
+                print(f"  {item}")
+        else:
+            print(f"{key + ':':<{width + 1}} {value}")
+    sys.stdout.flush()
+    return 0

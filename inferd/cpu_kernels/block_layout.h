@@ -1,0 +1,85 @@
+/* What block_gemv.c shares with its per-ISA inner loops (block_dot_*.c): where a weight's bytes
+ * are, the ISA this build targets, and the row-dot signature. Internal: not part of the C ABI. */
+#ifndef INFERD_BLOCK_LAYOUT_H
+#define INFERD_BLOCK_LAYOUT_H
+#include <stdint.h>
+#include <string.h>
+
+#include "kernels.h"
+
+/* Exactly one ISA per build, from the target flags build.py passes (variants.py):
+ * AVX-512 needs F, BW and VL; AVX2 needs FMA and F16C; anything else is the portable C. */
+#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__)
+#define INFERD_ISA_AVX512 1
+#elif defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
+#define INFERD_ISA_AVX2 1
+#else
+#define INFERD_ISA_PORTABLE 1
+#endif
+
+#define XBLOCK 32 /* activation quantisation block */
+/* Rows of x handled per pass over the weights: their accumulators must fit the registers
+ * (32 vector registers with AVX-512, 16 with AVX2). */
+#ifdef INFERD_ISA_AVX2
+#define MAX_ROWS 4
+#else
+#define MAX_ROWS 8
+#endif
+
+/* Where the `bytes` bytes of chunk c (weights 64c ...) of row n start, in an array holding
+ * `bytes` bytes per 64 weights of every row. */
+static inline int64_t chunk_at(const BlockMatrix* W, int64_t n, int64_t c, int64_t bytes) {
+    if (W->interleaved) return ((n >> 2) * (W->K / 64) + c) * 4 * bytes + (n & 3) * bytes;
+    return n * (W->K * bytes / 64) + c * bytes;
+}
+
+static inline float half_to_float(uint16_t h) {
+    const uint32_t sign = (uint32_t)(h & 0x8000) << 16;
+    uint32_t exp = (h >> 10) & 0x1F, man = h & 0x3FF, bits;
+    if (exp == 0x1F) {
+        bits = sign | 0x7F800000u | (man << 13);
+    } else if (exp) {
+        bits = sign | ((exp + 112) << 23) | (man << 13);
+    } else if (man) { /* subnormal: normalise */
+        exp = 113;
+        while (!(man & 0x400)) man <<= 1, exp--;
+        bits = sign | (exp << 23) | ((man & 0x3FF) << 13);
+    } else {
+        bits = sign;
+    }
+    float f;
+    memcpy(&f, &bits, 4);
+    return f;
+}
+
+static inline float scale_at(const BlockMatrix* W, int64_t i) {
+    return W->half_scales ? half_to_float(((const uint16_t*)W->scale)[i])
+                          : ((const float*)W->scale)[i];
+}
+
+/* The activations of a product, quantised by block_gemv.c for every ISA alike: xq [M, K] int8
+ * (|xq| <= 127); per group of four (one int32 lane of a dot-product instruction) xl [M, K/4] its
+ * block's scale and xc [M, K/4] = -zero * (the sum of the four xq). */
+typedef struct {
+    const int8_t* xq;
+    const int32_t* xc;
+    const float* xl;
+} QuantRows;
+
+/* out [M, R] = the scaled block sums of weight rows n .. n+R-1 against M activation rows
+ * (offsets excluded). R is 1 or rows_together(M). */
+typedef void (*RowDot)(const BlockMatrix* W, int64_t n, int64_t R, QuantRows x, int64_t M,
+                       float* out);
+
+#define INTERNAL __attribute__((visibility("hidden"))) /* not exported from the library */
+
+/* Each ISA's file defines these three (block_dot_avx512.c, block_dot_avx2.c,
+ * block_dot_portable.c); the others compile to nothing. */
+INTERNAL RowDot row_dot_for(const BlockMatrix* W);
+/* weight rows per row_dot call for M activation rows: as many as the registers allow */
+INTERNAL int64_t rows_together(int64_t M);
+/* the stored (unsigned) bytes of chunk c of row n: 64 of them, or 32 for a last half chunk */
+INTERNAL void unpack_chunk(const BlockMatrix* W, int64_t n, int64_t c, int64_t len,
+                           uint8_t* out);
+
+#endif

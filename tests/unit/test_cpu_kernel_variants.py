@@ -1,0 +1,151 @@
+"""Which C-kernel variant a CPU gets, how a library is named and refused, the start-up status
+line, `inferd doctor`, and the argmax kernel in every variant this CPU runs."""
+
+from __future__ import annotations
+
+import json
+import logging
+import re
+
+import pytest
+import torch
+from kernel_variants import VARIANT_NAMES, variant_library
+
+from inferd.cli import main
+from inferd.cpu_info import cpu_flags, machine
+from inferd.cpu_kernels import build, variants
+from inferd.cpu_kernels.startup import prepare_cpu_kernels
+
+ENV_SET = "INFERD_CPU_KERNELS=portable"
+AVX2_ONLY = frozenset("sse2 avx avx2 fma f16c bmi2".split())  # an AMD EPYC without AVX-512
+
+
+def names(found) -> list[str]:
+    return [v.name for v in found]
+
+
+def test_each_cpu_gets_the_best_variant_it_has_every_feature_of():
+    assert names(variants.runnable(AVX2_ONLY, "x86_64")) == ["avx2", "portable"]
+    assert names(variants.runnable(AVX2_ONLY | {"avx_vnni"}, "x86_64")) == [
+        "avx2-vnni", "avx2", "portable"]  # fmt: skip
+    no_vnni = AVX2_ONLY | {"avx512f", "avx512bw", "avx512vl"}
+    assert names(variants.runnable(no_vnni, "x86_64"))[0] == "avx512"
+    assert names(variants.runnable(no_vnni - {"avx512vl"}, "x86_64"))[0] == "avx2"
+    assert names(variants.runnable(frozenset(), "x86_64")) == ["portable"]
+    # x86 feature names on another architecture mean nothing
+    assert names(variants.runnable(AVX2_ONLY, "aarch64")) == ["portable"]
+
+
+def test_inferd_cpu_kernels_values():
+    assert variants.requested(None) == variants.requested("auto") == "auto"
+    assert variants.requested("0") == variants.requested("off") == "off"
+    assert variants.requested(" AVX2 ") == "avx2"
+    with pytest.raises(ValueError, match=r"INFERD_CPU_KERNELS must be one of auto, 0, .*'sse9'"):
+        variants.requested("sse9")
+
+
+def test_the_library_checks_every_feature_its_variant_needs():
+    check = build.CHECK_SOURCE.read_text()
+    for v in variants.VARIANTS:
+        for feature in v.needs:
+            assert f"#ifdef INFERD_NEEDS_{feature.upper()}\n" in check, (v.name, feature)
+
+
+def test_library_names_say_their_variant_and_never_the_build_machine(monkeypatch):
+    cc = build.compiler() if build.shutil.which("cc") else "cc"
+    paths = {v.name: build.library_path(v, cc) for v in variants.VARIANTS}
+    for name, path in paths.items():
+        assert re.fullmatch(rf"inferd_kernels-{name}-[0-9a-f]{{16}}\.so", path.name)
+    assert len(set(paths.values())) == len(paths)
+    for v in variants.VARIANTS:
+        assert not any("native" in flag for flag in variants.target_flags(v))
+    # the key is the same whichever CPU computes it: a shared cache holds one file per variant
+    monkeypatch.setattr("inferd.cpu_info._cpuinfo", lambda: "flags\t: sse2\n")
+    assert {v.name: build.library_path(v, cc) for v in variants.VARIANTS} == paths
+
+
+def test_a_forced_variant_this_cpu_lacks_is_refused_with_the_reason(monkeypatch):
+    monkeypatch.setattr(build, "cpu_flags", lambda: AVX2_ONLY)
+    monkeypatch.setattr(variants, "cpu_flags", lambda: AVX2_ONLY)
+    monkeypatch.setattr(build, "machine", lambda: "x86_64")
+    monkeypatch.setattr(variants, "machine", lambda: "x86_64")
+    with pytest.raises(build.KernelsUnavailable,
+                       match="INFERD_CPU_KERNELS=avx512-vnni, but this CPU lacks avx512f, "
+                             "avx512bw, avx512vl, avx512_vnni"):  # fmt: skip
+        build.choose("avx512-vnni")
+    with pytest.raises(build.KernelsUnavailable, match="turned off by INFERD_CPU_KERNELS=0"):
+        build.choose("off")
+
+
+def test_a_library_refuses_to_load_on_a_cpu_without_its_features():
+    """The check inside the library asks the CPU itself (cpuid), whatever Python chose."""
+    lacking = [v for v in variants.VARIANTS if v.missing(cpu_flags(), machine())]
+    if not lacking:
+        pytest.skip("this CPU has every variant's features: nothing it would refuse")
+    path, _ = build.build(lacking[0])  # compiling works on any CPU; running would not
+    with pytest.raises(build.KernelsUnavailable, match="needs CPU features this CPU lacks: "):
+        build.load(path, lacking[0].name)
+
+
+def test_the_best_variant_is_chosen_and_loads():
+    kernels = build.choose("auto")
+    assert kernels.variant == variants.runnable()[0].name
+    assert kernels.lib.inferd_kernel_isa().decode() == kernels.variant
+    assert kernels.path.name.startswith(f"inferd_kernels-{kernels.variant}-")
+
+
+def test_start_up_says_which_kernels_run(monkeypatch, capsys, caplog):
+    monkeypatch.delenv("INFERD_CPU_KERNELS", raising=False)
+    kernels = prepare_cpu_kernels(torch.device("cpu"))
+    assert kernels is not None
+    line = capsys.readouterr().err.strip()
+    assert re.fullmatch(rf"cpu kernels: {kernels.variant} \((cached|built in \d+\.\d s)\)", line)
+
+    monkeypatch.setenv("INFERD_CPU_KERNELS", "portable")
+    prepare_cpu_kernels(torch.device("cpu"))
+    forced = r"cpu kernels: portable \((cached|built in \d+\.\d s)\), forced by " + ENV_SET
+    assert re.fullmatch(forced, capsys.readouterr().err.strip())
+
+    monkeypatch.setenv("INFERD_CPU_KERNELS", "0")
+    with caplog.at_level(logging.WARNING):
+        assert prepare_cpu_kernels(torch.device("cpu")) is None
+    assert "none (turned off by INFERD_CPU_KERNELS=0); using PyTorch ops" in caplog.text
+    assert caplog.records[-1].levelno == logging.WARNING
+
+    monkeypatch.setenv("INFERD_CPU_KERNELS", "avx3")
+    with pytest.raises(ValueError, match="INFERD_CPU_KERNELS must be one of"):
+        prepare_cpu_kernels(torch.device("cpu"))
+    assert prepare_cpu_kernels(torch.device("meta")) is None  # not a CPU step: nothing to say
+
+
+def test_doctor_prints_what_a_bug_report_needs(capsys):
+    assert main(["doctor", "--json"]) == 0
+    facts = json.loads(capsys.readouterr().out)
+    kernels = build.current_kernels()
+    assert facts["cpu kernels"].startswith(f"{kernels.variant} (")
+    assert facts["why this variant"] == kernels.reason
+    assert facts["kernel variants"] == variants.describe()
+    assert set(facts["cpu features"].split()) <= cpu_flags()
+    assert facts["torch"].startswith(torch.__version__)
+    assert facts["CUDA available"] == torch.cuda.is_available()
+    for key in ("inferd", "cpu", "compiler", "cache", "threads", "OMP_NUM_THREADS"):
+        assert facts[key], key
+    assert main(["doctor"]) == 0
+    assert "cpu kernels:" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("variant", VARIANT_NAMES)
+def test_argmax_kernel_agrees_with_torch_on_ties_and_nan(variant):
+    lib = variant_library(variant)
+    torch.manual_seed(0)
+    x = torch.randn(6, 1000)
+    x[1, [10, 700]] = 50.0  # a tie: the lowest index wins
+    x[2, 999] = 60.0  # the last element
+    x[3, [5, 300]] = float("nan")  # NaN counts as the maximum, first one
+    x[4] = -float("inf")
+    x[5, 0] = 70.0
+    for cols in (1000, 37):  # 37: not whole chunks
+        part = x[:, :cols].contiguous()
+        out = torch.empty(6, dtype=torch.int64)
+        lib.inferd_argmax_rows(part.data_ptr(), 6, cols, out.data_ptr())
+        assert torch.equal(out, part.argmax(dim=-1))
