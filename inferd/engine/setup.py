@@ -13,6 +13,7 @@ from dataclasses import dataclass
 import torch
 
 from inferd.config import ENGINE_DEFAULTS, EngineConfig, ModelConfig
+from inferd.cpu_kernels.startup import prepare_cpu_kernels
 from inferd.distributed.control import broadcast
 from inferd.distributed.state import SINGLE
 from inferd.engine.kv_budget import kv_budget
@@ -24,7 +25,6 @@ from inferd.engine_client import ModelInfo
 from inferd.loader import Checkpoint, open_checkpoint
 from inferd.memory.kv import KVPoolPlan, plan_kv_pool
 from inferd.memory.weights import tp_shard
-from inferd.cpu_kernels.startup import prepare_cpu_kernels
 from inferd.platform import resolve_device
 from inferd.tokenizer import Tokenizer, checkpoint_tokenizer
 from inferd.version import __version__

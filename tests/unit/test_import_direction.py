@@ -44,7 +44,7 @@ ABOVE: dict[str, set[str]] = {
     "bench": {"llm"},
     "inferd": {"llm"},  # the package root re-exports the offline API lazily (`_EXPORTS`)
     "commands": {"bench", "server", "llm", "engine", "memory", "loader", "tokenizer",
-                 "distributed"},
+                 "distributed", "cpu_kernels"},
     "cli": {"commands"},
     "__main__": {"cli"},
 }  # fmt: skip
