@@ -10,7 +10,8 @@ import pytest
 import torch
 
 from inferd.attention.backend import LayerAttentionSpec
-from inferd.attention.torch_backend import _decode_in_c, _DecodePlan
+from inferd.attention.cpu_backend import decode_in_c
+from inferd.attention.torch_backend import DecodePlan
 from inferd.cpu_kernels import build
 
 
@@ -54,10 +55,10 @@ def test_decode_attention_matches_pytorch(lib, heads, kv_heads, window, softcap,
     for i, (n, f) in enumerate(zip(lens, firsts)):
         used = tables[i][f : (n - 1) // bs + 1]
         blocks[i, : len(used)] = used
-    plan = _DecodePlan(None, blocks.flatten(), width, torch.tensor(firsts) * bs,
+    plan = DecodePlan(None, blocks.flatten(), width, torch.tensor(firsts) * bs,
                        torch.tensor(lens), window, bs)  # fmt: skip
     q = torch.randn(len(lens), heads, dim)
-    out = _decode_in_c(lib, q, pool, plan, spec)
+    out = decode_in_c(lib, q, pool, plan, spec)
     for i, n in enumerate(lens):
         lo = 0 if window is None else max(0, n - window)
         pos = torch.arange(lo, n)
