@@ -35,11 +35,13 @@ from inferd.platform import resolve_dtype
 log = logging.getLogger(__name__)
 
 QUANTIZATION_METHODS = ("gguf", "int8", "int4", "fp8")
-# Rows up to which a block layer uses the C block kernel, per kind of matrix. With a bf16 copy
-# for larger steps the GEMM takes over early (the block kernel's cost grows with every row; the
-# LM head, 4x larger than the cache, stays bound by reading weights longer); without one the
-# alternative is dequantising the whole matrix for the step, so the block kernel keeps more.
-BLOCK_ROWS_WITH_COPY = {"linear": 4, "head": 12}
+# Rows up to which a block layer uses the C block kernel, per kind of matrix. The kernel's cost
+# grows with every row (it rounds and scales per block of 32), a GEMM's hardly at all until it
+# is bound by arithmetic. With a bf16 copy for larger steps the GEMM takes over early; without
+# one the alternative is dequantising the whole matrix for the step, so the kernel keeps more.
+# Measured on the embedded model (docs/performance.md): decode steps of up to 8 sequences are
+# faster with blocks, 12 and more with the bf16 copy.
+BLOCK_ROWS_WITH_COPY = {"linear": 8, "head": 8}
 BLOCK_ROWS_DEQUANTISING = {"linear": 16, "head": 16}
 # Decode steps of up to this many sequences run each decoder layer as one C call
 # (inferd/models/cpu_decoder.py), whose block products are the same kernels.
