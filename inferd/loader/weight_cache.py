@@ -10,7 +10,8 @@ Layout: one entry per (source model file, mode of conversion, tensor-parallel ra
 
 `<key>` hashes everything the tensors depend on: the source file (path, size, mtime), the mode
 and its layout version, the rank, inferd's and torch's versions; an entry that no longer fits
-is never read again, and the oldest entries beyond `KEEP` are removed when one is written.
+is never read again. Writing an entry removes the other entries of the same model, mode and
+rank (one copy per model and mode) and the oldest entries beyond `KEEP`.
 The only mode today is `gguf-blocks` (loader/gguf_cache.py): a GGUF file's packed blocks,
 about the file's size. Dense copies (bf16, let alone float32) of a quantised file are never
 written: modes that need them dequantise at load. `INFERD_WEIGHT_CACHE=0` turns caching off.
@@ -92,6 +93,10 @@ def write_entry(path: Path, tensors: dict[str, torch.Tensor], header: dict[str, 
     except OSError as e:
         log.warning("could not cache converted weights at %s: %s", path, e)
         return False
+    same = ("model", "mode", "rank", "world")
+    for other in entries(path.parent):
+        if other.path != path and all(other.info.get(k) == info.get(k) for k in same):
+            remove(other)  # an earlier conversion of the same model (older file or version)
     evict_old(path.parent)
     return True
 

@@ -37,3 +37,17 @@ def test_entries_say_what_they_hold_and_old_ones_go(tmp_path, monkeypatch):
     assert not entries[0].path.exists() and not entries[0].path.with_suffix(".json").exists()
     mapped, header, base = weight_cache.map_entry(paths[-1])
     assert header["__metadata__"] == {"k": "v"} and base > 8
+
+
+def test_one_entry_per_model_and_mode(tmp_path, monkeypatch):
+    monkeypatch.setenv("INFERD_CACHE", str(tmp_path))
+    source = tmp_path / "model.gguf"
+    source.write_bytes(b"gguf")
+    info = {"model": str(source), "mode": "blocks", "rank": 0, "world": 1}
+    first = weight_cache.entry_path(source, "blocks", 0, 1)
+    weight_cache.write_entry(first, {"t": torch.zeros(2)}, {}, info)
+    source.write_bytes(b"gguf, edited")  # a new file at the same path: a new key
+    second = weight_cache.entry_path(source, "blocks", 0, 1)
+    assert second != first
+    weight_cache.write_entry(second, {"t": torch.ones(2)}, {}, info)
+    assert [e.path for e in weight_cache.entries()] == [second]
