@@ -124,6 +124,14 @@ class CUDAGraphDecoder:
         )
 
     def run(self, steps: list[SequenceStep]) -> torch.Tensor:
+        bs = self.fill(steps)
+        graph, logits = self.graphs[bs]
+        graph.replay()
+        return logits[: len(steps)]
+
+    def fill(self, steps: list[SequenceStep]) -> int:
+        """Write a decode step into the static buffers; returns the captured size it runs as
+        (the rows past the step's are padding: slot -1, logits dropped)."""
         n = len(steps)
         bs = next(s for s in self.sizes if s >= n)
         bsz = self.runner.block_size
@@ -144,6 +152,4 @@ class CUDAGraphDecoder:
                 slots[i] = t[s.num_computed // bsz] * bsz + s.num_computed % bsz
             self.slot_mappings[g][:bs].copy_(torch.from_numpy(slots), non_blocking=True)
             self.block_tables[g][:bs].copy_(torch.from_numpy(table), non_blocking=True)
-        graph, logits = self.graphs[bs]
-        graph.replay()
-        return logits[:n]
+        return bs

@@ -349,6 +349,38 @@ def test_tiny_gemma3_runner_matches_the_torch_backend(tmp_path):
         )
 
 
+def test_captured_decode_context_computes_the_eager_step(tmp_path):
+    """What a CUDA graph records (engine/cuda_graphs.py): the model over the static buffers,
+    with the Triton metadata built once per captured size and its decode split fixed, padded
+    to the captured size. Run eagerly here (no graph), it must give the eager step's logits."""
+    pytest.importorskip("transformers", reason="the tiny checkpoint is written by transformers")
+    from tiny_models import make_tiny_checkpoint
+
+    from inferd.engine.cuda_graphs import CUDAGraphDecoder
+    from inferd.engine.runner import ModelRunner, SequenceStep
+    from inferd.loader import load_model, open_checkpoint
+
+    folder = make_tiny_checkpoint("gemma3", tmp_path / "gemma3")
+    model = load_model(open_checkpoint(folder), torch.float32, DEVICE)
+    groups = len(model.config.kv_groups())
+    runner = ModelRunner(model, [16] * groups, 8, torch.float32, DEVICE,
+                         backend=TritonAttentionBackend())  # fmt: skip
+    tables = [[[1, 2, 3]] * groups, [[4, 5, 6]] * groups, [[7, 8, 9]] * groups]
+    prompts = [[5, 9, 11, 40, 7, 3, 22, 90, 14], [8, 30, 2], [61, 62, 63, 64, 65]]
+    for prompt, table in zip(prompts, tables):
+        runner.execute([SequenceStep(prompt, 0, table)])
+    steps = [SequenceStep([17 + i], len(p), t) for i, (p, t) in enumerate(zip(prompts, tables))]
+    graphs = CUDAGraphDecoder(runner, max_batch=8, max_model_len=24)
+    bs = graphs.fill(steps)
+    assert bs == 4  # 3 sequences padded to the captured size 4
+    ctx = graphs._context(bs, decode_partitions=2)
+    assert ctx.metadata.decode_partitions == 2
+    with torch.inference_mode():
+        captured = model.compute_logits(model(graphs.input_ids[:bs], graphs.positions[:bs], ctx))
+        eager = runner.execute(steps)  # writes the same slots again
+    torch.testing.assert_close(captured[:3], eager, atol=1e-4, rtol=1e-4)
+
+
 def test_kernels_compile_for_an_h200_without_a_gpu():
     """The interpreter runs the kernels as Python; this runs Triton's compiler and ptxas for
     sm_90 on their Gemma 3 specialisation, which needs no GPU either."""
