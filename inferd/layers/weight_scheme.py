@@ -39,13 +39,13 @@ QUANTIZATION_METHODS = ("gguf", "int8", "int4", "fp8")
 # grows with every row (it rounds and scales per block of 32), a GEMM's hardly at all until it
 # is bound by arithmetic. With a bf16 copy for larger steps the GEMM takes over early; without
 # one the alternative is dequantising the whole matrix for the step, so the kernel keeps more.
-# Measured on the embedded model (docs/performance.md): decode steps of up to 8 sequences are
-# faster with blocks, 12 and more with the bf16 copy.
-BLOCK_ROWS_WITH_COPY = {"linear": 8, "head": 8}
+# Measured on the embedded model (docs/performance.md): decode steps of up to 6 sequences are
+# faster with blocks, 8 and more with the bf16 copy.
+BLOCK_ROWS_WITH_COPY = {"linear": 6, "head": 6}
 BLOCK_ROWS_DEQUANTISING = {"linear": 16, "head": 16}
 # Decode steps of up to this many sequences run each decoder layer as one C call
 # (inferd/models/cpu_decoder.py), whose block products are the same kernels.
-DECODER_ROWS_WITH_COPY = 8
+DECODER_ROWS_WITH_COPY = 6
 DECODER_ROWS_DEQUANTISING = 16
 
 
