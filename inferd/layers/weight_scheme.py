@@ -112,9 +112,11 @@ class WeightScheme:
             large = (f"{_name(self.dtype)} GEMM on a copy made at the first such step"
                      if self.keep_copy else f"GEMM on {_name(self.dtype)} weights dequantised "
                      "per step")  # fmt: skip
-            return (f"{self.name}: the GGUF blocks with C kernels for steps of up to "
-                    f"{rows['linear']} rows ({rows['head']} for the LM head), {large} for "
-                    "larger ones")  # fmt: skip
+            limit = f"{rows['linear']} rows"
+            if rows["head"] != rows["linear"]:
+                limit += f" ({rows['head']} for the LM head)"
+            return (f"{self.name}: the GGUF blocks with C kernels for steps of up to {limit}, "
+                    f"{large} for larger ones")  # fmt: skip
         if self.quantize:
             return f"{self.name}: weights re-quantised at load"
         return f"{self.name}: dense {_name(self.dtype)} weights"
