@@ -110,6 +110,8 @@ class EngineConfig:
     """How the engine runs a model. `None` fields get device-dependent defaults at start-up."""
 
     model: str | None = None  # None = the embedded default model
+    # auto: with quantization None, the fastest accurate mode for the machine and checkpoint
+    # (inferd/layers/weight_scheme.py); a dtype or a quantization forces a mode.
     dtype: str = "auto"
     device: str | None = None  # "cpu", "cuda", "cuda:1"; None = CUDA when available
     max_model_len: int | None = None  # None = the model's own limit
@@ -125,7 +127,9 @@ class EngineConfig:
     quantization: str | None = None
     kv_cache_dtype: str = "auto"
     num_threads: int | None = None  # CPU intra-op threads; None = torch's default
-    attention_backend: str = "auto"  # "torch", "triton"; auto = triton on CUDA when installed
+    # "torch", "cpu", "triton"; auto = triton on CUDA when installed, cpu on CPU when inferd's C
+    # kernels build, else torch
+    attention_backend: str = "auto"
     enforce_eager: bool = False  # no CUDA graphs
     tensor_parallel_size: int = 1
     distributed_timeout: float | None = None  # seconds a collective may wait (None: 60)

@@ -42,10 +42,12 @@ def hf_gemma_model(gemma_gguf):
 
 @pytest.fixture(scope="session")
 def gemma_llm():
-    """inferd's offline engine on the embedded model, float32, shared by the engine tests."""
+    """inferd's offline engine on the embedded model in the HF parity mode (float32 weights,
+    pure PyTorch attention), shared by the engine and parity tests."""
     from inferd import LLM
 
-    return LLM(dtype="float32", kv_cache_memory=512 << 20, max_num_batched_tokens=512)
+    return LLM(dtype="float32", attention_backend="torch", kv_cache_memory=512 << 20,
+               max_num_batched_tokens=512)  # fmt: skip
 
 
 @pytest.fixture(scope="session")

@@ -1,8 +1,16 @@
-"""The attention backend contract and the per-step attention metadata.
+"""The attention backend contract and the description of a step it works from.
 
 A step runs the flattened new tokens of several sequences at once. For every sequence the runner
-knows how many tokens it already has in the KV cache and how many it adds now; it turns that
-into the tensors below once per step, and every attention layer reads them.
+knows how many tokens it already has in the KV cache and how many it adds now; it writes that
+down once per step as an `AttentionBatch`. Then, once per step:
+
+    metadata = backend.build_metadata(batch)            # the backend's own plan, typed
+    out = backend.forward(q, k, v, kv_cache, spec, metadata)   # every attention layer
+
+Each backend decides what its metadata holds (which cache slots each sequence reads, kernel work
+lists, ...) and nothing else writes into it. Code outside a backend that needs part of a plan
+(the C decoder layer, `inferd/models/cpu_decoder.py`) asks through the metadata's public
+methods.
 
 KV memory is organised in *groups* of layers that share block tables: a model with only
 full-attention layers has one group; Gemma 3 has a full-attention group and a sliding-window
@@ -15,33 +23,31 @@ head_dim] from its group's pool; token t of a sequence lives in slot
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from dataclasses import dataclass, field
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, ClassVar, Generic, TypeVar
 
 import torch
 
 
 @dataclass
-class GroupMetadata:
+class GroupBatch:
     """Where one KV group's layers store and find keys/values this step."""
 
     slot_mapping: torch.Tensor  # [num_tokens] int64: cache slot of each new token
     block_tables: torch.Tensor  # [num_seqs, max_blocks] int32; unused entries are 0
     block_size: int
     window: int | None  # sliding window of the group's layers (tokens), None = full
-    # Derived tensors a backend computes on the group's first layer and reuses on the others.
-    cache: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass
-class AttentionMetadata:
-    """One step's layout of new tokens, shared by every attention layer."""
+class AttentionBatch:
+    """One step's layout of new tokens, shared by every attention layer (built by the runner)."""
 
     query_start_loc: torch.Tensor  # [num_seqs + 1] int32: offsets of each sequence's new tokens
     seq_lens: torch.Tensor  # [num_seqs] int32: tokens in context after this step
     positions: torch.Tensor  # [num_tokens] int64: absolute position of every new token
-    groups: list[GroupMetadata]
-    # Host copies so the reference backend can plan without device synchronisation.
+    groups: list[GroupBatch]
+    # Host copies so backends can plan without device synchronisation.
     query_lens_cpu: list[int]
     seq_lens_cpu: list[int]
 
@@ -72,13 +78,21 @@ class LayerAttentionSpec:
     index_in_group: int  # which cache tensor of that group
 
 
-class AttentionBackend(ABC):
+Metadata = TypeVar("Metadata")
+
+
+class AttentionBackend(ABC, Generic[Metadata]):
     """Stores the new keys/values of a layer in its cache and attends over the cache."""
 
-    name: str = "abstract"
+    name: ClassVar[str] = "abstract"
     # Whether q (and k) may arrive in float32 for a lower-precision model; otherwise the layer
     # hands them over in the projections' dtype.
-    float32_queries: bool = False
+    float32_queries: ClassVar[bool] = False
+
+    @abstractmethod
+    def build_metadata(self, batch: AttentionBatch) -> Metadata:
+        """Everything this backend derives from the step's layout, once per step; every layer
+        of the step reads it and none changes it."""
 
     @abstractmethod
     def forward(
@@ -88,7 +102,7 @@ class AttentionBackend(ABC):
         v: torch.Tensor,
         kv_cache: torch.Tensor,  # [2, num_blocks, block_size, num_kv_heads, head_dim]
         spec: LayerAttentionSpec,
-        meta: AttentionMetadata,
+        metadata: Metadata,
     ) -> torch.Tensor:  # [num_tokens, num_heads, head_dim]
         ...
 
@@ -97,12 +111,18 @@ class AttentionBackend(ABC):
 class ForwardContext:
     """Everything a model's attention layers need for one step: passed down, never global."""
 
-    meta: AttentionMetadata
+    batch: AttentionBatch
+    metadata: Any  # what `backend.build_metadata(batch)` returned
     kv_caches: list[list[torch.Tensor]]  # [group][index_in_group] → layer cache tensor
     backend: AttentionBackend
+
+    @classmethod
+    def for_step(cls, batch: AttentionBatch, kv_caches: list[list[torch.Tensor]],
+                 backend: AttentionBackend) -> ForwardContext:  # fmt: skip
+        return cls(batch, backend.build_metadata(batch), kv_caches, backend)
 
     def attend(
         self, spec: LayerAttentionSpec, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
     ) -> torch.Tensor:
         cache = self.kv_caches[spec.group][spec.index_in_group]
-        return self.backend.forward(q, k, v, cache, spec, self.meta)
+        return self.backend.forward(q, k, v, cache, spec, self.metadata)

@@ -1,7 +1,7 @@
 """Reference attention over the paged KV cache in plain PyTorch: runs on any device.
 
-Per step and per KV group it plans once (on the group's first layer) which cache slots each
-sequence attends to, then every layer of the group reuses the plan:
+`build_metadata` plans once per step and KV group which cache slots each sequence attends to
+(`TorchAttentionMetadata`); every layer of the group reuses the plan:
 
 * decode sequences (one new token) are batched: their context slots are gathered into a padded
   [seqs, context] index, and the query heads that share a KV head are folded into one matrix so
@@ -9,7 +9,9 @@ sequence attends to, then every layer of the group reuses the plan:
 * sequences with several new tokens (prefill chunks) run one at a time with a causal (and, for
   sliding layers, windowed) mask, since their shapes differ.
 
-The softmax runs in float32, as HF transformers' eager attention does.
+The softmax runs in float32, as HF transformers' eager attention does. Nothing here calls
+compiled code: this is the backend the HF parity tests check, and the `cpu` backend
+(cpu_backend.py) reuses its plans with decode attention in C.
 """
 
 from __future__ import annotations
@@ -20,11 +22,11 @@ import torch
 
 from inferd.attention.backend import (
     AttentionBackend,
-    AttentionMetadata,
-    GroupMetadata,
+    AttentionBatch,
+    GroupBatch,
     LayerAttentionSpec,
 )
-from inferd.layers.quant import FP8, FP8_MAX
+from inferd.fp8 import FP8, saturate_to_fp8
 
 # Decode steps with at least this many (sequence, key) pairs run their products in the cache
 # dtype; smaller ones in float32 (see TorchAttentionBackend._decode).
@@ -32,7 +34,9 @@ LARGE_DECODE = 4096
 
 
 @dataclass
-class _DecodePlan:
+class DecodePlan:
+    """The decode sequences of one KV group: whole cache blocks covering each one's context."""
+
     token_idx: torch.Tensor | None  # [n] rows of q that are decode tokens; None = all, in order
     blocks: torch.Tensor  # [n * width] cache blocks covering each sequence's visible context
     width: int  # blocks per sequence (shorter contexts padded with the null block)
@@ -44,7 +48,8 @@ class _DecodePlan:
 
     def bias_for(self, kv_heads: int, dtype: torch.dtype) -> torch.Tensor:
         """[n * kv_heads, 1, width * block_size] in `dtype`: 0 where a key is visible, else
-        -inf. Made once per step, on first use (the C kernel needs none)."""
+        -inf. Made once per step, on first use (the C kernel needs none); a memo private to
+        this plan, which only this step's layers read."""
         key = (kv_heads, dtype)
         if key not in self._converted:
             span = torch.arange(self.width * self.block_size, device=self.starts.device)
@@ -59,7 +64,9 @@ class _DecodePlan:
 
 
 @dataclass
-class _ChunkPlan:
+class ChunkPlan:
+    """A sequence with several new tokens (a prefill chunk)."""
+
     start: int  # first row of q
     length: int  # new tokens
     slots: torch.Tensor  # [keys] cache slots of the visible context
@@ -72,7 +79,29 @@ def _slots_of(block_tables: torch.Tensor, pos: torch.Tensor, block_size: int) ->
     return blocks * block_size + pos % block_size
 
 
-def _plan(meta: AttentionMetadata, g: GroupMetadata) -> tuple[_DecodePlan | None, list[_ChunkPlan]]:
+@dataclass
+class GroupPlan:
+    decode: DecodePlan | None
+    chunks: list[ChunkPlan]
+
+
+@dataclass
+class TorchAttentionMetadata:
+    """The torch (and cpu) backends' plan of a step: one `GroupPlan` per KV group."""
+
+    groups: list[GroupPlan]
+    slot_mappings: list[torch.Tensor]  # per group, the cache slot of every new token
+
+    def pure_decode(self, group: int) -> DecodePlan | None:
+        """The group's decode plan when every sequence of the step adds exactly one token, in
+        batch order (what the C decoder layer serves); else None."""
+        plan = self.groups[group]
+        if plan.decode is None or plan.decode.token_idx is not None or plan.chunks:
+            return None
+        return plan.decode
+
+
+def _plan(meta: AttentionBatch, g: GroupBatch) -> GroupPlan:
     device = g.slot_mapping.device
     decode_seqs, chunks = [], []
     offset = 0
@@ -89,15 +118,13 @@ def _plan(meta: AttentionMetadata, g: GroupMetadata) -> tuple[_DecodePlan | None
             if g.window is not None:
                 visible &= q_pos[:, None] - key_pos[None, :] < g.window
             bias = torch.zeros(visible.shape, device=device).masked_fill_(~visible, float("-inf"))
-            chunks.append(_ChunkPlan(offset, q_len, slots, bias))
+            chunks.append(ChunkPlan(offset, q_len, slots, bias))
         offset += q_len
-    decode = None
-    if decode_seqs:
-        decode = _decode_plan(meta, g, decode_seqs)
-    return decode, chunks
+    decode = _decode_plan(meta, g, decode_seqs) if decode_seqs else None
+    return GroupPlan(decode, chunks)
 
 
-def _decode_plan(meta: AttentionMetadata, g: GroupMetadata, decode_seqs) -> _DecodePlan:
+def _decode_plan(meta: AttentionBatch, g: GroupBatch, decode_seqs) -> DecodePlan:
     """Whole cache blocks per decode sequence: from the block holding its first visible key
     (the window start, or 0) to the block of its newest token. Copying whole 16-token blocks is
     ~4x faster than gathering token slots one by one."""
@@ -117,7 +144,7 @@ def _decode_plan(meta: AttentionMetadata, g: GroupMetadata, decode_seqs) -> _Dec
     token_idx = None
     if len(decode_seqs) != len(meta.query_lens_cpu):
         token_idx = torch.tensor([d[1] for d in decode_seqs], device=device)
-    return _DecodePlan(token_idx, blocks.flatten(), width, first * bs, lens, g.window, bs)
+    return DecodePlan(token_idx, blocks.flatten(), width, first * bs, lens, g.window, bs)
 
 
 def _compute_dtype(cache_dtype: torch.dtype) -> torch.dtype:
@@ -129,8 +156,7 @@ def _store(flat: torch.Tensor, slots: torch.Tensor, x: torch.Tensor) -> None:
     """Write new keys or values into their cache slots. fp8 caches saturate at ±448 (e4m3's
     largest value) and are written through a byte view (no fp8 index_copy on CPU)."""
     if flat.dtype == FP8:
-        fp8 = x.float().clamp(-FP8_MAX, FP8_MAX).to(FP8)
-        flat.view(torch.uint8).index_copy_(0, slots, fp8.view(torch.uint8))
+        flat.view(torch.uint8).index_copy_(0, slots, saturate_to_fp8(x).view(torch.uint8))
     else:
         flat.index_copy_(0, slots, x.to(flat.dtype))
 
@@ -149,38 +175,14 @@ def _scores_to_probs(scores: torch.Tensor, spec: LayerAttentionSpec, bias: torch
     return torch.softmax(scores.float() + bias, dim=-1)
 
 
-def _cpu_kernels(device: torch.device):
-    """inferd's C kernels for float32 and bfloat16 caches on CPU (cpu_kernels/
-    decode_attention.c), or None where they cannot be built (the PyTorch path then serves)."""
-    if device.type != "cpu":
-        return None
-    from inferd.cpu_kernels import kernel_library, kernels_available
-
-    return kernel_library() if kernels_available() else None
-
-
-def _decode_in_c(lib, q: torch.Tensor, kv_cache: torch.Tensor, plan: _DecodePlan,
-                 spec: LayerAttentionSpec) -> torch.Tensor:  # fmt: skip
-    """Decode attention read straight from the pool (float32 or bfloat16): no gather, one call
-    per layer, products in float32."""
-    n = q.shape[0]
-    q = q.float().contiguous()
-    out = torch.empty(n, spec.num_heads, spec.head_dim)
-    blocks = plan.blocks.view(n, plan.width)
-    rc = lib.inferd_decode_attention(
-        q.data_ptr(), kv_cache[0].data_ptr(), kv_cache[1].data_ptr(), blocks.data_ptr(),
-        plan.starts.data_ptr(), plan.lens.data_ptr(), n, plan.width, kv_cache.shape[2],
-        spec.num_heads, spec.num_kv_heads, spec.head_dim, spec.scale, spec.window or 0,
-        spec.softcap or 0.0, int(kv_cache.dtype == torch.bfloat16), out.data_ptr(),
-    )  # fmt: skip
-    if rc != 0:
-        raise RuntimeError(f"decode attention kernel failed ({rc}) for {spec}")
-    return out
-
-
-class TorchAttentionBackend(AttentionBackend):
+class TorchAttentionBackend(AttentionBackend[TorchAttentionMetadata]):
     name = "torch"
     float32_queries = True
+
+    def build_metadata(self, batch: AttentionBatch) -> TorchAttentionMetadata:
+        return TorchAttentionMetadata(
+            [_plan(batch, g) for g in batch.groups], [g.slot_mapping for g in batch.groups]
+        )
 
     def forward(
         self,
@@ -189,19 +191,16 @@ class TorchAttentionBackend(AttentionBackend):
         v: torch.Tensor,
         kv_cache: torch.Tensor,
         spec: LayerAttentionSpec,
-        meta: AttentionMetadata,
+        metadata: TorchAttentionMetadata,
     ) -> torch.Tensor:
-        g = meta.groups[spec.group]
         kv_heads, head_dim = spec.num_kv_heads, spec.head_dim
         k_flat = kv_cache[0].view(-1, kv_heads, head_dim)
         v_flat = kv_cache[1].view(-1, kv_heads, head_dim)
-        _store(k_flat, g.slot_mapping, k)
-        _store(v_flat, g.slot_mapping, v)
-
-        plan = g.cache.get("torch")
-        if plan is None:
-            plan = g.cache["torch"] = _plan(meta, g)
-        decode, chunks = plan
+        slots = metadata.slot_mappings[spec.group]
+        _store(k_flat, slots, k)
+        _store(v_flat, slots, v)
+        plan = metadata.groups[spec.group]
+        decode, chunks = plan.decode, plan.chunks
         if decode is not None and decode.token_idx is None:  # a pure decode step
             return self._decode(q, kv_cache, decode, spec, v.dtype)
         group_size = spec.num_heads // kv_heads
@@ -223,11 +222,17 @@ class TorchAttentionBackend(AttentionBackend):
             )
         return out
 
-    @staticmethod
-    def _decode(q, kv_cache, plan: _DecodePlan, spec: LayerAttentionSpec,
+    def _decode(self, q, kv_cache, plan: DecodePlan, spec: LayerAttentionSpec,
                 v_dtype: torch.dtype) -> torch.Tensor:  # fmt: skip
-        """One new token per sequence. The query heads sharing a KV head form the rows of one
-        matrix product against that head's keys: [n·kv, group, dim] @ [n·kv, dim, span].
+        qd = q if plan.token_idx is None else q.index_select(0, plan.token_idx)
+        # The output feeds o_proj, in the projections' dtype (that of v).
+        return self.decode_attention(qd, kv_cache, plan, spec).to(v_dtype)
+
+    def decode_attention(self, q: torch.Tensor, kv_cache: torch.Tensor, plan: DecodePlan,
+                         spec: LayerAttentionSpec) -> torch.Tensor:  # fmt: skip
+        """q [n, heads, dim] of the plan's sequences, one new token each (already stored).
+        The query heads sharing a KV head form the rows of one matrix product against that
+        head's keys: [n·kv, group, dim] @ [n·kv, dim, span].
 
         NOTE: small steps run the products in float32, large ones in the cache dtype. A bf16
         batched matmul on CPU goes through oneDNN with a threaded region per call: for a
@@ -235,17 +240,12 @@ class TorchAttentionBackend(AttentionBackend):
         when another process held a core); for 32 sequences x 384 keys bf16 is 3x faster.
         """
         kv_heads, head_dim = spec.num_kv_heads, spec.head_dim
-        qd = q if plan.token_idx is None else q.index_select(0, plan.token_idx)
-        n = qd.shape[0]
-        if kv_cache.dtype in (torch.float32, torch.bfloat16) and (
-            lib := _cpu_kernels(kv_cache.device)
-        ):
-            return _decode_in_c(lib, qd, kv_cache, plan, spec).to(v_dtype)
+        n = q.shape[0]
         span = plan.width * kv_cache.shape[2]
         dtype = _compute_dtype(kv_cache.dtype) if n * span >= LARGE_DECODE else torch.float32
         if spec.softcap is not None:
             dtype = torch.float32
-        qd = qd.reshape(n * kv_heads, spec.num_heads // kv_heads, head_dim).to(dtype)
+        qd = q.reshape(n * kv_heads, spec.num_heads // kv_heads, head_dim).to(dtype)
         keys = _per_kv_head(kv_cache[0].index_select(0, plan.blocks).view(n, span, kv_heads, -1))
         values = _per_kv_head(kv_cache[1].index_select(0, plan.blocks).view(n, span, kv_heads, -1))
         bias = plan.bias_for(kv_heads, dtype)
@@ -255,5 +255,4 @@ class TorchAttentionBackend(AttentionBackend):
         else:
             scores = torch.bmm(qd, keys.to(dtype).transpose(1, 2)) * spec.scale
             probs = _scores_to_probs(scores, spec, bias)
-        out = torch.bmm(probs, values.to(dtype)).view(n, spec.num_heads, head_dim)
-        return out.to(v_dtype)  # it feeds o_proj, in the projections' dtype (that of v)
+        return torch.bmm(probs, values.to(dtype)).view(n, spec.num_heads, head_dim)

@@ -4,26 +4,25 @@ Per layer: the new keys/values are stored in their cache slots, then sequences w
 token run the split-KV decode kernel and sequences with several (prefill chunks, possibly after
 cached context) run the paged prefill kernel; both write disjoint rows of one output.
 
-What the kernels need beyond the step's metadata — which sequences are decodes, the prefill
-work list, how many partitions a decode uses — is planned once per step and KV group, on the
-group's first layer, and kept in the group's `cache` for the other layers.
+What the kernels need beyond the step's layout — which sequences are decodes, the prefill
+work list, how many partitions a decode uses — is planned by `build_metadata` once per step
+(`TritonAttentionMetadata`, one `TritonGroupPlan` per KV group) and read by every layer.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 import triton
 
 from inferd.attention.backend import (
     AttentionBackend,
-    AttentionMetadata,
-    GroupMetadata,
+    AttentionBatch,
+    GroupBatch,
     LayerAttentionSpec,
 )
 from inferd.attention.triton_kernels import (
-    Tiles,
     decode_tiles,
     paged_decode,
     paged_prefill,
@@ -35,16 +34,44 @@ MAX_DECODE_PARTITIONS = 16
 
 
 @dataclass
-class _Plan:
-    prefill: Tiles
-    decode: Tiles
-    work: torch.Tensor | None  # [items, 2] int32 (sequence, first query token); None = none
-    decode_seqs: torch.Tensor | None  # [n] int32; None when every sequence decodes
+class TritonGroupPlan:
+    """One KV group's share of a step, as the kernels need it."""
+
+    group: GroupBatch
+    decode_seqs: torch.Tensor | None  # [n] int32 sequences with one new token; None = all
     num_decode: int
-    num_parts: int
+    decode_spans: list[int]  # visible keys of each decode sequence (for the decode split)
+    prefill_seqs: list[tuple[int, int]]  # (sequence, new tokens) of those with several
+    # Prefill work lists by query tile height: the tiles depend on the layer's head geometry
+    # and dtype, which the step's layout does not know; made on the first layer that asks.
+    _work: dict[int, torch.Tensor | None] = field(default_factory=dict)
+
+    def prefill_work(self, block_q: int, device: torch.device) -> torch.Tensor | None:
+        """[items, 2] int32 (sequence, first query token of a tile); None when no sequence
+        prefills."""
+        if block_q not in self._work:
+            work = [x for s, n in self.prefill_seqs for q0 in range(0, n, block_q) for x in (s, q0)]
+            self._work[block_q] = (
+                torch.tensor(work, dtype=torch.int32, device=device).view(-1, 2) if work else None
+            )
+        return self._work[block_q]
 
 
-class TritonAttentionBackend(AttentionBackend):
+@dataclass
+class TritonAttentionMetadata:
+    batch: AttentionBatch
+    groups: list[TritonGroupPlan]
+    decode_partitions: int | None  # fixed split of decode contexts; None: chosen per layer
+
+
+def _check_partitions(decode_partitions: int | None) -> None:
+    if decode_partitions is not None and (
+        decode_partitions < 1 or decode_partitions & (decode_partitions - 1)
+    ):
+        raise ValueError(f"decode_partitions must be a power of two, got {decode_partitions}")
+
+
+class TritonAttentionBackend(AttentionBackend[TritonAttentionMetadata]):
     """`decode_partitions` fixes the split of decode contexts (a power of two); None picks it per
     step to give the GPU about two programs per SM. A fixed value keeps the launch grid
     independent of context lengths, as CUDA-graph capture needs. A partition holds at least
@@ -53,15 +80,37 @@ class TritonAttentionBackend(AttentionBackend):
     name = "triton"
 
     def __init__(self, decode_partitions: int | None = None, min_partition: int = 256):
-        if decode_partitions is not None and (
-            decode_partitions < 1 or decode_partitions & (decode_partitions - 1)
-        ):
-            raise ValueError(f"decode_partitions must be a power of two, got {decode_partitions}")
+        _check_partitions(decode_partitions)
         if min_partition < 1:
             raise ValueError(f"min_partition must be at least 1, got {min_partition}")
         self.decode_partitions = decode_partitions
         self.min_partition = min_partition
         self._sm_counts: dict[int, int] = {}
+
+    def build_metadata(
+        self, batch: AttentionBatch, decode_partitions: int | None = None
+    ) -> TritonAttentionMetadata:
+        """`decode_partitions` fixes the decode split of this step (CUDA-graph capture: the
+        grid must not depend on context lengths); default: the backend's own setting."""
+        _check_partitions(decode_partitions)
+        groups = []
+        for g in batch.groups:
+            decodes: list[int] = []
+            spans: list[int] = []
+            prefills: list[tuple[int, int]] = []
+            for s, (q_len, seq_len) in enumerate(
+                zip(batch.query_lens_cpu, batch.seq_lens_cpu, strict=True)
+            ):
+                if q_len == 1:
+                    decodes.append(s)
+                    spans.append(seq_len if g.window is None else min(seq_len, g.window))
+                elif q_len > 1:
+                    prefills.append((s, q_len))
+            all_decode = len(decodes) == batch.num_seqs
+            device = g.slot_mapping.device
+            seqs = None if all_decode else torch.tensor(decodes, dtype=torch.int32, device=device)
+            groups.append(TritonGroupPlan(g, seqs, len(decodes), spans, prefills))
+        return TritonAttentionMetadata(batch, groups, decode_partitions or self.decode_partitions)
 
     def forward(
         self,
@@ -70,51 +119,11 @@ class TritonAttentionBackend(AttentionBackend):
         v: torch.Tensor,
         kv_cache: torch.Tensor,
         spec: LayerAttentionSpec,
-        meta: AttentionMetadata,
+        metadata: TritonAttentionMetadata,
     ) -> torch.Tensor:
-        g = meta.groups[spec.group]
+        plan = metadata.groups[spec.group]
+        g, batch = plan.group, metadata.batch
         store_kv(k, v, kv_cache, g.slot_mapping)
-        key = ("triton", spec.num_heads, spec.num_kv_heads, spec.head_dim, q.dtype)
-        plan = g.cache.get(key)
-        if plan is None:
-            plan = g.cache[key] = self._plan(meta, g, spec, q)
-        out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
-        if plan.work is not None:
-            paged_prefill(
-                q,
-                kv_cache,
-                out,
-                plan.work,
-                meta.query_start_loc,
-                meta.seq_lens,
-                g.block_tables,
-                plan.prefill,
-                spec.scale,
-                g.window,
-                spec.softcap,
-            )
-        paged_decode(
-            q,
-            kv_cache,
-            out,
-            plan.decode_seqs,
-            plan.num_decode,
-            meta.query_start_loc,
-            meta.seq_lens,
-            g.block_tables,
-            plan.decode,
-            spec.scale,
-            g.window,
-            spec.softcap,
-            plan.num_parts,
-            self.min_partition,
-        )
-        return out
-
-    def _plan(
-        self, meta: AttentionMetadata, g: GroupMetadata, spec: LayerAttentionSpec, q: torch.Tensor
-    ) -> _Plan:
-        device = q.device
         if spec.num_heads % spec.num_kv_heads:
             raise ValueError(
                 f"num_heads ({spec.num_heads}) must be a multiple of num_kv_heads "
@@ -124,33 +133,44 @@ class TritonAttentionBackend(AttentionBackend):
         # The same tiles on every device, so the interpreter tests run the GPU's tiling.
         pre = prefill_tiles(spec.head_dim, group, exact_fp32=q.dtype == torch.float32)
         dec = decode_tiles(spec.head_dim, group)
-        work: list[int] = []
-        decodes: list[int] = []
-        spans: list[int] = []
-        for s, (q_len, seq_len) in enumerate(
-            zip(meta.query_lens_cpu, meta.seq_lens_cpu, strict=True)
-        ):
-            if q_len == 1:
-                decodes.append(s)
-                spans.append(seq_len if g.window is None else min(seq_len, g.window))
-            elif q_len > 1:
-                for q0 in range(0, q_len, pre.block_q):
-                    work.extend((s, q0))
-        all_decode = len(decodes) == meta.num_seqs
-        return _Plan(
-            prefill=pre,
-            decode=dec,
-            work=torch.tensor(work, dtype=torch.int32, device=device).view(-1, 2) if work else None,
-            decode_seqs=None
-            if all_decode
-            else torch.tensor(decodes, dtype=torch.int32, device=device),
-            num_decode=len(decodes),
-            num_parts=self._num_parts(len(decodes), spec.num_kv_heads, spans, device),
+        out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
+        work = plan.prefill_work(pre.block_q, q.device)
+        if work is not None:
+            paged_prefill(
+                q,
+                kv_cache,
+                out,
+                work,
+                batch.query_start_loc,
+                batch.seq_lens,
+                g.block_tables,
+                pre,
+                spec.scale,
+                g.window,
+                spec.softcap,
+            )
+        parts = metadata.decode_partitions or self._num_parts(
+            plan.num_decode, spec.num_kv_heads, plan.decode_spans, q.device
         )
+        paged_decode(
+            q,
+            kv_cache,
+            out,
+            plan.decode_seqs,
+            plan.num_decode,
+            batch.query_start_loc,
+            batch.seq_lens,
+            g.block_tables,
+            dec,
+            spec.scale,
+            g.window,
+            spec.softcap,
+            parts,
+            self.min_partition,
+        )
+        return out
 
     def _num_parts(self, num_decode: int, kv_heads: int, spans: list[int], device) -> int:
-        if self.decode_partitions is not None:
-            return self.decode_partitions
         if not spans or device.type != "cuda":
             return 1
         index = device.index if device.index is not None else torch.cuda.current_device()

@@ -65,9 +65,9 @@ def _torch_facts() -> dict[str, object]:
 
 def collect() -> dict[str, object]:
     """The facts, in the order they print."""
-    from inferd.version import __version__
     from inferd.cache import cache_dir
     from inferd.cpu_info import NOTABLE_FEATURES, cpu_flags, cpu_model, default_cpu_dtype, machine
+    from inferd.version import __version__
 
     flags = cpu_flags()
     facts: dict[str, object] = {

@@ -34,7 +34,10 @@ def add_engine_arguments(parser: argparse.ArgumentParser, model_positional: bool
     parser.add_argument(
         "--model", help="GGUF file or HF folder (default: the embedded Gemma 3 270M)"
     )
-    parser.add_argument("--dtype", default="auto", help="auto, float32, bfloat16, float16")
+    parser.add_argument("--dtype", default="auto",
+                        help="auto (with --quantization unset: the fastest accurate mode for "
+                             "this machine and model, e.g. a GGUF file's own blocks on CPU), "
+                             "float32 (HF parity), bfloat16, float16")  # fmt: skip
     parser.add_argument(
         "--device", default=None, help="cpu, cuda, cuda:N (default: cuda if present)"
     )
@@ -49,13 +52,18 @@ def add_engine_arguments(parser: argparse.ArgumentParser, model_positional: bool
                         default=True)  # fmt: skip
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--quantization", default=None, choices=["gguf", "int8", "int4", "fp8"],
-                        help="gguf: keep a GGUF file's own blocks (CPU, fastest single "
-                             "stream); int8: W8A8 (CPU); int4: weight-only (CPU, lossy); fp8: "
-                             "W8A8 (Hopper GPUs)")  # fmt: skip
+                        help="force a mode (default: chosen for the machine, see --dtype). "
+                             "gguf: only a GGUF file's own blocks, least memory (CPU); int8: "
+                             "W8A8 (CPU); int4: weight-only (CPU, lossy); fp8: W8A8 (Hopper "
+                             "GPUs)")  # fmt: skip
     parser.add_argument("--kv-cache-dtype", default="auto",
                         help="auto (the model dtype), float32, bfloat16, float16, fp8")  # fmt: skip
     parser.add_argument("--threads", type=_positive_int, default=None, help="CPU threads")
-    parser.add_argument("--attention-backend", default="auto", choices=["auto", "torch", "triton"])
+    parser.add_argument("--attention-backend", default="auto",
+                        choices=["auto", "torch", "cpu", "triton"],
+                        help="torch: plain PyTorch (the reference); cpu: decode attention in C; "
+                             "triton: GPU kernels; auto: triton on CUDA, cpu on CPU when the C "
+                             "kernels build, else torch")  # fmt: skip
     parser.add_argument("--enforce-eager", action="store_true", help="no CUDA graphs")
     parser.add_argument(
         "--tensor-parallel-size",

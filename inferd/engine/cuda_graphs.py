@@ -10,7 +10,8 @@ call. Replaying needs fixed shapes and fixed addresses, so:
 * every input lives in a static buffer that each step overwrites in place (block tables are
   as wide as max_model_len needs);
 * the Triton backend's decode split is fixed per captured size, so the launch grid depends only
-  on the batch size, never on context lengths.
+  on the batch size, never on context lengths; the backend's metadata for a captured size is
+  built once, from the static buffers (a pure decode step: no host-side work lists to refresh).
 
 Only the model forward and the LM head are in the graph; sampling runs eagerly after it.
 """
@@ -24,7 +25,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 import torch
 
-from inferd.attention.backend import AttentionMetadata, ForwardContext, GroupMetadata
+from inferd.attention.backend import AttentionBatch, ForwardContext, GroupBatch
 
 if TYPE_CHECKING:
     from inferd.engine.runner import ModelRunner, SequenceStep
@@ -64,9 +65,10 @@ class CUDAGraphDecoder:
         self.graphs: dict[int, tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
         self.capture_seconds = 0.0
 
-    def _metadata(self, bs: int) -> AttentionMetadata:
+    def _batch(self, bs: int) -> AttentionBatch:
+        """A decode step of `bs` sequences over the static buffers."""
         groups = [
-            GroupMetadata(
+            GroupBatch(
                 self.slot_mappings[g][:bs],
                 self.block_tables[g][:bs],
                 self.runner.block_size,
@@ -74,7 +76,7 @@ class CUDAGraphDecoder:
             )  # fmt: skip
             for g, (window, _) in enumerate(self.runner.groups)
         ]
-        return AttentionMetadata(
+        return AttentionBatch(
             query_start_loc=self.query_start_loc[: bs + 1],
             seq_lens=self.seq_lens[:bs],
             positions=self.positions[:bs],
@@ -83,27 +85,31 @@ class CUDAGraphDecoder:
             seq_lens_cpu=[1] * bs,
         )
 
+    def _context(self, bs: int, decode_partitions: int) -> ForwardContext:
+        """The context a captured step runs with: the Triton backend's metadata for the static
+        buffers, with the decode split fixed for this batch size."""
+        batch = self._batch(bs)
+        metadata = self.runner.backend.build_metadata(batch, decode_partitions=decode_partitions)
+        return ForwardContext(batch, metadata, self.runner.kv_caches, self.runner.backend)
+
     @torch.inference_mode()
     def capture(self) -> float:
         start = time.monotonic()
-        model, backend = self.runner.model, self.runner.backend
+        model = self.runner.model
         props = torch.cuda.get_device_properties(self.runner.device)
         pool = None
         for bs in reversed(self.sizes):  # largest first, so smaller graphs reuse its memory
-            backend.decode_partitions = _decode_partitions(
-                bs, model.config.num_kv_heads, props.multi_processor_count
-            )
-            ctx = ForwardContext(self._metadata(bs), self.runner.kv_caches, backend)
+            parts = _decode_partitions(bs, model.config.num_kv_heads, props.multi_processor_count)
             for _ in range(2):  # warm up: Triton compiles, allocator settles
-                model.compute_logits(model(self.input_ids[:bs], self.positions[:bs], ctx))
+                model.compute_logits(model(self.input_ids[:bs], self.positions[:bs],
+                                           self._context(bs, parts)))  # fmt: skip
             torch.cuda.synchronize(self.runner.device)
             graph = torch.cuda.CUDAGraph()
-            ctx = ForwardContext(self._metadata(bs), self.runner.kv_caches, backend)
+            ctx = self._context(bs, parts)
             with torch.cuda.graph(graph, pool=pool):
                 logits = model.compute_logits(model(self.input_ids[:bs], self.positions[:bs], ctx))
             pool = graph.pool()
             self.graphs[bs] = (graph, logits)
-        backend.decode_partitions = None  # eager steps plan their own split again
         torch.cuda.synchronize(self.runner.device)
         self.capture_seconds = time.monotonic() - start
         log.info("captured %d CUDA graphs (batch %s) in %.1f s", len(self.graphs),
@@ -118,6 +124,14 @@ class CUDAGraphDecoder:
         )
 
     def run(self, steps: list[SequenceStep]) -> torch.Tensor:
+        bs = self.fill(steps)
+        graph, logits = self.graphs[bs]
+        graph.replay()
+        return logits[: len(steps)]
+
+    def fill(self, steps: list[SequenceStep]) -> int:
+        """Write a decode step into the static buffers; returns the captured size it runs as
+        (the rows past the step's are padding: slot -1, logits dropped)."""
         n = len(steps)
         bs = next(s for s in self.sizes if s >= n)
         bsz = self.runner.block_size
@@ -138,6 +152,4 @@ class CUDAGraphDecoder:
                 slots[i] = t[s.num_computed // bsz] * bsz + s.num_computed % bsz
             self.slot_mappings[g][:bs].copy_(torch.from_numpy(slots), non_blocking=True)
             self.block_tables[g][:bs].copy_(torch.from_numpy(table), non_blocking=True)
-        graph, logits = self.graphs[bs]
-        graph.replay()
-        return logits[:n]
+        return bs

@@ -10,21 +10,30 @@ import torch
 
 from inferd.config import EngineConfig
 from inferd.distributed.state import SINGLE, TPGroup
-from inferd.layers.quant import check_quantization
+from inferd.layers.weight_scheme import WeightScheme, choose_scheme
 from inferd.loader import Checkpoint, load_model, open_checkpoint
 from inferd.platform import keep_freed_memory_in_heap, resolve_dtype
 
 log = logging.getLogger(__name__)
 
 
+ATTENTION_BACKENDS = ("auto", "torch", "cpu", "triton")
+
+
 def _attention_backend(config: EngineConfig, device: torch.device):
+    """`torch`: plain PyTorch anywhere (the reference); `cpu`: the torch backend with decode
+    attention in C; `triton`: the GPU kernels. `auto`: triton on CUDA when installed, cpu on
+    CPU when inferd's C kernels build, else torch."""
     from inferd.attention.torch_backend import TorchAttentionBackend
 
     choice = config.attention_backend
-    if choice not in ("auto", "torch", "triton"):
-        raise ValueError(f"attention_backend must be auto, torch or triton, got {choice!r}")
-    if choice == "torch" or (choice == "auto" and device.type != "cuda"):
+    if choice not in ATTENTION_BACKENDS:
+        raise ValueError(f"attention_backend must be one of {', '.join(ATTENTION_BACKENDS)}, "
+                         f"got {choice!r}")  # fmt: skip
+    if choice == "torch":
         return TorchAttentionBackend()
+    if choice == "cpu" or (choice == "auto" and device.type == "cpu"):
+        return _cpu_backend(choice, device) or TorchAttentionBackend()
     try:
         from inferd.attention.triton_backend import TritonAttentionBackend
     except ImportError as e:
@@ -37,23 +46,40 @@ def _attention_backend(config: EngineConfig, device: torch.device):
     return TritonAttentionBackend()
 
 
-def resolve_dtypes(config: EngineConfig, device: torch.device) -> tuple[torch.dtype, torch.dtype]:
-    """(weights/activations dtype, KV cache dtype)."""
-    dtype = resolve_dtype(config.dtype, device)
-    if config.quantization:
-        check_quantization(config.quantization, device)
-        if config.quantization == "gguf":
-            pass  # any dtype: it is what steps with many rows dequantise the blocks to
-        elif config.dtype == "auto":
-            dtype = torch.bfloat16  # the integer kernels take bf16 activations
-        elif dtype != torch.bfloat16:
-            raise ValueError(f"quantization {config.quantization} needs dtype bfloat16 (or auto)")
+def _cpu_backend(choice: str, device: torch.device):
+    from inferd.attention.cpu_backend import CpuAttentionBackend
+    from inferd.cpu_kernels import KernelsUnavailable, kernel_library
+
+    if device.type != "cpu":
+        raise ValueError(f"attention_backend cpu runs on the CPU only, not on {device}")
+    try:
+        return CpuAttentionBackend(kernel_library())
+    except KernelsUnavailable as e:
+        if choice == "cpu":
+            raise ValueError(f"attention_backend cpu needs inferd's C kernels: {e}") from e
+        log.warning("inferd's C kernels are unavailable (%s): decode attention runs in PyTorch",
+                    e)  # fmt: skip
+        return None
+
+
+def weight_scheme(config: EngineConfig, device: torch.device, checkpoint: Checkpoint | None,
+                  tp_size: int = 1) -> WeightScheme:  # fmt: skip
+    """How the model holds its weights and which kernels it runs (see layers/weight_scheme.py);
+    without a checkpoint, only the flags are checked."""
+    return choose_scheme(config.quantization, config.dtype,
+                         checkpoint.format if checkpoint is not None else None, device,
+                         tp_size)  # fmt: skip
+
+
+def resolve_dtypes(
+    config: EngineConfig, device: torch.device, scheme: WeightScheme | None = None
+) -> tuple[torch.dtype, torch.dtype]:
+    """(weights/activations dtype, KV cache dtype) of the scheme (by default: of the flags
+    alone, which checks them)."""
+    scheme = scheme or weight_scheme(config, device, None)
+    dtype = scheme.dtype
     if config.kv_cache_dtype == "auto":
-        if config.quantization == "gguf":
-            # Activations stay float32 in this mode, and decode attends in float32: a bf16 cache
-            # would be converted back on every step (measured ~1 ms per token here).
-            return dtype, torch.float32
-        return dtype, dtype
+        return dtype, scheme.kv_cache_dtype
     if config.kv_cache_dtype in ("fp8", "fp8_e4m3"):
         return dtype, torch.float8_e4m3fn
     return dtype, resolve_dtype(config.kv_cache_dtype, device)
@@ -65,11 +91,13 @@ def load_rank_model(config: EngineConfig, device: torch.device, tp: TPGroup = SI
     keep_freed_memory_in_heap()
     if config.num_threads:
         torch.set_num_threads(config.num_threads)
-    dtype, kv_dtype = resolve_dtypes(config, device)
     checkpoint = checkpoint or open_checkpoint(config.model)
+    scheme = weight_scheme(config, device, checkpoint, tp.world_size)
+    dtype, kv_dtype = resolve_dtypes(config, device, scheme)
     backend = _attention_backend(config, device)
-    if kv_dtype == torch.float8_e4m3fn and backend.name != "torch":
-        raise ValueError("an fp8 KV cache needs --attention-backend torch (the Triton kernels "
-                         "read bf16/fp16/fp32 caches)")  # fmt: skip
-    model = load_model(checkpoint, dtype, device, config.quantization, tp)
+    if kv_dtype == torch.float8_e4m3fn and backend.name == "triton":
+        raise ValueError("an fp8 KV cache needs --attention-backend torch or cpu (the Triton "
+                         "kernels read bf16/fp16/fp32 caches)")  # fmt: skip
+    model = load_model(checkpoint, dtype, device, config.quantization, tp, scheme=scheme)
+    log.info("weights: %s; attention: %s", scheme.describe(), backend.name)
     return model, dtype, kv_dtype, backend

@@ -1,5 +1,6 @@
 """The model runner: owns the device KV cache tensors, turns a scheduled step into input tensors
-and attention metadata, runs the model and returns the logits of the positions to sample.
+and the step's `AttentionBatch`, has the attention backend build its metadata from it once,
+runs the model and returns the logits of the positions to sample.
 
 Only the last new token of a sequence that needs sampling goes through the LM head: on Gemma 3
 270M the head is most of the per-token work, so prompt positions skip it.
@@ -13,9 +14,9 @@ import torch
 
 from inferd.attention.backend import (
     AttentionBackend,
-    AttentionMetadata,
+    AttentionBatch,
     ForwardContext,
-    GroupMetadata,
+    GroupBatch,
 )
 from inferd.attention.torch_backend import TorchAttentionBackend
 from inferd.models.base import CausalLM
@@ -63,7 +64,8 @@ class ModelRunner:
     def kv_cache_bytes(self) -> int:
         return sum(t.numel() * t.element_size() for group in self.kv_caches for t in group)
 
-    def build_metadata(self, steps: list[SequenceStep]) -> tuple[torch.Tensor, AttentionMetadata]:
+    def build_batch(self, steps: list[SequenceStep]) -> tuple[torch.Tensor, AttentionBatch]:
+        """(input ids, the step's layout) of the scheduled sequences."""
         bs = self.block_size
         ids: list[int] = []
         positions: list[int] = []
@@ -87,14 +89,14 @@ class ModelRunner:
             width = max(len(s.block_tables[g]) for s in steps)
             tables = [s.block_tables[g] + [0] * (width - len(s.block_tables[g])) for s in steps]
             groups.append(
-                GroupMetadata(
+                GroupBatch(
                     slot_mapping=torch.tensor(slot_maps[g], dtype=torch.int64, device=dev),
                     block_tables=torch.tensor(tables, dtype=torch.int32, device=dev),
                     block_size=bs,
                     window=window,
                 )
             )
-        meta = AttentionMetadata(
+        batch = AttentionBatch(
             query_start_loc=torch.tensor(qsl, dtype=torch.int32, device=dev),
             seq_lens=torch.tensor(seq_lens, dtype=torch.int32, device=dev),
             positions=torch.tensor(positions, dtype=torch.int64, device=dev),
@@ -102,7 +104,7 @@ class ModelRunner:
             query_lens_cpu=query_lens,
             seq_lens_cpu=seq_lens,
         )
-        return torch.tensor(ids, dtype=torch.int64, device=dev), meta
+        return torch.tensor(ids, dtype=torch.int64, device=dev), batch
 
     @torch.inference_mode()
     def execute(self, steps: list[SequenceStep]) -> torch.Tensor:
@@ -116,9 +118,9 @@ class ModelRunner:
         """Also returns, for steps with `all_logits`, the logits of all their new tokens."""
         if self.graphs is not None and self.graphs.can_run(steps):
             return self.graphs.run(steps), {}
-        input_ids, meta = self.build_metadata(steps)
-        ctx = ForwardContext(meta, self.kv_caches, self.backend)
-        hidden = self.model(input_ids, meta.positions, ctx)
+        input_ids, batch = self.build_batch(steps)
+        ctx = ForwardContext.for_step(batch, self.kv_caches, self.backend)
+        hidden = self.model(input_ids, batch.positions, ctx)
         last, offset, every = [], 0, {}
         for i, s in enumerate(steps):
             if s.all_logits:

@@ -11,8 +11,9 @@ from inferd.attention.backend import ForwardContext, LayerAttentionSpec
 from inferd.config import ModelConfig
 from inferd.distributed.state import SINGLE, TPGroup, kv_head_range
 from inferd.layers.linear import Linear
-from inferd.layers.norm import RMSNorm, kernel_rms_norm, stacked_gain
+from inferd.layers.norm import kernel_rms_norm, scheme_norm, stacked_gain
 from inferd.layers.rotary import apply_rotary
+from inferd.layers.weight_scheme import WeightScheme
 
 
 def attention_spec(config: ModelConfig, layer: int, num_heads: int | None = None,
@@ -34,7 +35,7 @@ def attention_spec(config: ModelConfig, layer: int, num_heads: int | None = None
 
 
 class SelfAttention(nn.Module):
-    def __init__(self, config: ModelConfig, layer: int, dtype: torch.dtype, norm_offset: bool,
+    def __init__(self, config: ModelConfig, layer: int, scheme: WeightScheme, norm_offset: bool,
                  tp: TPGroup = SINGLE):  # fmt: skip
         super().__init__()
         hd, nh, nkv = config.head_dim, config.num_heads, config.num_kv_heads
@@ -44,12 +45,12 @@ class SelfAttention(nn.Module):
         self.q_size, self.kv_size = nq * hd, nk * hd
         rows = [(q0 * hd, nq * hd), (k0 * hd, nk * hd), (k0 * hd, nk * hd)]
         self.qkv_proj = Linear(config.hidden_size, [nh * hd, nkv * hd, nkv * hd],
-                               config.attention_bias, dtype, row_ranges=rows, tp=tp)  # fmt: skip
+                               config.attention_bias, scheme, row_ranges=rows, tp=tp)  # fmt: skip
         cols = (q0 * hd, nq * hd) if tp.enabled else None  # row-parallel: this rank's heads
-        self.o_proj = Linear(nh * hd, config.hidden_size, False, dtype, col_range=cols, tp=tp)
+        self.o_proj = Linear(nh * hd, config.hidden_size, False, scheme, col_range=cols, tp=tp)
         if config.qk_norm:
-            self.q_norm = RMSNorm(hd, config.rms_norm_eps, norm_offset, dtype)
-            self.k_norm = RMSNorm(hd, config.rms_norm_eps, norm_offset, dtype)
+            self.q_norm = scheme_norm(scheme, hd, config.rms_norm_eps, norm_offset)
+            self.k_norm = scheme_norm(scheme, hd, config.rms_norm_eps, norm_offset)
         else:
             self.q_norm = self.k_norm = None
         self._qk_gain: torch.Tensor | None = None

@@ -1,4 +1,4 @@
-"""`--quantization gguf`: linear layers that keep the checkpoint's own GGUF block quantisation.
+"""A GGUF file's own block quantisation, kept as it is, and the C kernels that multiply by it.
 
 Every GGUF type (Q4_0 … Q8_0, Q2_K … Q6_K) is, per sub-block of B = 32 (or 16) weights along the
 input, `w = scale * q + offset` with small integers q. A `BlockWeight` holds exactly that, so no
@@ -7,10 +7,10 @@ weights that were already rounded once). q is stored in 4, 5 or 8 bits, whicheve
 needs, and scales in fp16 where that is exact, so a token reads about as many bytes as the GGUF
 file holds (cpu_kernels/block_gemv.c describes the layouts).
 
-Products with few rows (decode) go to the C kernel, which quantises each activation row to int8
-per 32 values as llama.cpp does and sums exactly in integers (AVX-512 VNNI). Steps with many rows
-(prefill) dequantise the weight to the model dtype and use PyTorch's GEMM, which is faster there:
-a decode step is bound by reading weights, a prefill step by arithmetic.
+`BlockWeight.forward` is the C kernel, which quantises each activation row to int8 per 32 values
+as llama.cpp does and sums exactly in integers (VNNI where the CPU has it). It wins for steps of
+a few rows (bound by reading weights); steps with many rows are bound by arithmetic and go to
+PyTorch's GEMM on `dense()` weights instead: `BlockMethod` (block_method.py) picks per step.
 """
 
 from __future__ import annotations
@@ -18,12 +18,8 @@ from __future__ import annotations
 import ctypes
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
-# Rows up to which the C kernel beats dequantise-then-GEMM (it re-reads the weights every 8 rows;
-# measured here, LM head: 16 rows 58 ms vs 70 ms, 32 rows 122 ms vs 81 ms).
-KERNEL_MAX_ROWS = 16
 MAX_PARTS = 4  # row ranges of one layer (q/k/v of different GGUF types): see decode_layer.c
 
 _P, _I = ctypes.c_void_p, ctypes.c_int64
@@ -171,12 +167,10 @@ class BlockWeight(nn.Module):
     """A linear layer's weight as one or more `BlockPart`s stacked along the output."""
 
     def __init__(self, q: torch.Tensor | None = None, scale: torch.Tensor | None = None,
-                 offset: torch.Tensor | None = None, compute_dtype: torch.dtype = torch.bfloat16,
+                 offset: torch.Tensor | None = None,
                  parts: list[BlockPart] | None = None):  # fmt: skip
         super().__init__()
         self.parts = parts if parts is not None else [BlockPart(q, scale, offset)]
-        self.compute_dtype = compute_dtype
-        self.max_rows = 1 << 62  # serves every step (see forward)
         self.lib = None  # the C kernels, looked up at the first product
         for i, p in enumerate(self.parts):  # so that module-level size accounting sees them
             self.register_buffer(f"part{i}_q", p.q, persistent=False)
@@ -204,22 +198,21 @@ class BlockWeight(nn.Module):
             self.lib = kernel_library()
         return self.lib
 
-    def dense(self) -> torch.Tensor:
-        """The weights in the compute dtype, by the C kernel (for steps with many rows)."""
+    def dense(self, dtype: torch.dtype) -> torch.Tensor:
+        """The weights in `dtype`, dequantised by the C kernel (float32 or bfloat16 directly)."""
         lib = self._kernels()
-        dtype = self.compute_dtype if self.compute_dtype == torch.bfloat16 else torch.float32
-        out = torch.empty(self.shape, dtype=dtype)
+        direct = dtype if dtype == torch.bfloat16 else torch.float32
+        out = torch.empty(self.shape, dtype=direct)
         first = 0
         for p in self.parts:
-            lib.inferd_block_dequantize(ctypes.byref(p.struct), int(dtype == torch.bfloat16),
+            lib.inferd_block_dequantize(ctypes.byref(p.struct), int(direct == torch.bfloat16),
                                         out[first].data_ptr())  # fmt: skip
             first += p.shape[0]
-        return out.to(self.compute_dtype)
+        return out.to(dtype)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        """x [rows, in] → float32 [rows, out]."""
-        if x.shape[0] > KERNEL_MAX_ROWS:
-            return F.linear(x.to(self.compute_dtype), self.dense()).float()
+        """x [rows, in] → float32 [rows, out], by the C block kernel (any rows; it is the fast
+        choice for a few)."""
         self._kernels()
         x = x.float().contiguous()
         out_features = self.shape[0]
@@ -239,11 +232,6 @@ class BlockWeight(nn.Module):
         return f"out={out_features}, in={in_features}: {layouts}"
 
 
-def dropped(weight: nn.Parameter) -> nn.Parameter:
-    """What replaces a dense matrix once a BlockWeight computes in its place: nothing held."""
-    return nn.Parameter(torch.empty(0, dtype=weight.dtype), requires_grad=False)
-
-
 def stack(weights: list[BlockWeight]) -> BlockWeight:
     """One BlockWeight from several along the output (q/k/v, gate/up). Neighbouring parts of the
     same layout are merged, so most layers need one kernel call."""
@@ -257,7 +245,7 @@ def stack(weights: list[BlockWeight]) -> BlockWeight:
             parts[-1] = BlockPart(q, scale, offset)
         else:
             parts.append(p)
-    return BlockWeight(parts=parts, compute_dtype=weights[0].compute_dtype)
+    return BlockWeight(parts=parts)
 
 
 def _same_layout(a: BlockPart, b: BlockPart) -> bool:

@@ -9,15 +9,18 @@ the part of the checkpoint tensor this rank keeps:
   features) of this rank's heads or MLP slice; no communication in forward;
 * row-parallel (`col_range`): this rank keeps a slice of the input features, and the partial
   products of all ranks are summed by an all-reduce.
+
+How the weight is stored and multiplied (dense, a GGUF file's blocks, int8, ...) is the layer's
+`quant_method`, given by the model's WeightScheme (weight_scheme.py) at construction.
 """
 
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from inferd.distributed.state import SINGLE, TPGroup
+from inferd.layers.weight_scheme import WeightScheme, as_scheme
 
 
 class Linear(nn.Module):
@@ -26,7 +29,7 @@ class Linear(nn.Module):
         in_features: int,
         out_features: int | list[int],
         bias: bool = False,
-        dtype: torch.dtype | None = None,
+        scheme: WeightScheme | torch.dtype = torch.float32,
         *,
         row_ranges: list[tuple[int, int]] | None = None,
         col_range: tuple[int, int] | None = None,
@@ -34,8 +37,11 @@ class Linear(nn.Module):
     ):
         """`out_features`: the full size of each logical matrix. `row_ranges`: per logical
         matrix, the (start, count) of checkpoint rows this rank keeps (default: all).
-        `col_range`: the (start, count) of input features this rank keeps (row-parallel)."""
+        `col_range`: the (start, count) of input features this rank keeps (row-parallel).
+        `scheme`: the model's weight scheme (a dtype: dense weights in it)."""
         super().__init__()
+        scheme = as_scheme(scheme)
+        dtype = scheme.dtype
         full = out_features if isinstance(out_features, list) else [out_features]
         self.row_ranges = row_ranges or [(0, n) for n in full]
         self.shard_sizes = [n for _, n in self.row_ranges]
@@ -51,17 +57,10 @@ class Linear(nn.Module):
             if bias
             else None
         )
-        # Set by quantisation: an integer kernel, for every step or steps of few rows.
-        self.small_step = None
-        # `--quantization gguf`: the checkpoint's blocks per shard, collected while loading.
-        self.block_parts: dict[int, tuple] | None = None
+        self.quant_method = scheme.linear_method("linear")
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self.small_step is not None and x.shape[0] <= self.small_step.max_rows:
-            y = self.small_step(x)
-            y = y if self.bias is None else y + self.bias
-        else:
-            y = F.linear(x, self.weight, self.bias)
+        y = self.quant_method.apply(self, x, self.bias)
         if self.col_range is not None:
             y = self.tp.all_reduce(y)  # NOTE: row-parallel layers here have no bias
         return y
@@ -74,14 +73,15 @@ class Linear(nn.Module):
             raise ValueError(f"checkpoint has a {param_name} for a layer without one")
         rows = self.row_ranges[shard]
         cols = self.col_range if param_name == "weight" else None
-        if param_name == "weight" and self.block_parts is not None:
-            blocks = weight.load_blocks(rows, cols) if hasattr(weight, "load_blocks") else None
+        if param_name == "weight" and self.quant_method.wants_blocks:
+            load_blocks = getattr(weight, "load_blocks", None)  # GGUF weights have blocks
+            blocks = load_blocks(rows, cols) if load_blocks else None
             if blocks is not None:
                 expected = (self.shard_sizes[shard], self.in_features)
                 if tuple(blocks[0].shape) != expected:
                     raise ValueError(f"shape mismatch: checkpoint {tuple(blocks[0].shape)} vs "
                                      f"{expected}")  # fmt: skip
-                self.block_parts[shard] = blocks
+                self.quant_method.take_blocks(self, shard, blocks)
                 return
         tensor = weight.load(target.dtype, rows=rows, cols=cols)
         start = sum(self.shard_sizes[:shard])
@@ -92,28 +92,9 @@ class Linear(nn.Module):
             )
         dest.copy_(tensor)
 
-    def finalize_blocks(self) -> None:
-        """After loading in gguf mode: one block kernel for the whole layer, or, if some shard
-        was not block-quantised, the dense weight with the block shards dequantised into it."""
-        from inferd.layers.gguf_blocks import BlockWeight, stack
-
-        parts, self.block_parts = self.block_parts, None
-        if not parts:
-            return
-        kernels = {i: BlockWeight(*p, compute_dtype=self.weight.dtype) for i, p in parts.items()}
-        if len(kernels) == len(self.shard_sizes):
-            kernels = [kernels[i] for i in range(len(self.shard_sizes))]
-            self.use_blocks(kernels[0] if len(kernels) == 1 else stack(kernels))
-            return
-        for shard, kernel in kernels.items():
-            start = sum(self.shard_sizes[:shard])
-            self.weight.data[start : start + self.shard_sizes[shard]] = kernel.dequantized()
-
-    def use_blocks(self, blocks) -> None:
-        """Compute every step with a gguf BlockWeight instead of the dense matrix."""
-        from inferd.layers.gguf_blocks import dropped
-
-        self.small_step, self.weight, self.block_parts = blocks, dropped(self.weight), None
+    def finish_loading(self) -> None:
+        """After every shard is loaded: the method converts the weights to its format."""
+        self.quant_method.finish(self)
 
     def extra_repr(self) -> str:
         return f"in={self.in_features}, out={self.shard_sizes}, bias={self.bias is not None}"

@@ -6,6 +6,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from inferd.layers.weight_scheme import WeightScheme
+
 
 class RMSNorm(nn.Module):
     """y = x / rms(x) * w  (Llama, Qwen), or  x / rms(x) * (1 + w)  with `unit_offset` (Gemma).
@@ -16,15 +18,17 @@ class RMSNorm(nn.Module):
     """
 
     def __init__(self, dim: int, eps: float, unit_offset: bool = False, dtype=None,
-                 out_dtype: torch.dtype | None = None):  # fmt: skip
+                 out_dtype: torch.dtype | None = None, kernel=None):  # fmt: skip
+        """`out_dtype`: None for the weights' dtype (the input of a matmul); float32 for the
+        residual stream or for kernels that round float32 activations themselves. `kernel`:
+        inferd's C kernels, to normalise float32-out norms in one call instead of PyTorch's
+        ~8 small ops (cpu_kernels/rms_norm.c)."""
         super().__init__()
         self.dim, self.eps, self.unit_offset = dim, eps, unit_offset
-        # None: the weights' dtype (the input of a matmul); float32 for the residual stream.
         self.out_dtype = out_dtype
         self.weight = nn.Parameter(torch.ones(dim, dtype=dtype), requires_grad=False)
         self._gain: torch.Tensor | None = None  # float32 (1 + w), set by `finalize`
-        # The C kernel (cpu_kernels/rms_norm.c), set by `use_kernel` for float32-out layers.
-        self.kernel = None
+        self.kernel = kernel if out_dtype == torch.float32 else None
 
     def finalize(self) -> None:
         """Precompute the float32 gain once the weights are loaded (same bits as per call)."""
@@ -35,11 +39,6 @@ class RMSNorm(nn.Module):
         if self.unit_offset:
             return self._gain if self._gain is not None else 1.0 + self.weight.float()
         return self.weight.float()
-
-    def use_kernel(self, lib) -> None:
-        """Normalise with the C kernel and return float32 (`--quantization gguf`, whose block
-        kernels take float32 activations): one call instead of PyTorch's ~8 small ops."""
-        self.kernel, self.out_dtype = lib, torch.float32
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         out = self.out_dtype or self.weight.dtype
@@ -53,6 +52,15 @@ class RMSNorm(nn.Module):
             return F.rms_norm(x32, (self.dim,), self.weight, self.eps).to(out)
         y = self.weight * F.rms_norm(x32, (self.dim,), None, self.eps).to(self.weight.dtype)
         return y.to(out)
+
+
+def scheme_norm(scheme: WeightScheme, dim: int, eps: float, unit_offset: bool,
+                residual: bool = False) -> RMSNorm:  # fmt: skip
+    """A norm as the model's weight scheme wants it: output in the scheme's activation dtype
+    (float32 for norms whose output joins the residual stream), by the C kernel where the scheme
+    uses one."""
+    out = torch.float32 if residual else scheme.activations
+    return RMSNorm(dim, eps, unit_offset, scheme.dtype, out_dtype=out, kernel=scheme.norm_kernel())
 
 
 def kernel_rms_norm(lib, x: torch.Tensor, gain: torch.Tensor | None, eps: float) -> torch.Tensor:

@@ -1,9 +1,10 @@
-"""Quantised linear layers and LM head: `--quantization int8 | int4`.
+"""Re-quantised linear layers and LM head: `--quantization int8 | int4 | fp8`.
 
 int8 (W8A8): weights in int8 with one scale per output channel, and each step's activations
-quantised to int8 per row on the fly; the product is an integer matmul (`torch._int_mm`, VNNI on
-this CPU) with exact int32 sums. Measured here (ms, torch 2.13) it beats every alternative at
-every batch size, so it serves all steps:
+quantised to int8 per row on the fly; the product is an integer matmul (`torch._int_mm`, VNNI
+where the CPU has it) with exact int32 sums. Measured on a 2-core AVX-512 CPU with VNNI and
+avx512_bf16 (ms, torch 2.13, one run) it beats every alternative at every batch size, so it
+serves all steps:
 
     matrix                rows   bf16   int8 weight-only   int8 W8A8   int4 weight-only
     262144 x 640 LM head     1     21         13              9.7            4.8
@@ -15,27 +16,26 @@ int4 (weight-only): asymmetric 4-bit groups of 32 input channels (the layout
 `_weight_int4pack_mm_for_cpu` reads). Fastest for single-sequence decode, which is bound by
 reading weights, but slow once a step has many rows, where bf16 GEMM is compute-bound and 2-3x
 faster. So an int4 layer keeps two forms of the *same* weights: the packed integers for steps of
-at most `ROW_LIMITS` rows, and their exact bf16 dequantisation for larger steps.
+at most `INT4_ROW_LIMITS` rows, and their exact bf16 dequantisation for larger steps.
 
-Accuracy against bf16 is measured by `tests/parity/test_quantization_accuracy.py` and reported
-in docs/performance.md.
+Each kernel is wrapped in a `LinearMethod` (linear_method.py) that a layer of a model loaded
+with `--quantization int8 | int4 | fp8` holds: the method quantises the layer's loaded bf16
+weights once, in `finish`. Accuracy against float32 is measured by
+`tests/parity/test_quantization_accuracy.py` and reported in docs/performance.md.
 """
 
 from __future__ import annotations
 
-import logging
-
 import torch
+import torch.nn.functional as F
 from torch import nn
 
-log = logging.getLogger(__name__)
+from inferd.fp8 import FP8, FP8_MAX
+from inferd.layers.linear_method import LinearMethod, dropped
 
 INT4_GROUP = 32
-QUANTIZATION_METHODS = ("gguf", "int8", "int4", "fp8")
-FP8 = torch.float8_e4m3fn
-FP8_MAX = 448.0  # largest finite e4m3 value
 # Largest step (rows) for which the int4 kernel beats bf16 GEMM, per kind of matrix.
-ROW_LIMITS = {("int4", "linear"): 4, ("int4", "head"): 8}
+INT4_ROW_LIMITS = {"linear": 4, "head": 8}
 
 
 class Int8Kernel(nn.Module):
@@ -45,14 +45,13 @@ class Int8Kernel(nn.Module):
     else is in the batch; and at every batch size it beats bf16 here (LM head, 16 rows: 21 ms
     vs 50 ms; one row: 9.7 ms vs 23 ms), so no bf16 copy of the weights is kept."""
 
-    def __init__(self, w: torch.Tensor, max_rows: int | None = None):
+    def __init__(self, w: torch.Tensor):
         super().__init__()
         w = w.float()
         scales = (w.abs().amax(dim=1) / 127).clamp(min=1e-12)
         q = torch.round(w / scales[:, None]).clamp(-127, 127).to(torch.int8)
         self.register_buffer("q", q)  # [out, in]; _int_mm reads its transpose in place
         self.register_buffer("scales", scales)
-        self.max_rows = max_rows if max_rows is not None else 1 << 62
 
     def dequantized(self) -> torch.Tensor:
         return (self.q.float() * self.scales[:, None]).to(torch.bfloat16)
@@ -76,7 +75,6 @@ class Fp8Kernel(nn.Module):
         scales = (w.abs().amax(dim=1) / FP8_MAX).clamp(min=1e-12)
         self.register_buffer("q", (w / scales[:, None]).to(FP8))  # [out, in]
         self.register_buffer("scale_b", scales[None, :].contiguous())  # [1, out]
-        self.max_rows = 1 << 62
 
     def dequantized(self) -> torch.Tensor:
         return (self.q.float() * self.scale_b.t()).to(torch.bfloat16)
@@ -93,7 +91,7 @@ class Fp8Kernel(nn.Module):
 class Int4Kernel(nn.Module):
     """Asymmetric 4-bit groups along the input: w ≈ (q - 8) * scale + zero, q in [0, 15]."""
 
-    def __init__(self, w: torch.Tensor, max_rows: int, group: int = INT4_GROUP):
+    def __init__(self, w: torch.Tensor, group: int = INT4_GROUP):
         super().__init__()
         out_features, in_features = w.shape
         if in_features % group or out_features % 16:
@@ -106,18 +104,20 @@ class Int4Kernel(nn.Module):
         scale = ((hi - lo) / 15).clamp(min=1e-8).to(torch.bfloat16).float()
         q = torch.round((g - lo[..., None]) / scale[..., None]).clamp(0, 15)
         zero = (lo + 8 * scale).to(torch.bfloat16).float()
-        self._dequant = ((q - 8) * scale[..., None] + zero[..., None]).view(w.shape)
+        # The bf16 matrix of the same integers: large steps multiply by it (Int4Method keeps it
+        # as the layer's weight; this is the same tensor, not a second copy).
+        dequant = ((q - 8) * scale[..., None] + zero[..., None]).view(w.shape)
+        self._dequantized = dequant.to(torch.bfloat16)
         packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(
             q.to(torch.int32).view(out_features, in_features), 1
         )
         self.register_buffer("packed", packed)
         sz = torch.stack([scale, zero], dim=-1).transpose(0, 1).contiguous()
         self.register_buffer("scales_zeros", sz.to(torch.bfloat16))
-        self.group, self.max_rows = group, max_rows
+        self.group = group
 
     def dequantized(self) -> torch.Tensor:
-        out, self._dequant = self._dequant.to(torch.bfloat16), None  # needed once, at load
-        return out
+        return self._dequantized
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return torch.ops.aten._weight_int4pack_mm_for_cpu(
@@ -125,57 +125,60 @@ class Int4Kernel(nn.Module):
         )
 
 
-def check_quantization(method: str, device: torch.device) -> None:
-    if method not in QUANTIZATION_METHODS:
-        raise ValueError(
-            f"quantization must be one of {', '.join(QUANTIZATION_METHODS)}, got {method!r}"
-        )
-    if method == "fp8":
-        if device.type == "cuda" and torch.cuda.get_device_capability(device) < (8, 9):
-            raise ValueError("--quantization fp8 needs fp8 tensor cores (compute capability 8.9+)")
-        if device.type == "cpu":
-            log.warning("fp8 on CPU runs PyTorch's slow reference kernel: for checking, not speed")
-        return
-    if device.type != "cpu":
-        raise ValueError(
-            f"--quantization {method} uses CPU kernels; it is not available on {device}"
-        )
-    if method == "gguf":
-        from inferd.cpu_kernels import KernelsUnavailable, kernel_library
+class _QuantizedMethod(LinearMethod):
+    """Quantises the layer's loaded dense weights in `finish`; its kernel serves every step."""
 
-        try:
-            kernel_library()
-        except KernelsUnavailable as e:
-            raise ValueError(
-                f"--quantization gguf needs inferd's C kernels, which cannot be "
-                f"built here: {e}. Use --quantization int8 instead."
-            ) from e
+    kind = "quantized"
+
+    def make_kernel(self, w: torch.Tensor) -> nn.Module:
+        raise NotImplementedError
+
+    def finish(self, layer: nn.Module) -> None:
+        self.kernel = self.make_kernel(layer.weight.data)
+        layer.weight = dropped(layer.weight)  # the kernel takes every step
+
+    def kernel_for(self, rows: int) -> str:
+        return self.kind
+
+    def apply(self, layer: nn.Module, x: torch.Tensor,
+              bias: torch.Tensor | None = None) -> torch.Tensor:  # fmt: skip
+        y = self.kernel(x)
+        return y if bias is None else y + bias
 
 
-def quantize_model(model: torch.nn.Module, method: str) -> None:
-    """Quantise every Linear and the LM head of a loaded bf16 model in place.
+class Int8Method(_QuantizedMethod):
+    kind = "int8-w8a8"
 
-    int8: the W8A8 kernel serves every step and the bf16 weights are dropped. int4: the
-    integer kernel serves steps of at most `max_rows` rows; larger steps use the exact bf16
-    dequantisation of the same integers, kept as the weight."""
-    from inferd.layers.embedding import LMHead
-    from inferd.layers.linear import Linear
-    from inferd.layers.norm import RMSNorm
+    def make_kernel(self, w: torch.Tensor) -> nn.Module:
+        return Int8Kernel(w)
 
-    for module in list(model.modules()):
-        if method == "int8" and isinstance(module, RMSNorm):
-            # The int8 kernels quantise float32 activations directly: no bf16 rounding first.
-            module.out_dtype = torch.float32
-        if not isinstance(module, Linear | LMHead):
-            continue
-        kind = "head" if isinstance(module, LMHead) else "linear"
-        w = module.weight.data
-        if method in ("int8", "fp8"):
-            kernel = Int8Kernel(w) if method == "int8" else Fp8Kernel(w)
-            weight = torch.empty(0, dtype=w.dtype)  # not needed: the kernel takes every step
-        else:
-            kernel = Int4Kernel(w, ROW_LIMITS[(method, kind)])
-            weight = kernel.dequantized()
-        # A new Parameter, so the LM head no longer shares the (tied) embedding's matrix.
-        module.weight = nn.Parameter(weight, requires_grad=False)
-        module.small_step = kernel
+
+class Fp8Method(_QuantizedMethod):
+    kind = "fp8-w8a8"
+
+    def make_kernel(self, w: torch.Tensor) -> nn.Module:
+        return Fp8Kernel(w)
+
+
+class Int4Method(LinearMethod):
+    """The int4 kernel for steps of at most `max_rows` rows; larger steps use the exact bf16
+    dequantisation of the same integers, kept as the layer's weight."""
+
+    def __init__(self, max_rows: int):
+        super().__init__()
+        self.max_rows = max_rows
+
+    def finish(self, layer: nn.Module) -> None:
+        self.kernel = Int4Kernel(layer.weight.data)
+        # A new Parameter, so a tied LM head no longer shares the embedding's matrix.
+        layer.weight = nn.Parameter(self.kernel.dequantized(), requires_grad=False)
+
+    def kernel_for(self, rows: int) -> str:
+        return "int4" if rows <= self.max_rows else "gemm"
+
+    def apply(self, layer: nn.Module, x: torch.Tensor,
+              bias: torch.Tensor | None = None) -> torch.Tensor:  # fmt: skip
+        if x.shape[0] > self.max_rows:
+            return F.linear(x, layer.weight, bias)
+        y = self.kernel(x)
+        return y if bias is None else y + bias

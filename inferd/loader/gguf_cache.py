@@ -1,50 +1,60 @@
-"""Cache of the gguf mode's packed blocks, for a fast warm start (`--quantization gguf`).
+"""A GGUF file's packed blocks as a cache entry (mode `gguf-blocks`), for a fast warm start.
 
 Unpacking a GGUF file's blocks and laying them out for the C kernels (layers/gguf_blocks.py)
-costs ~0.6 s of every start for the embedded model. After the first load, each block part and
-the model's other tensors (norm gains, biases) are written once to a safetensors file under
-`$INFERD_CACHE/weights/` (keyed and evicted like weight_cache.py's files); later starts map it
-copy-on-write and rebuild the parts around the mapped tensors, with no unpacking.
+costs ~0.6 s of every start for the embedded model. After the first load, the block parts of
+every layer that keeps blocks are written once as a weight-cache entry (weight_cache.py: about
+the file's own size); later starts map it copy-on-write and rebuild the parts around the mapped
+tensors, with no unpacking. The entry holds blocks only: the few dense tensors (norm gains,
+biases, unquantised matrices) are read from the GGUF file each time, so one entry serves every
+model dtype and every mode that keeps blocks.
 """
 
 from __future__ import annotations
 
 import json
 import logging
-import mmap
 import os
-import struct
-import tempfile
-from pathlib import Path
 
 import torch
 
-from inferd.layers.embedding import LMHead, VocabEmbedding
+from inferd.distributed.state import TPGroup
+from inferd.layers.block_method import BlockMethod
 from inferd.layers.gguf_blocks import BlockPart, BlockWeight
-from inferd.layers.linear import Linear
 from inferd.loader import weight_cache
+from inferd.loader.checkpoint import Checkpoint
 
 log = logging.getLogger(__name__)
 
-VARIANT = "gguf-blocks-1"  # part of the cache key: change it when the layout changes
+MODE = "gguf-blocks-2"  # part of the cache key: change it when the layout changes
 _DTYPES = {"U8": torch.uint8, "F16": torch.float16, "F32": torch.float32, "BF16": torch.bfloat16}
 
 
-def _block_modules(model) -> dict[str, BlockWeight]:
-    """module name → its BlockWeight (a tied LM head is the embedding's, stored once)."""
+def _block_modules(model: torch.nn.Module) -> dict[str, BlockWeight]:
+    """module name → its blocks (a tied LM head shares the embedding's method: stored once)."""
     out: dict[str, BlockWeight] = {}
+    seen: set[int] = set()
     for name, module in model.named_modules():
-        if isinstance(module, Linear | LMHead) and isinstance(module.small_step, BlockWeight):
-            if not any(module.small_step is seen for seen in out.values()):
-                out[name] = module.small_step
-        elif isinstance(module, VocabEmbedding) and module.blocks is not None:
-            out[name] = module.blocks
+        method = getattr(module, "quant_method", None)
+        if isinstance(method, BlockMethod) and method.blocks is not None and id(method) not in seen:
+            seen.add(id(method))
+            out[name] = method.blocks
     return out
 
 
-def save(model, path: Path) -> None:
-    from safetensors.torch import save_file
+def load_weights(model, checkpoint: Checkpoint, tp: TPGroup) -> None:
+    """Fill a model whose scheme keeps blocks: blocks from the cache entry when there is one
+    that fits, the rest from the file; else everything from the file, then write the entry."""
+    path = None
+    if weight_cache.enabled():
+        path = weight_cache.entry_path(checkpoint.path, MODE, tp.rank, tp.world_size)
+    preloaded = _restore(model, path) if path is not None and path.exists() else None
+    with torch.no_grad():
+        model.load_weights(checkpoint.weights(), preloaded or frozenset())
+    if path is not None and preloaded is None:
+        _save(model, path, checkpoint, tp)
 
+
+def _save(model, path, checkpoint: Checkpoint, tp: TPGroup) -> None:
     tensors, layout = {}, []
     for name, weight in _block_modules(model).items():
         facts = []
@@ -53,33 +63,21 @@ def save(model, path: Path) -> None:
             tensors.update({f"{name}#{i}.{key}": t.contiguous() for key, t in stored.items()})
             facts.append(part_facts)
         layout.append({"module": name, "parts": facts})
-    for name, param in model.named_parameters():
-        if param.numel():
-            tensors[f"param:{name}"] = param.detach().contiguous()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    try:
-        with tempfile.NamedTemporaryFile(dir=path.parent, suffix=".part", delete=False) as tmp:
-            tmp_path = Path(tmp.name)
-        save_file(tensors, str(tmp_path), metadata={"layout": json.dumps(layout)})
-        os.replace(tmp_path, path)
-    except OSError as e:  # a full or read-only disk only costs start-up time
-        log.warning("could not cache the gguf blocks at %s: %s", path, e)
-        return
-    weight_cache.evict_old(path.parent)
+    if not layout:
+        return  # nothing was block-quantised: nothing worth caching
+    info = {"model": str(checkpoint.path), "name": checkpoint.config.name, "mode": MODE,
+            "source_bytes": checkpoint.path.stat().st_size, "rank": tp.rank,
+            "world": tp.world_size}  # fmt: skip
+    weight_cache.write_entry(path, tensors, {"layout": json.dumps(layout)}, info)
 
 
-def load_into(model, path: Path) -> bool:
-    """Fill a model prepared by `keep_gguf_blocks` from the cache. False if it does not fit
-    (then nothing was changed)."""
-    try:
-        with open(path, "rb") as f:
-            mapped = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_COPY)
-        (header_len,) = struct.unpack_from("<Q", mapped, 0)
-        header = json.loads(mapped[8 : 8 + header_len])
-        layout = json.loads(header.pop("__metadata__")["layout"])
-    except (OSError, ValueError, KeyError):
-        return False
-    base = 8 + header_len
+def _restore(model, path) -> frozenset[str] | None:
+    """Install the cached blocks into the model's block methods; the names of the weights
+    they replace, or None (nothing changed) when the entry does not fit this model."""
+    entry = weight_cache.map_entry(path)
+    if entry is None:
+        return None
+    mapped, header, base = entry
 
     def tensor(key: str) -> torch.Tensor:
         info = header[key]
@@ -90,33 +88,30 @@ def load_into(model, path: Path) -> bool:
                                 offset=base + start).view(info["shape"])  # fmt: skip
 
     modules = dict(model.named_modules())
-    params = dict(model.named_parameters())
-    dense = {k[len("param:") :]: k for k in header if k.startswith("param:")}
+    plan = []
     try:
-        for name, key in dense.items():
-            if name not in params or list(params[name].shape) != header[key]["shape"]:
-                return False
-        covered = set(dense) | {f"{entry['module']}.weight" for entry in layout}
-        if set(params) - covered:  # a tensor the cache does not hold: not this model's cache
-            return False
-        plan = []
-        for entry in layout:
-            module = modules.get(entry["module"])
-            if not isinstance(module, Linear | LMHead | VocabEmbedding):
-                return False
+        layout = json.loads(header["__metadata__"]["layout"])
+        for entry_facts in layout:
+            module = modules.get(entry_facts["module"])
+            method = getattr(module, "quant_method", None)
+            if not isinstance(method, BlockMethod):
+                return None
             parts = []
-            for i, facts in enumerate(entry["parts"]):
-                prefix = f"{entry['module']}#{i}."
+            for i, facts in enumerate(entry_facts["parts"]):
+                prefix = f"{entry_facts['module']}#{i}."
                 stored = {k[len(prefix) :]: tensor(k) for k in header if k.startswith(prefix)}
                 parts.append(BlockPart.restored(stored, facts))
-            plan.append((module, parts))
-        dense_tensors = {name: tensor(key) for name, key in dense.items()}
+            blocks = BlockWeight(parts=parts)
+            if tuple(blocks.shape) != tuple(module.weight.shape):
+                return None
+            plan.append((entry_facts["module"], module, method, blocks))
     except (KeyError, ValueError, TypeError):
-        return False
-    for module, parts in plan:
-        module.use_blocks(BlockWeight(parts=parts, compute_dtype=model.dtype))
-    for name, t in dense_tensors.items():
-        params[name].data = t
-    model._gguf_cache_mmap = mapped  # the tensors point into it: keep it alive
-    model.finalize()
-    return True
+        return None
+    for _, module, method, blocks in plan:
+        method.install(module, blocks)
+    model._block_cache_mmap = mapped  # the blocks point into it: keep it alive
+    try:
+        os.utime(path)  # recently used: eviction keeps it
+    except OSError:
+        pass
+    return frozenset(f"{name}.weight" for name, *_ in plan)

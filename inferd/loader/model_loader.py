@@ -1,4 +1,4 @@
-"""Build an architecture's module and fill it from a checkpoint, tensor by tensor."""
+"""Build an architecture's module for a weight scheme and fill it from a checkpoint."""
 
 from __future__ import annotations
 
@@ -6,9 +6,8 @@ import torch
 
 from inferd.distributed.state import SINGLE, TPGroup
 from inferd.errors import ModelLoadError
-from inferd.layers.fused_decode import attach_fused_decode
-from inferd.layers.quant import quantize_model
-from inferd.loader import gguf_cache, weight_cache
+from inferd.layers.weight_scheme import WeightScheme, choose_scheme
+from inferd.loader import gguf_cache
 from inferd.loader.checkpoint import Checkpoint
 from inferd.models.base import CausalLM
 from inferd.models.registry import model_class
@@ -20,41 +19,30 @@ def load_model(
     device: torch.device,
     quantization: str | None = None,
     tp: TPGroup = SINGLE,
+    *,
+    scheme: WeightScheme | None = None,
 ) -> CausalLM:
+    """The checkpoint's model on `device`. `scheme` (chosen by the engine, `choose_scheme`)
+    wins; without one, `dtype` and `quantization` force a mode, as the flags do."""
+    if scheme is None:
+        name = str(dtype).removeprefix("torch.")
+        try:
+            scheme = choose_scheme(quantization, name, checkpoint.format, device, tp.world_size)
+        except ValueError as e:
+            raise ModelLoadError(str(e)) from e
+    if scheme.blocks and checkpoint.format != "gguf":
+        raise ModelLoadError(f"{scheme.name} keeps a GGUF file's own quantisation; "
+                             f"{checkpoint.path} is not a GGUF file")  # fmt: skip
     cls = model_class(checkpoint.config.architecture)
     # Parameters are created uninitialised on the target device, then overwritten by load.
     with torch.device(device):
         try:
-            model = cls(checkpoint.config, dtype, tp)
+            model = cls(checkpoint.config, scheme, tp)
         except ValueError as e:  # e.g. heads that do not divide among the ranks
             raise ModelLoadError(str(e)) from e
-    if quantization == "gguf":
-        if checkpoint.format != "gguf":
-            raise ModelLoadError("--quantization gguf keeps a GGUF file's own quantisation; "
-                                 f"{checkpoint.path} is not a GGUF file")  # fmt: skip
-        model.keep_gguf_blocks()
-        cache = None
-        if weight_cache.enabled():
-            cache = weight_cache.cache_path(checkpoint.path, dtype, tp.rank, tp.world_size,
-                                            gguf_cache.VARIANT)  # fmt: skip
-        if cache is None or not (cache.exists() and gguf_cache.load_into(model, cache)):
-            with torch.no_grad():
-                model.load_weights(checkpoint.weights())
-            if cache is not None:
-                gguf_cache.save(model, cache)
-        attach_fused_decode(model)
-        return model.eval()
-    cache = None
-    if quantization is None and checkpoint.format == "gguf" and device.type == "cpu":
-        if weight_cache.enabled():
-            cache = weight_cache.cache_path(checkpoint.path, dtype, tp.rank, tp.world_size)
-            if cache.exists() and weight_cache.load_into(model, cache):
-                model.finalize()
-                return model.eval()
-    with torch.no_grad():
-        model.load_weights(checkpoint.weights())
-        if cache is not None:
-            weight_cache.save(model, cache)
-        if quantization:
-            quantize_model(model, quantization)
+    if scheme.blocks:
+        gguf_cache.load_weights(model, checkpoint, tp)
+    else:
+        with torch.no_grad():
+            model.load_weights(checkpoint.weights())
     return model.eval()

@@ -1,13 +1,20 @@
-"""Cache of converted weights, for a fast warm start from quantised GGUF files.
+"""Entries of converted weights under `cache_dir()/weights/`, for a fast warm start.
 
-Dequantising a GGUF file costs most of a cold start (0.7 s of 2.8 s for the embedded model here).
-After the first load, the model's tensors are written once, in the run dtype, as one safetensors
-file under `$INFERD_CACHE/weights/`; later starts map that file copy-on-write and point the
-parameters straight at it: no copy, pages come from the OS page cache as they are first used.
+Layout: one entry per (source model file, mode of conversion, tensor-parallel rank):
 
-The key covers everything the converted tensors depend on: the source file (path, size, mtime),
-the dtype, the tensor-parallel rank, inferd's and torch's versions. Only unquantised models are
-cached (quantised ones also hold integer kernels). `INFERD_WEIGHT_CACHE=0` turns it off.
+    weights/<key>.safetensors   the tensors, mapped copy-on-write at load (no copy is made;
+                                pages come from the OS page cache as they are first used)
+    weights/<key>.json          what the entry is, for people and for `inferd cache`:
+                                {"model", "name", "mode", "bytes", "source_bytes", "rank",
+                                 "world", "created", "inferd", "torch"}
+
+`<key>` hashes everything the tensors depend on: the source file (path, size, mtime), the mode
+and its layout version, the rank, inferd's and torch's versions; an entry that no longer fits
+is never read again. Writing an entry removes the other entries of the same model, mode and
+rank (one copy per model and mode) and the oldest entries beyond `KEEP`.
+The only mode today is `gguf-blocks` (loader/gguf_cache.py): a GGUF file's packed blocks,
+about the file's size. Dense copies (bf16, let alone float32) of a quantised file are never
+written: modes that need them dequantise at load. `INFERD_WEIGHT_CACHE=0` turns caching off.
 """
 
 from __future__ import annotations
@@ -19,93 +26,116 @@ import mmap
 import os
 import struct
 import tempfile
+import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
 log = logging.getLogger(__name__)
 
-_FORMAT = 1
-_DTYPES = {"F32": torch.float32, "BF16": torch.bfloat16, "F16": torch.float16}
-_NAMES = {v: k for k, v in _DTYPES.items()}
-_KEEP = 4  # cached models kept; older ones are removed
+_FORMAT = 2
+KEEP = 4  # entries kept; older ones are removed
+
+
+@dataclass(frozen=True)
+class CacheEntry:
+    path: Path  # the .safetensors file
+    info: dict  # its .json description
+
+    @property
+    def bytes(self) -> int:
+        return self.path.stat().st_size if self.path.exists() else 0
 
 
 def enabled() -> bool:
     return os.environ.get("INFERD_WEIGHT_CACHE", "1") not in ("0", "false", "no")
 
 
-def cache_path(source: Path, dtype: torch.dtype, rank: int, world: int, variant: str = "") -> Path:
-    """`variant`: what else the cached tensors depend on (the gguf mode's block layout)."""
+def directory() -> Path:
     from inferd.cache import cache_dir
+
+    return cache_dir() / "weights"
+
+
+def entry_path(source: Path, mode: str, rank: int, world: int) -> Path:
+    """The .safetensors path of the entry of `source` converted by `mode` (which names its
+    layout version) for this rank."""
     from inferd.version import __version__
 
     st = source.stat()
-    ident = f"{_FORMAT}|{source.resolve()}|{st.st_size}|{st.st_mtime_ns}|{dtype}|{rank}/{world}"
-    ident += f"|{variant}"
-    ident += f"|{__version__}|{torch.__version__}"
-    return (
-        cache_dir() / "weights" / f"{hashlib.sha256(ident.encode()).hexdigest()[:32]}.safetensors"
-    )
+    ident = (f"{_FORMAT}|{source.resolve()}|{st.st_size}|{st.st_mtime_ns}|{mode}|{rank}/{world}"
+             f"|{__version__}|{torch.__version__}")  # fmt: skip
+    return directory() / f"{hashlib.sha256(ident.encode()).hexdigest()[:32]}.safetensors"
 
 
-def _tensors(model: torch.nn.Module) -> dict[str, torch.Tensor]:
-    """Parameters and buffers, each storage once (a tied LM head is the embedding)."""
-    out, seen = {}, set()
-    for name, t in [*model.named_parameters(), *model.named_buffers()]:
-        key = (t.data_ptr(), t.shape)
-        if key not in seen:
-            seen.add(key)
-            out[name] = t
-    return out
-
-
-def save(model: torch.nn.Module, path: Path) -> None:
+def write_entry(path: Path, tensors: dict[str, torch.Tensor], header: dict[str, str],
+                info: dict) -> bool:  # fmt: skip
+    """Write the tensors (with `header` as safetensors metadata) and the JSON description
+    beside them, each atomically. A full or read-only disk only costs start-up time: it is
+    logged and False returned."""
     from safetensors.torch import save_file
 
-    tensors = {n: t.detach().contiguous() for n, t in _tensors(model).items()}
-    if any(t.dtype not in _NAMES for t in tensors.values()):
-        return
+    from inferd.version import __version__
+
     path.parent.mkdir(parents=True, exist_ok=True)
     try:
         with tempfile.NamedTemporaryFile(dir=path.parent, suffix=".part", delete=False) as tmp:
             tmp_path = Path(tmp.name)
-        save_file(tensors, str(tmp_path))
+        save_file(tensors, str(tmp_path), metadata=header)
+        description = {**info, "bytes": tmp_path.stat().st_size,
+                       "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+                       "inferd": __version__, "torch": torch.__version__}  # fmt: skip
+        tmp_json = tmp_path.with_suffix(".json.part")
+        tmp_json.write_text(json.dumps(description, indent=1) + "\n")
         os.replace(tmp_path, path)
-    except OSError as e:  # a full or read-only disk only costs start-up time
+        os.replace(tmp_json, path.with_suffix(".json"))
+    except OSError as e:
         log.warning("could not cache converted weights at %s: %s", path, e)
-        return
+        return False
+    same = ("model", "mode", "rank", "world")
+    for other in entries(path.parent):
+        if other.path != path and all(other.info.get(k) == info.get(k) for k in same):
+            remove(other)  # an earlier conversion of the same model (older file or version)
     evict_old(path.parent)
+    return True
 
 
-def evict_old(directory: Path) -> None:
-    """Keep the `_KEEP` most recently written cache files."""
-    old = sorted(directory.glob("*.safetensors"), key=lambda p: p.stat().st_mtime)
-    for stale in old[:-_KEEP]:
-        stale.unlink(missing_ok=True)
+def entries(where: Path | None = None) -> list[CacheEntry]:
+    """Every complete entry, oldest first."""
+    where = where or directory()
+    found = []
+    for path in sorted(where.glob("*.safetensors"), key=lambda p: p.stat().st_mtime):
+        try:
+            info = json.loads(path.with_suffix(".json").read_text())
+        except (OSError, ValueError):
+            continue
+        found.append(CacheEntry(path, info))
+    return found
 
 
-def load_into(model: torch.nn.Module, path: Path) -> bool:
-    """Point the model's tensors at the cached file. False when the cache does not fit."""
+def remove(entry: CacheEntry) -> None:
+    entry.path.unlink(missing_ok=True)
+    entry.path.with_suffix(".json").unlink(missing_ok=True)
+
+
+def evict_old(where: Path) -> None:
+    """Keep the `KEEP` newest entries. Files of earlier versions (a .safetensors without its
+    .json: dense copies, some of them float32) are removed too."""
+    for path in where.glob("*.safetensors"):
+        if not path.with_suffix(".json").exists():
+            path.unlink(missing_ok=True)
+    for stale in entries(where)[:-KEEP]:
+        remove(stale)
+
+
+def map_entry(path: Path) -> tuple[mmap.mmap, dict, int] | None:
+    """(copy-on-write mapping, safetensors header, offset of the data) or None if unreadable."""
     try:
         with open(path, "rb") as f:
             mapped = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_COPY)
-    except (OSError, ValueError):
-        return False
-    (header_len,) = struct.unpack_from("<Q", mapped, 0)
-    header = json.loads(mapped[8 : 8 + header_len])
-    base = 8 + header_len
-    targets = _tensors(model)
-    if set(targets) != {k for k in header if k != "__metadata__"}:
-        return False
-    for name, t in targets.items():
-        info = header[name]
-        start, end = info["data_offsets"]
-        dtype = _DTYPES.get(info["dtype"])
-        if dtype != t.dtype or list(t.shape) != info["shape"]:
-            return False
-        view = torch.frombuffer(mapped, dtype=dtype, count=(end - start) // t.element_size(),
-                                offset=base + start).view(t.shape)  # fmt: skip
-        t.data = view
-    model._weight_cache_mmap = mapped  # keep the mapping alive as long as the model
-    return True
+        (header_len,) = struct.unpack_from("<Q", mapped, 0)
+        header = json.loads(mapped[8 : 8 + header_len])
+    except (OSError, ValueError, struct.error):
+        return None
+    return mapped, header, 8 + header_len

@@ -1,9 +1,16 @@
 """What every decoder-only model shares: embedding → layers → final norm → LM head, RoPE
-tables computed once per step, and name-based weight loading with fused projections."""
+tables computed once per step, and name-based weight loading with fused projections.
+
+A model is built for one `WeightScheme` (inferd/layers/weight_scheme.py), which every layer
+asks for its weight format and kernels at construction. With a block scheme and inferd's C
+kernels, the model also owns a `CpuDecoder` (cpu_decoder.py) that runs the decoder layers of
+the decode steps it serves in C; every other step takes the layers' own forward.
+"""
 
 from __future__ import annotations
 
 from collections.abc import Iterable
+from dataclasses import dataclass
 
 import torch
 from torch import nn
@@ -15,8 +22,9 @@ from inferd.errors import ModelLoadError
 from inferd.layers.attention import SelfAttention
 from inferd.layers.embedding import LMHead, VocabEmbedding
 from inferd.layers.linear import Linear
-from inferd.layers.norm import RMSNorm
+from inferd.layers.norm import RMSNorm, scheme_norm
 from inferd.layers.rotary import RotaryEmbedding
+from inferd.layers.weight_scheme import WeightScheme, as_scheme
 
 # checkpoint sub-name → (our fused module, shard index)
 STACKED_PARAMS = {
@@ -28,32 +36,54 @@ STACKED_PARAMS = {
 }
 
 
+@dataclass(frozen=True)
+class DecoderLayerParts:
+    """One decoder layer spelled out, as code that runs a layer without its forward (the C
+    decoder layer) needs it. Every architecture's layer says which norms it has:
+
+        h += post_attention_norm(attention(input_norm(h)))       (no post norm: h += attention)
+        h += post_mlp_norm(mlp(pre_mlp_norm(h)))                  (no post norm: h += mlp)
+    """
+
+    input_norm: RMSNorm
+    attention: SelfAttention
+    pre_mlp_norm: RMSNorm
+    mlp: nn.Module  # a GatedMLP: gate_up_proj, down_proj, act
+    activation: str  # the config's hidden_act
+    post_attention_norm: RMSNorm | None = None  # Gemma's sandwich norms
+    post_mlp_norm: RMSNorm | None = None
+
+
 class DecoderBody(nn.Module):
     """HF's `model.*` submodule: named so checkpoint names map one to one."""
 
-    def __init__(self, config: ModelConfig, layers: list[nn.Module], dtype: torch.dtype,
+    def __init__(self, config: ModelConfig, layers: list[nn.Module], scheme: WeightScheme,
                  norm_offset: bool, tp: TPGroup):  # fmt: skip
         super().__init__()
         self.embed_tokens = VocabEmbedding(
-            config.vocab_size, config.hidden_size, dtype, config.embedding_multiplier, tp
+            config.vocab_size, config.hidden_size, scheme, config.embedding_multiplier, tp
         )
         self.layers = nn.ModuleList(layers)
-        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps, norm_offset, dtype)
+        self.norm = scheme_norm(scheme, config.hidden_size, config.rms_norm_eps, norm_offset)
 
 
 class CausalLM(nn.Module):
-    """Base of all architectures. Subclasses provide `make_layer` and `norm_offset`."""
+    """Base of all architectures. Subclasses provide `make_layer` and `norm_offset`; their
+    decoder layers provide `parts()` (a DecoderLayerParts)."""
 
     norm_offset = False  # Gemma's RMSNorm scales by (1 + w)
 
-    def __init__(self, config: ModelConfig, dtype: torch.dtype = torch.float32,
+    def __init__(self, config: ModelConfig, scheme: WeightScheme | torch.dtype = torch.float32,
                  tp: TPGroup = SINGLE):  # fmt: skip
+        """`scheme`: how the weights are held (a dtype: dense weights in it)."""
         super().__init__()
-        self.config, self.dtype, self.tp = config, dtype, tp
-        layers = [self.make_layer(config, i, dtype, tp) for i in range(config.num_layers)]
-        self.model = DecoderBody(config, layers, dtype, self.norm_offset, tp)
+        scheme = as_scheme(scheme)
+        self.config, self.scheme, self.dtype, self.tp = config, scheme, scheme.dtype, tp
+        layers = [self.make_layer(config, i, scheme, tp) for i in range(config.num_layers)]
+        self.model = DecoderBody(config, layers, scheme, self.norm_offset, tp)
         tied = self.model.embed_tokens if config.tie_word_embeddings else None
-        self.lm_head = LMHead(config.vocab_size, config.hidden_size, dtype, tied, tp)
+        self.lm_head = LMHead(config.vocab_size, config.hidden_size, scheme, tied, tp)
+        self.cpu_decoder = None  # a CpuDecoder, built in `finalize` when the scheme allows
         # KV heads this rank caches (all of them without tensor parallelism).
         self.local_kv_heads = kv_head_range(config.num_kv_heads, tp)[1]
         # One RotaryEmbedding per distinct RoPE config; layers index into it.
@@ -62,7 +92,7 @@ class CausalLM(nn.Module):
         self.rotaries = [RotaryEmbedding(config.head_dim, r) for r in distinct]
         self.rope_index = [distinct.index(r) for r in ropes]
 
-    def make_layer(self, config: ModelConfig, layer: int, dtype: torch.dtype,
+    def make_layer(self, config: ModelConfig, layer: int, scheme: WeightScheme,
                    tp: TPGroup) -> nn.Module:  # fmt: skip
         raise NotImplementedError
 
@@ -77,20 +107,26 @@ class CausalLM(nn.Module):
         float32 in every norm). In float32 runs this is exactly HF's computation."""
         h = self.model.embed_tokens(input_ids).float()
         tables = [rot.cos_sin(positions, torch.float32) for rot in self.rotaries]
-        for layer, rope in zip(self.model.layers, self.rope_index):
-            h = layer(h, tables[rope], ctx)
+        ropes = [tables[i] for i in self.rope_index]
+        if self.cpu_decoder is not None and self.cpu_decoder.serves(h.shape[0], ctx):
+            h = self.cpu_decoder.run(h, ropes, ctx)
+        else:
+            for layer, rope in zip(self.model.layers, ropes):
+                h = layer(h, rope, ctx)
         return self.model.norm(h)
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         return self.lm_head(hidden, self.config.final_logit_softcapping)
 
     # ---- weights -------------------------------------------------------------------------
-    def load_weights(self, weights: Iterable[tuple[str, object]]) -> None:
+    def load_weights(self, weights: Iterable[tuple[str, object]],
+                     preloaded: frozenset[str] = frozenset()) -> None:  # fmt: skip
         """Fill the parameters from checkpoint weights (HF names; lazy: each `.load(dtype,
-        rows=, cols=)` reads only what this rank keeps). Every parameter must be set."""
+        rows=, cols=)` reads only what this rank keeps). Every parameter must be set, except
+        `preloaded` ones (module.weight names whose blocks came from the block cache)."""
         modules = dict(self.named_modules())
         params = dict(self.named_parameters())
-        pending = set(params)
+        pending = set(params) - preloaded
         if self.config.tie_word_embeddings:
             pending.discard("lm_head.weight")
         for name, weight in weights:
@@ -102,6 +138,8 @@ class CausalLM(nn.Module):
             parent, _, sub = module_name.rpartition(".")
             fused, shard = STACKED_PARAMS.get(sub, (sub, 0))
             target = f"{parent}.{fused}" if parent else fused
+            if f"{target}.{leaf}" in preloaded:
+                continue
             module = modules.get(target)
             try:
                 if isinstance(module, Linear):
@@ -124,32 +162,18 @@ class CausalLM(nn.Module):
             raise ModelLoadError(f"checkpoint lacks {len(pending)} tensors, e.g. {missing}")
         self.finalize()
 
-    def keep_gguf_blocks(self) -> None:
-        """`--quantization gguf`: before loading, make every linear layer, the embedding and the
-        LM head keep the checkpoint's block-quantised tensors as they are (see gguf_blocks)."""
-        from inferd.cpu_kernels import kernel_library
-
-        lib = kernel_library()
-        for module in self.modules():
-            if isinstance(module, Linear):
-                module.block_parts = {}
-            elif isinstance(module, VocabEmbedding | LMHead):
-                module.keep_blocks = True
-            elif isinstance(module, RMSNorm):
-                module.use_kernel(lib)  # float32 out: the block kernel's input
-
     def finalize(self) -> None:
-        """Derived tensors (norm gains) from the loaded weights."""
+        """After loading: each layer's method converts its weights to its format (blocks
+        stacked, weights quantised), then the tensors derived from them (norm gains), then the
+        C decoder where the scheme allows it."""
         for module in self.modules():
-            if isinstance(module, Linear) and module.block_parts is not None:
-                module.finalize_blocks()
-        embedding = self.model.embed_tokens
-        if self.config.tie_word_embeddings and embedding.blocks is not None:
-            self.lm_head.small_step = embedding.blocks
-            self.lm_head.weight = embedding.weight
+            if isinstance(module, Linear | VocabEmbedding):
+                module.finish_loading()
+        self.lm_head.finish_loading(self.model.embed_tokens)
         for module in self.modules():
-            if isinstance(module, RMSNorm):
+            if isinstance(module, RMSNorm | SelfAttention):
                 module.finalize()
-        for module in self.modules():
-            if isinstance(module, SelfAttention):
-                module.finalize()
+        if self.scheme.decoder_rows and not self.tp.enabled:
+            from inferd.models.cpu_decoder import CpuDecoder
+
+            self.cpu_decoder = CpuDecoder.for_model(self)

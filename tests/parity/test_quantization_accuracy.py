@@ -3,13 +3,19 @@ of docs/engine.md, teacher-forced): top-1 agreement of the next-token prediction
 perplexity ratio. The thresholds sit below what was measured (docs/performance.md):
 
     mode                   top-1 agreement   perplexity vs float32
+    default, decode steps       0.96               1.004  (GGUF blocks, int8 activations per
+                                                           32 values, the C decoder layer)
+    default, prefill steps      0.97               0.998  (GEMM on the blocks' bf16 copy; the
+                                                           target, 0.97, is asserted)
     bfloat16                    0.98               1.00
     int8 (W8A8)                 0.82               1.05
     int4 (weight-only)          0.65               1.50   (lossy: see docs/performance.md)
     bfloat16 + fp8 KV cache     0.92               1.01
     fp8 W8A8 (64 tokens: PyTorch's fp8 matmul on CPU is a slow reference kernel)   0.84
-    gguf (the file's own blocks, int8 activations; chunks of 32 tokens, so the decode kernel
-          computes every product)                         0.96               1.00
+    gguf (the file's own blocks only, 16 tokens per step: block kernels)   0.95     1.01
+
+The default mode on a machine without inferd's C kernels is dense (bf16 or float32): its cases
+then measure that mode.
 """
 
 from __future__ import annotations
@@ -21,18 +27,22 @@ import torch
 
 from inferd import LLM
 from inferd.engine.runner import SequenceStep
-from inferd.layers.gguf_blocks import KERNEL_MAX_ROWS
 
 TEXT = (Path(__file__).parents[2] / "docs" / "engine.md").read_text()[:3000]
 N_TOKENS = 256
 
-CASES = [  # (dtype, quantization, KV cache dtype, tokens, min agreement, max perplexity ratio)
-    ("bfloat16", None, "auto", N_TOKENS, 0.95, 1.02),
-    ("bfloat16", "gguf", "auto", N_TOKENS, 0.90, 1.03),
-    ("bfloat16", "int8", "auto", N_TOKENS, 0.75, 1.10),
-    ("bfloat16", "int4", "auto", N_TOKENS, 0.55, 1.80),
-    ("bfloat16", None, "fp8", N_TOKENS, 0.85, 1.05),
-    ("bfloat16", "fp8", "auto", 64, 0.70, 1.30),
+# (dtype, quantization, KV cache dtype, tokens, tokens per step, min agreement, max perplexity
+# ratio). Tokens per step choose the path: one token per step is a decode step (the default
+# mode's C decoder and block kernels), all tokens in one step the large-step GEMM path.
+CASES = [
+    ("auto", None, "auto", N_TOKENS, 1, 0.92, 1.03),
+    ("auto", None, "auto", N_TOKENS, N_TOKENS, 0.97, 1.02),
+    ("bfloat16", None, "auto", N_TOKENS, N_TOKENS, 0.95, 1.02),
+    ("bfloat16", "gguf", "auto", N_TOKENS, 16, 0.90, 1.03),
+    ("bfloat16", "int8", "auto", N_TOKENS, N_TOKENS, 0.75, 1.10),
+    ("bfloat16", "int4", "auto", N_TOKENS, N_TOKENS, 0.55, 1.80),
+    ("bfloat16", None, "fp8", N_TOKENS, N_TOKENS, 0.85, 1.05),
+    ("bfloat16", "fp8", "auto", 64, 64, 0.70, 1.30),
 ]
 
 
@@ -62,8 +72,9 @@ def reference(gemma_llm):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("dtype, quantization, kv_dtype, tokens, min_agree, max_ppl_ratio", CASES)
-def test_agreement_with_float32(request, reference, dtype, quantization, kv_dtype, tokens,
+@pytest.mark.parametrize("dtype, quantization, kv_dtype, tokens, chunk, min_agree, max_ppl_ratio",
+                         CASES)  # fmt: skip
+def test_agreement_with_float32(request, reference, dtype, quantization, kv_dtype, tokens, chunk,
                                 min_agree, max_ppl_ratio):  # fmt: skip
     if quantization == "gguf":
         request.getfixturevalue("c_kernels")  # skips where no C compiler can build them
@@ -71,8 +82,7 @@ def test_agreement_with_float32(request, reference, dtype, quantization, kv_dtyp
     ids, ref_logits = ids[:tokens], ref_logits[:tokens]
     llm = LLM(dtype=dtype, quantization=quantization, kv_cache_dtype=kv_dtype,
               kv_cache_memory=64 << 20, max_num_batched_tokens=512)  # fmt: skip
-    # gguf: steps of at most KERNEL_MAX_ROWS tokens, the path decode takes
-    logits = all_logits(llm, ids, KERNEL_MAX_ROWS if quantization == "gguf" else None)
+    logits = all_logits(llm, ids, chunk)
     agreement = (logits.argmax(-1) == ref_logits.argmax(-1)).float().mean().item()
     ratio = perplexity(logits, ids) / perplexity(ref_logits, ids)
     assert agreement >= min_agree, (agreement, ratio)

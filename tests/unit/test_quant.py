@@ -1,5 +1,6 @@
-"""Weight-only quantisation: the integer kernel (small steps) and the bf16 dequantised matrix
-(large steps) are the same model, and both stay close to the original weights."""
+"""Re-quantised weights: the integer kernel (small steps) and the bf16 dequantised matrix
+(large steps) are the same model, and both stay close to the original weights; a layer's method
+picks between them by the step's rows."""
 
 from __future__ import annotations
 
@@ -8,14 +9,15 @@ import torch
 import torch.nn.functional as F
 
 from inferd.layers.linear import Linear
-from inferd.layers.quant import Fp8Kernel, Int4Kernel, Int8Kernel, quantize_model
+from inferd.layers.quant import Fp8Kernel, Int4Kernel, Int8Kernel
+from inferd.layers.weight_scheme import WeightScheme
 
 
 @pytest.mark.parametrize("kernel_cls, rel_err", [(Int8Kernel, 0.01), (Int4Kernel, 0.1)])
 def test_kernel_equals_its_dequantised_matrix(kernel_cls, rel_err):
     torch.manual_seed(0)
     w = torch.randn(256, 128) * 0.05
-    kernel = kernel_cls(w, max_rows=4)
+    kernel = kernel_cls(w)
     # (int8 also quantises the activations, so its tolerance covers that rounding too)
     dq = kernel.dequantized()
     x = torch.randn(3, 128).bfloat16()
@@ -30,7 +32,7 @@ def test_kernel_equals_its_dequantised_matrix(kernel_cls, rel_err):
 
 def test_int4_groups_hold_16_levels_each():
     w = torch.linspace(-1, 1, 64).repeat(16, 1)
-    kernel = Int4Kernel(w, max_rows=4)
+    kernel = Int4Kernel(w)
     dq = kernel.dequantized().float()
     assert all(len(torch.unique(g)) <= 16 for g in dq.reshape(-1, 32))
 
@@ -46,27 +48,33 @@ def test_int8_rows_do_not_depend_on_the_rest_of_the_batch():
 
 def test_linear_switches_kernels_by_step_size():
     torch.manual_seed(1)
-    lin = Linear(64, 96, bias=True, dtype=torch.bfloat16)
+    lin = Linear(64, 96, True, WeightScheme("int4", torch.bfloat16, quantize="int4"))
     lin.weight.data.normal_(0, 0.05)
     lin.bias.data.normal_(0, 0.05)
+    lin.finish_loading()
+    method = lin.quant_method
+    assert (method.kernel_for(2), method.kernel_for(16)) == ("int4", "gemm")
     calls = []
-
-    class Spy(torch.nn.Module):
-        def __init__(self, inner):
-            super().__init__()
-            self.inner, self.max_rows = inner, inner.max_rows
-
-        def forward(self, x):
-            calls.append(x.shape[0])
-            return self.inner(x)
-
-    model = torch.nn.Sequential(lin)
-    quantize_model(model, "int4")
-    lin.small_step = Spy(lin.small_step)
+    method.kernel.register_forward_hook(lambda mod, args, out: calls.append(args[0].shape[0]))
     small = lin(torch.randn(2, 64).bfloat16())
     large = lin(torch.randn(16, 64).bfloat16())
     assert calls == [2]  # only the small step used the integer kernel
     assert small.shape == (2, 96) and large.shape == (16, 96)
+    # the large step multiplies by the same integers, dequantised
+    x = torch.randn(16, 64).bfloat16()
+    expected = F.linear(x.float(), method.kernel.dequantized().float(), lin.bias.float())
+    torch.testing.assert_close(lin(x).float(), expected, rtol=2e-2, atol=2e-2)
+
+
+def test_int8_layer_drops_its_dense_matrix():
+    torch.manual_seed(4)
+    lin = Linear(64, 32, False, WeightScheme("int8", torch.bfloat16, quantize="int8"))
+    lin.weight.data.normal_(0, 0.05)
+    dense = lin.weight.data.float().clone()
+    lin.finish_loading()
+    assert lin.weight.numel() == 0 and lin.quant_method.kernel_for(64) == "int8-w8a8"
+    x = torch.randn(5, 64)
+    torch.testing.assert_close(lin(x), x @ dense.t(), rtol=3e-2, atol=3e-2)
 
 
 def test_fp8_kernel_matches_its_dequantised_matrix():

@@ -29,8 +29,8 @@ triton = pytest.importorskip(
 )
 
 from inferd.attention.backend import (  # noqa: E402
-    AttentionMetadata,
-    GroupMetadata,
+    AttentionBatch,
+    GroupBatch,
     LayerAttentionSpec,
 )
 from inferd.attention.torch_backend import TorchAttentionBackend  # noqa: E402
@@ -60,13 +60,20 @@ class Case:
     v: torch.Tensor
     cache: torch.Tensor
     spec: LayerAttentionSpec
-    meta_args: dict
+    batch_args: dict
 
-    def meta(self) -> AttentionMetadata:
-        """Fresh metadata (a new group cache dict), as the runner builds every step."""
-        args = dict(self.meta_args)
-        args["groups"] = [replace(g, cache={}) for g in args["groups"]]
-        return AttentionMetadata(**args)
+    def batch(self) -> AttentionBatch:
+        """The step's layout, fresh, as the runner builds it every step."""
+        args = dict(self.batch_args)
+        args["groups"] = [replace(g) for g in args["groups"]]
+        return AttentionBatch(**args)
+
+    def forward(self, backend, cache: torch.Tensor, **inputs) -> torch.Tensor:
+        """One layer's attention, the backend's metadata built for the step as the runner
+        does."""
+        q, k, v = (inputs.get(n, getattr(self, n)) for n in ("q", "k", "v"))
+        metadata = backend.build_metadata(self.batch())
+        return backend.forward(q, k, v, cache, self.spec, metadata)
 
 
 def make_case(
@@ -115,13 +122,13 @@ def make_case(
     starts = [0]
     for n in q_lens:
         starts.append(starts[-1] + n)
-    group = GroupMetadata(
+    group = GroupBatch(
         slot_mapping=torch.tensor(slots, dtype=torch.int64, device=DEVICE),
         block_tables=torch.tensor(tables, dtype=torch.int32, device=DEVICE),
         block_size=block_size,
         window=window,
     )
-    meta_args = dict(
+    batch_args = dict(
         query_start_loc=torch.tensor(starts, dtype=torch.int32, device=DEVICE),
         seq_lens=torch.tensor(seq_lens, dtype=torch.int32, device=DEVICE),
         positions=torch.tensor(positions, dtype=torch.int64, device=DEVICE),
@@ -130,7 +137,7 @@ def make_case(
         seq_lens_cpu=seq_lens,
     )
     spec = LayerAttentionSpec(heads, kv_heads, head_dim, head_dim**-0.5, window, softcap, 0, 0)
-    return Case(q.to(DEVICE), k.to(DEVICE), v.to(DEVICE), cache.to(DEVICE), spec, meta_args)
+    return Case(q.to(DEVICE), k.to(DEVICE), v.to(DEVICE), cache.to(DEVICE), spec, batch_args)
 
 
 def bits(t: torch.Tensor) -> torch.Tensor:
@@ -144,8 +151,8 @@ def run_both(case: Case, backend: TritonAttentionBackend) -> tuple[torch.Tensor,
     # the Triton kernels get the NaN-filled pool, proving they never read those slots.
     ref_cache = torch.nan_to_num(case.cache.clone(), nan=0.0)
     tri_cache = case.cache.clone()
-    ref = TorchAttentionBackend().forward(case.q, case.k, case.v, ref_cache, case.spec, case.meta())
-    out = backend.forward(case.q, case.k, case.v, tri_cache, case.spec, case.meta())
+    ref = case.forward(TorchAttentionBackend(), ref_cache)
+    out = case.forward(backend, tri_cache)
     stored = torch.nan_to_num(tri_cache, nan=0.0)
     assert torch.equal(bits(stored), bits(ref_cache)), "the KV store differs"
     assert not out.isnan().any()
@@ -262,7 +269,7 @@ def test_half_precision(dtype, window):
         case.v.float(),
         torch.nan_to_num(case.cache.float(), nan=0.0),  # the reference needs finite slots
         case.spec,
-        case.meta_args,
+        case.batch_args,
     )
     truth, _ = run_both(exact, TorchAttentionBackend())
     tri_err = (out.float() - truth).abs().max()
@@ -270,14 +277,20 @@ def test_half_precision(dtype, window):
     assert tri_err <= ref_err + 1e-3, (tri_err, ref_err)
 
 
-def test_plan_is_shared_by_the_layers_of_a_group():
+def test_one_metadata_serves_every_layer_of_the_step():
     case = make_case([1, 7, 1], [12, 4, 30], seed=8)
-    meta, backend = case.meta(), TritonAttentionBackend()
+    backend = TritonAttentionBackend()
+    metadata = backend.build_metadata(case.batch())
+    plan = metadata.groups[0]
+    assert plan.num_decode == 2 and plan.prefill_seqs == [(1, 7)]
     caches = [case.cache.clone(), case.cache.clone()]
-    first = backend.forward(case.q, case.k, case.v, caches[0], case.spec, meta)
-    assert len(meta.groups[0].cache) == 1
-    second = backend.forward(case.q, case.k, case.v, caches[1], case.spec, meta)
+    first = backend.forward(case.q, case.k, case.v, caches[0], case.spec, metadata)
+    second = backend.forward(case.q, case.k, case.v, caches[1], case.spec, metadata)
     assert torch.equal(first, second)
+    fixed = backend.build_metadata(case.batch(), decode_partitions=4)
+    assert fixed.decode_partitions == 4 and metadata.decode_partitions is None
+    with pytest.raises(ValueError, match="decode_partitions"):
+        backend.build_metadata(case.batch(), decode_partitions=3)
 
 
 def test_rejects_a_partition_count_that_is_not_a_power_of_two():
@@ -334,6 +347,38 @@ def test_tiny_gemma3_runner_matches_the_torch_backend(tmp_path):
                 SequenceStep([b[-1]], len(b) - 1, tables["b"]),
             ]
         )
+
+
+def test_captured_decode_context_computes_the_eager_step(tmp_path):
+    """What a CUDA graph records (engine/cuda_graphs.py): the model over the static buffers,
+    with the Triton metadata built once per captured size and its decode split fixed, padded
+    to the captured size. Run eagerly here (no graph), it must give the eager step's logits."""
+    pytest.importorskip("transformers", reason="the tiny checkpoint is written by transformers")
+    from tiny_models import make_tiny_checkpoint
+
+    from inferd.engine.cuda_graphs import CUDAGraphDecoder
+    from inferd.engine.runner import ModelRunner, SequenceStep
+    from inferd.loader import load_model, open_checkpoint
+
+    folder = make_tiny_checkpoint("gemma3", tmp_path / "gemma3")
+    model = load_model(open_checkpoint(folder), torch.float32, DEVICE)
+    groups = len(model.config.kv_groups())
+    runner = ModelRunner(model, [16] * groups, 8, torch.float32, DEVICE,
+                         backend=TritonAttentionBackend())  # fmt: skip
+    tables = [[[1, 2, 3]] * groups, [[4, 5, 6]] * groups, [[7, 8, 9]] * groups]
+    prompts = [[5, 9, 11, 40, 7, 3, 22, 90, 14], [8, 30, 2], [61, 62, 63, 64, 65]]
+    for prompt, table in zip(prompts, tables):
+        runner.execute([SequenceStep(prompt, 0, table)])
+    steps = [SequenceStep([17 + i], len(p), t) for i, (p, t) in enumerate(zip(prompts, tables))]
+    graphs = CUDAGraphDecoder(runner, max_batch=8, max_model_len=24)
+    bs = graphs.fill(steps)
+    assert bs == 4  # 3 sequences padded to the captured size 4
+    ctx = graphs._context(bs, decode_partitions=2)
+    assert ctx.metadata.decode_partitions == 2
+    with torch.inference_mode():
+        captured = model.compute_logits(model(graphs.input_ids[:bs], graphs.positions[:bs], ctx))
+        eager = runner.execute(steps)  # writes the same slots again
+    torch.testing.assert_close(captured[:3], eager, atol=1e-4, rtol=1e-4)
 
 
 def test_kernels_compile_for_an_h200_without_a_gpu():

@@ -1,0 +1,192 @@
+"""How a model holds its weights and which kernels multiply by them: one `WeightScheme`, chosen
+once at load (`choose_scheme`) and handed to the model's constructor. Every linear layer,
+embedding and LM head asks it for its `LinearMethod` (linear_method.py), every norm for its
+output dtype and kernel; nothing is switched on modules afterwards.
+
+With no `--quantization` and `--dtype auto`, the scheme is the fastest accurate one for the
+machine and the checkpoint (docs/performance.md has the measurements behind it):
+
+* a GGUF file on a CPU where inferd's C kernels build: the file's own blocks, unchanged, for
+  steps of a few rows (decode: bound by reading weights, and the blocks are the fewest bytes),
+  and PyTorch's GEMM for larger steps (prefill, big batches: bound by arithmetic) — on a
+  bfloat16 copy of the blocks made at the first such step where the CPU has fast bf16
+  (avx512_bf16 / AMX), else on float32 weights dequantised from the blocks for each such step
+  (no float32 copy of a quantised model is ever kept);
+* anything else (an HF folder, a GPU, tensor parallelism, no C compiler): dense weights in
+  bfloat16 where the device computes it fast, else float32.
+
+`--quantization` and `--dtype` force a mode: `--dtype float32` is the HF parity mode.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import logging
+from dataclasses import dataclass, field
+
+import torch
+
+from inferd.cpu_info import cpu_has_fast_bf16
+from inferd.layers.block_method import BlockMethod
+from inferd.layers.linear_method import DenseMethod, LinearMethod
+from inferd.layers.quant import INT4_ROW_LIMITS, Fp8Method, Int4Method, Int8Method
+from inferd.platform import resolve_dtype
+
+log = logging.getLogger(__name__)
+
+QUANTIZATION_METHODS = ("gguf", "int8", "int4", "fp8")
+# Rows up to which a block layer uses the C block kernel, per kind of matrix. The kernel's cost
+# grows with every row (it rounds and scales per block of 32), a GEMM's hardly at all until it
+# is bound by arithmetic. With a bf16 copy for larger steps the GEMM takes over early; without
+# one the alternative is dequantising the whole matrix for the step, so the kernel keeps more.
+# Measured on the embedded model (docs/performance.md): decode steps of up to 6 sequences are
+# faster with blocks, 8 and more with the bf16 copy.
+BLOCK_ROWS_WITH_COPY = {"linear": 6, "head": 6}
+BLOCK_ROWS_DEQUANTISING = {"linear": 16, "head": 16}
+# Decode steps of up to this many sequences run each decoder layer as one C call
+# (inferd/models/cpu_decoder.py), whose block products are the same kernels.
+DECODER_ROWS_WITH_COPY = 6
+DECODER_ROWS_DEQUANTISING = 16
+
+
+@dataclass(frozen=True)
+class WeightScheme:
+    name: str  # what `describe` and the logs call it: float32, gguf, gguf+bf16, int8, ...
+    dtype: torch.dtype  # dense weights, and the GEMM of steps too large for block kernels
+    blocks: bool = False  # keep a GGUF file's block-quantised tensors as they are
+    keep_copy: bool = False  # block layers keep a `dtype` copy for large steps
+    quantize: str | None = None  # int8 | int4 | fp8: re-quantise the loaded dense weights
+    kernels: ctypes.CDLL | None = field(default=None, compare=False, repr=False)
+
+    @classmethod
+    def dense(cls, dtype: torch.dtype) -> WeightScheme:
+        return cls(str(dtype).removeprefix("torch."), dtype)
+
+    @property
+    def activations(self) -> torch.dtype:
+        """What norms hand the linear layers: the block and int8 kernels round float32
+        activations themselves (rounding to bf16 first would only add error)."""
+        return torch.float32 if self.blocks or self.quantize == "int8" else self.dtype
+
+    @property
+    def kv_cache_dtype(self) -> torch.dtype:
+        """The KV cache dtype `auto` means: float32 with blocks (the C decoder layer attends
+        in float32 and reads a float32 cache), else the model dtype."""
+        return torch.float32 if self.blocks else self.dtype
+
+    @property
+    def decoder_rows(self) -> int:
+        """Largest decode step the C decoder layer serves (0: none)."""
+        if not self.blocks or self.kernels is None:
+            return 0
+        return DECODER_ROWS_WITH_COPY if self.keep_copy else DECODER_ROWS_DEQUANTISING
+
+    def norm_kernel(self) -> ctypes.CDLL | None:
+        """The C RMSNorm for float32-out norms in block mode (one call instead of ~8 ops)."""
+        return self.kernels if self.blocks else None
+
+    def linear_method(self, kind: str) -> LinearMethod:
+        """A fresh method for one layer; `kind`: linear, head or embedding."""
+        if kind not in ("linear", "head", "embedding"):
+            raise ValueError(f"unknown kind of matrix {kind!r}")
+        matrix = "linear" if kind == "linear" else "head"  # a tied head shares the embedding's
+        if self.blocks:
+            rows = BLOCK_ROWS_WITH_COPY if self.keep_copy else BLOCK_ROWS_DEQUANTISING
+            return BlockMethod(self.dtype, rows[matrix], self.keep_copy)
+        if self.quantize is None or kind == "embedding":
+            return DenseMethod()  # a quantised model still looks its embeddings up densely
+        if self.quantize == "int8":
+            return Int8Method()
+        if self.quantize == "int4":
+            return Int4Method(INT4_ROW_LIMITS[matrix])
+        return Fp8Method()
+
+    def head_shares_embedding(self) -> bool:
+        """Whether a tied LM head multiplies by the embedding's own method (same weights, same
+        format); a re-quantised head gets a format of its own."""
+        return self.quantize is None
+
+    def describe(self) -> str:
+        if self.blocks:
+            rows = BLOCK_ROWS_WITH_COPY if self.keep_copy else BLOCK_ROWS_DEQUANTISING
+            large = (f"{_name(self.dtype)} GEMM on a copy made at the first such step"
+                     if self.keep_copy else f"GEMM on {_name(self.dtype)} weights dequantised "
+                     "per step")  # fmt: skip
+            limit = f"{rows['linear']} rows"
+            if rows["head"] != rows["linear"]:
+                limit += f" ({rows['head']} for the LM head)"
+            return (f"{self.name}: the GGUF blocks with C kernels for steps of up to {limit}, "
+                    f"{large} for larger ones")  # fmt: skip
+        if self.quantize:
+            return f"{self.name}: weights re-quantised at load"
+        return f"{self.name}: dense {_name(self.dtype)} weights"
+
+
+def as_scheme(scheme: WeightScheme | torch.dtype) -> WeightScheme:
+    """A scheme as given, or dense weights in a dtype given instead."""
+    return scheme if isinstance(scheme, WeightScheme) else WeightScheme.dense(scheme)
+
+
+def _name(dtype: torch.dtype) -> str:
+    return str(dtype).removeprefix("torch.")
+
+
+def _kernels_or_reason():
+    from inferd.cpu_kernels import KernelsUnavailable, kernel_library
+
+    try:
+        return kernel_library(), None
+    except KernelsUnavailable as e:
+        return None, str(e)
+
+
+def check_quantization(method: str, device: torch.device) -> None:
+    """A clear error for a quantization the device cannot run."""
+    if method not in QUANTIZATION_METHODS:
+        raise ValueError(
+            f"quantization must be one of {', '.join(QUANTIZATION_METHODS)}, got {method!r}"
+        )
+    if method == "fp8":
+        if device.type == "cuda" and torch.cuda.get_device_capability(device) < (8, 9):
+            raise ValueError("--quantization fp8 needs fp8 tensor cores (compute capability 8.9+)")
+        if device.type == "cpu":
+            log.warning("fp8 on CPU runs PyTorch's slow reference kernel: for checking, not speed")
+        return
+    if device.type != "cpu":
+        raise ValueError(
+            f"--quantization {method} uses CPU kernels; it is not available on {device}"
+        )
+    if method == "gguf" and _kernels_or_reason()[0] is None:
+        raise ValueError(
+            f"--quantization gguf needs inferd's C kernels, which cannot be built here: "
+            f"{_kernels_or_reason()[1]}. Use --quantization int8 instead."
+        )
+
+
+def choose_scheme(quantization: str | None, dtype: str, checkpoint_format: str | None,
+                  device: torch.device, tensor_parallel: int = 1) -> WeightScheme:  # fmt: skip
+    """The scheme of these flags for this checkpoint (`gguf`, `hf`, or None: not known yet,
+    only the flags are checked) on this device. Raises ValueError naming the flag."""
+    resolved = resolve_dtype(dtype, device)
+    if quantization is not None:
+        check_quantization(quantization, device)
+        if quantization == "gguf":
+            if checkpoint_format not in ("gguf", None):
+                raise ValueError("quantization gguf keeps a GGUF file's own blocks; the model "
+                                 "is not a GGUF file")  # fmt: skip
+            return WeightScheme("gguf", resolved, blocks=True, kernels=_kernels_or_reason()[0])
+        if dtype != "auto" and resolved != torch.bfloat16:
+            raise ValueError(f"quantization {quantization} needs dtype bfloat16 (or auto)")
+        return WeightScheme(quantization, torch.bfloat16, quantize=quantization)
+    if dtype != "auto" or device.type != "cpu" or checkpoint_format != "gguf":
+        return WeightScheme.dense(resolved)
+    if tensor_parallel > 1:  # block layers are not split across ranks
+        return WeightScheme.dense(resolved)
+    lib, reason = _kernels_or_reason()
+    if lib is None:
+        log.warning("inferd's C kernels are unavailable (%s): the GGUF weights are dequantised "
+                    "to %s, which is slower", reason, _name(resolved))  # fmt: skip
+        return WeightScheme.dense(resolved)
+    if cpu_has_fast_bf16():
+        return WeightScheme("gguf+bf16", torch.bfloat16, blocks=True, keep_copy=True, kernels=lib)
+    return WeightScheme("gguf+float32", torch.float32, blocks=True, kernels=lib)

@@ -1,0 +1,176 @@
+"""The CPU decode backend: every decoder layer of a decode step as one C call.
+
+For one sequence a layer is ~45 small PyTorch ops and the Python around them, more than its
+weights take to read; cpu_kernels/decode_layer.c computes the same layer in one call. The
+contract, checked once at load (`for_model`) and per step (`serves`):
+
+* **What it needs from the model.** Every decoder layer spells itself out as a
+  `DecoderLayerParts` (models/base.py): its norms, attention and MLP, and which of Gemma's
+  sandwich norms it has. The four projections must hold GGUF blocks (`BlockMethod`, at most
+  `MAX_PARTS` row ranges each), the activation must be one the kernel knows, and the model is
+  not split across ranks.
+* **Which steps it serves.** Every sequence adds exactly one token (a pure decode step in
+  every KV group, as the attention metadata says), at most `WeightScheme.decoder_rows`
+  sequences, the attention backend is the `cpu` one (the C layer attends with the same C
+  kernel; the `torch` backend means pure PyTorch), and every layer's KV cache is float32.
+  Any other step takes the layers' own forward.
+
+The layers' forward computes the same thing (tests/parity/test_fused_decode.py compares them
+layer by layer). This module describes each layer to the kernel once (pointers into tensors
+that live as long as the model) and, per step, the step's cache slots and rotary tables.
+"""
+
+from __future__ import annotations
+
+import ctypes
+
+import torch
+
+from inferd.attention.backend import ForwardContext
+from inferd.attention.cpu_backend import CpuAttentionBackend
+from inferd.attention.torch_backend import TorchAttentionMetadata
+from inferd.layers.block_method import BlockMethod
+from inferd.layers.gguf_blocks import MAX_PARTS, BlockMatrix
+from inferd.layers.linear import Linear
+from inferd.models.base import CausalLM, DecoderLayerParts
+
+_P, _I, _F = ctypes.c_void_p, ctypes.c_int64, ctypes.c_float
+ACTIVATIONS = {"silu": 0, "gelu_pytorch_tanh": 1, "gelu_tanh": 1}
+
+
+class BlockLinear(ctypes.Structure):
+    _fields_ = [("count", _I), ("parts", BlockMatrix * MAX_PARTS)]
+
+
+class LayerSpec(ctypes.Structure):
+    """Mirrors LayerSpec in cpu_kernels/decode_layer.c."""
+
+    _fields_ = [
+        ("hidden", _I), ("heads", _I), ("kv_heads", _I), ("head_dim", _I), ("inter", _I),
+        ("gelu", _I), ("sandwich", _I), ("window", _I), ("eps", _F), ("scale", _F),
+        ("softcap", _F), ("qkv", BlockLinear), ("o", BlockLinear), ("gate_up", BlockLinear),
+        ("down", BlockLinear), ("qkv_bias", _P), ("input_gain", _P), ("post_attn_gain", _P),
+        ("pre_ffn_gain", _P), ("post_ffn_gain", _P), ("qk_gain", _P),
+    ]  # fmt: skip
+
+
+class StepSpec(ctypes.Structure):
+    """Mirrors StepSpec in cpu_kernels/decode_layer.c."""
+
+    _fields_ = [
+        ("n", _I), ("cos", _P), ("sin", _P), ("k_pool", _P), ("v_pool", _P),
+        ("block_size", _I), ("slots", _P), ("blocks", _P), ("starts", _P), ("lens", _P),
+        ("width", _I),
+    ]  # fmt: skip
+
+
+def _blocks_of(linear: Linear) -> BlockLinear | None:
+    method = linear.quant_method
+    if not isinstance(method, BlockMethod) or method.blocks is None:
+        return None
+    parts = method.blocks.parts
+    if len(parts) > MAX_PARTS:
+        return None
+    return BlockLinear(len(parts), (BlockMatrix * MAX_PARTS)(*[p.struct for p in parts]))
+
+
+def _gain(norm) -> torch.Tensor:
+    return norm.float_gain().contiguous()
+
+
+class _CLayer:
+    """One decoder layer described to the kernel; `keep` holds the tensors it points into."""
+
+    def __init__(self, parts: DecoderLayerParts, matrices: list[BlockLinear], hidden: int):
+        attn, s = parts.attention, parts.attention.spec
+        sandwich = parts.post_attention_norm is not None
+        if sandwich != (parts.post_mlp_norm is not None):
+            raise ValueError("the C layer takes both sandwich norms or neither")
+        # C's post_attn_gain is the norm applied after attention: Gemma's post-attention norm,
+        # or (no sandwich) the norm before the MLP; pre_ffn_gain is Gemma's pre-MLP norm.
+        keep = {"input": _gain(parts.input_norm)}
+        if sandwich:
+            keep["post_attn"] = _gain(parts.post_attention_norm)
+            keep["pre_ffn"] = _gain(parts.pre_mlp_norm)
+            keep["post_ffn"] = _gain(parts.post_mlp_norm)
+        else:
+            keep["post_attn"] = _gain(parts.pre_mlp_norm)
+        if attn.q_norm is not None:
+            q, k = _gain(attn.q_norm), _gain(attn.k_norm)
+            keep["qk"] = torch.cat([q.expand(s.num_heads, -1), k.expand(s.num_kv_heads, -1)])
+        if attn.qkv_proj.bias is not None:
+            keep["bias"] = attn.qkv_proj.bias.float().contiguous()
+        self.keep = keep
+
+        def ptr(name):
+            return keep[name].data_ptr() if name in keep else None
+
+        self.spec = LayerSpec(
+            hidden, s.num_heads, s.num_kv_heads, s.head_dim, parts.mlp.down_proj.in_features,
+            ACTIVATIONS[parts.activation], int(sandwich), s.window or 0,
+            parts.input_norm.eps, s.scale, s.softcap or 0.0, *matrices, ptr("bias"),
+            ptr("input"), ptr("post_attn"), ptr("pre_ffn"), ptr("post_ffn"), ptr("qk"),
+        )  # fmt: skip
+        self.attention = s
+
+
+class CpuDecoder:
+    def __init__(self, layers: list[_CLayer], lib: ctypes.CDLL, max_rows: int):
+        self.layers, self.lib, self.max_rows = layers, lib, max_rows
+
+    @classmethod
+    def for_model(cls, model: CausalLM) -> CpuDecoder | None:
+        """The decoder for a loaded model, or None when the model does not meet the contract
+        (see the module docstring)."""
+        scheme = model.scheme
+        if model.tp.enabled or scheme.kernels is None or not scheme.decoder_rows:
+            return None
+        layers = []
+        for layer in model.model.layers:
+            parts: DecoderLayerParts = layer.parts()
+            if parts.activation not in ACTIVATIONS:
+                return None
+            linears = [parts.attention.qkv_proj, parts.attention.o_proj,
+                       parts.mlp.gate_up_proj, parts.mlp.down_proj]  # fmt: skip
+            matrices = [_blocks_of(lin) for lin in linears]
+            if any(m is None for m in matrices):
+                return None
+            layers.append(_CLayer(parts, matrices, model.config.hidden_size))
+        return cls(layers, scheme.kernels, scheme.decoder_rows)
+
+    def serves(self, rows: int, ctx: ForwardContext) -> bool:
+        meta = ctx.metadata
+        if rows > self.max_rows or not isinstance(ctx.backend, CpuAttentionBackend):
+            return False
+        if not isinstance(meta, TorchAttentionMetadata):
+            return False
+        if any(meta.pure_decode(g) is None for g in range(len(meta.groups))):
+            return False
+        return all(c.dtype == torch.float32 and c.device.type == "cpu"
+                   for group in ctx.kv_caches for c in group)  # fmt: skip
+
+    def run(self, h: torch.Tensor, ropes: list, ctx: ForwardContext) -> torch.Tensor:
+        """The residual stream after every layer, for a step `serves` accepted."""
+        h = h.float().contiguous()
+        for index, rope in enumerate(ropes):
+            self.run_layer(index, h, rope, ctx)
+        return h
+
+    def run_layer(self, index: int, h: torch.Tensor, rope, ctx: ForwardContext) -> None:
+        """Layer `index` on the contiguous float32 residual stream `h`, in place (it also
+        stores the step's keys and values in the layer's cache)."""
+        meta: TorchAttentionMetadata = ctx.metadata
+        layer, (cos, sin) = self.layers[index], rope
+        s = layer.attention
+        cache = ctx.kv_caches[s.group][s.index_in_group]
+        decode = meta.pure_decode(s.group)
+        step = StepSpec(
+            h.shape[0], cos.data_ptr(), sin.data_ptr(), cache[0].data_ptr(),
+            cache[1].data_ptr(), cache.shape[2], meta.slot_mappings[s.group].data_ptr(),
+            decode.blocks.data_ptr(), decode.starts.data_ptr(), decode.lens.data_ptr(),
+            decode.width,
+        )  # fmt: skip
+        rc = self.lib.inferd_decode_layer(ctypes.byref(layer.spec), ctypes.byref(step),
+                                          h.data_ptr())  # fmt: skip
+        if rc != 0:
+            raise RuntimeError(f"the C decoder layer failed ({rc})")
