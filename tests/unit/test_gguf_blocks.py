@@ -154,7 +154,7 @@ def test_block_kernel_does_not_saturate(kernels, q_range):
     torch.manual_seed(1)
     lo, hi = q_range[0], q_range[1] - 1
     q = torch.where(torch.rand(8, 256) < 0.5, lo, hi).to(torch.int8)
-    w = BlockWeight(q, torch.full((8, 8), 0.5), None, compute_dtype=torch.float32)
+    w = BlockWeight(q, torch.full((8, 8), 0.5), None)
     w.lib = kernels
     x = torch.where(torch.rand(2, 256) < 0.5, -1.0, 1.0)
     x[0] = torch.sign(q[0].float())
