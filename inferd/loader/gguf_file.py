@@ -108,27 +108,28 @@ class _Cursor:
         if vtype == _ARRAY:
             return self.array(key, 1)
         if vtype not in _SCALAR_FORMATS:
-            raise ModelLoadError(f"{self.path}: GGUF metadata {key}: unknown value type {vtype}")
+            raise ModelLoadError(f"{self.path}: GGUF metadata {key!r}: unknown value type {vtype}")
         return self.scalar(vtype)
 
     def array(self, key: str, depth: int) -> Any:
         if depth > MAX_ARRAY_DEPTH:
             raise ModelLoadError(
-                f"{self.path}: GGUF metadata {key}: arrays nested more than {MAX_ARRAY_DEPTH} deep"
+                f"{self.path}: GGUF metadata {key!r}: arrays nested more than "
+                f"{MAX_ARRAY_DEPTH} deep"
             )
         item_type, count = self.u32(), self.u64()
         if item_type == _STRING:
-            self.check_count(count, 8, f"strings in {key}")
+            self.check_count(count, 8, f"strings in {key!r}")
             return self._string_array(count)
         if item_type == _ARRAY:
-            self.check_count(count, 12, f"arrays in {key}")
+            self.check_count(count, 12, f"arrays in {key!r}")
             return [self.array(key, depth + 1) for _ in range(count)]
         if item_type not in _NUMPY_DTYPES:
             raise ModelLoadError(
-                f"{self.path}: GGUF metadata {key}: unknown array item type {item_type}"
+                f"{self.path}: GGUF metadata {key!r}: unknown array item type {item_type}"
             )
         dtype = np.dtype(_NUMPY_DTYPES[item_type])
-        self.check_count(count, dtype.itemsize, f"values in {key}")
+        self.check_count(count, dtype.itemsize, f"values in {key!r}")
         arr = np.frombuffer(self.buf, dtype=dtype, count=count, offset=self.pos).copy()
         self.pos += count * dtype.itemsize
         return arr

@@ -17,17 +17,21 @@ import numpy as np
 
 from inferd.errors import ModelLoadError
 
-# Upper bound for sizes and counts (layers, heads, widths, context): far above any real model,
-# low enough that a product of a few of them cannot overflow a tensor size computation.
+# Upper bound for sizes (widths, context): far above any real model, low enough that a product
+# of a few of them cannot overflow a tensor size computation.
 MAX_DIMENSION = 1 << 31
+# Upper bound for layer and head counts: configs are expanded into per-layer Python lists before
+# any tensor is compared with them, so a count of 2^31 would exhaust memory on its own.
+MAX_COUNT = 1 << 16
 # Token ids are int32 everywhere downstream.
 MAX_TOKEN_ID = (1 << 31) - 1
 
 POSITIVE_INT, NON_NEGATIVE_INT, POSITIVE_FLOAT, STRING, BOOL = "pi", "ni", "pf", "s", "b"
-STRING_LIST, INT_ARRAY, FLOAT_ARRAY, TOKEN_ID = "sl", "ia", "fa", "id"
+STRING_LIST, INT_ARRAY, FLOAT_ARRAY, TOKEN_ID, COUNT = "sl", "ia", "fa", "id", "c"
 
 _KIND_WORDS = {
     POSITIVE_INT: "a positive integer",
+    COUNT: f"an integer from 1 to {MAX_COUNT}",
     NON_NEGATIVE_INT: "a non-negative integer",
     POSITIVE_FLOAT: "a positive finite number",
     STRING: "a string",
@@ -42,10 +46,10 @@ _KIND_WORDS = {
 ARCH_KEYS = {
     "context_length": POSITIVE_INT,
     "embedding_length": POSITIVE_INT,
-    "block_count": POSITIVE_INT,
+    "block_count": COUNT,
     "feed_forward_length": POSITIVE_INT,
-    "attention.head_count": POSITIVE_INT,
-    "attention.head_count_kv": POSITIVE_INT,
+    "attention.head_count": COUNT,
+    "attention.head_count_kv": COUNT,
     "attention.key_length": POSITIVE_INT,
     "attention.value_length": POSITIVE_INT,
     "attention.sliding_window": NON_NEGATIVE_INT,  # 0: no sliding window
@@ -86,6 +90,8 @@ def _conforms(value: Any, kind: str) -> bool:
     if kind in (POSITIVE_INT, NON_NEGATIVE_INT):
         low = 1 if kind == POSITIVE_INT else 0
         return _is_int(value) and low <= value <= MAX_DIMENSION
+    if kind == COUNT:
+        return _is_int(value) and 1 <= value <= MAX_COUNT
     if kind == TOKEN_ID:
         return _is_int(value) and 0 <= value <= MAX_TOKEN_ID
     if kind == POSITIVE_FLOAT:

@@ -12,7 +12,7 @@ from typing import Any
 
 from inferd.config import FULL_ATTENTION, SLIDING_ATTENTION, ModelConfig, RopeConfig
 from inferd.errors import ModelLoadError
-from inferd.loader.gguf_metadata import MAX_DIMENSION, MAX_TOKEN_ID
+from inferd.loader.gguf_metadata import MAX_COUNT, MAX_DIMENSION, MAX_TOKEN_ID
 from inferd.models.registry import ARCHITECTURES, supported_architectures
 
 _REQUIRED = object()
@@ -164,8 +164,8 @@ def model_config_from_hf(
         raise ModelLoadError(
             f"{source}: checkpoints with MLP or output-projection biases are not supported"
         )
-    hidden, heads = r.int("hidden_size"), r.int("num_attention_heads")
-    n_layers = r.int("num_hidden_layers")
+    hidden, heads = r.int("hidden_size"), r.int("num_attention_heads", high=MAX_COUNT)
+    n_layers = r.int("num_hidden_layers", high=MAX_COUNT)
     head_dim = r.int("head_dim", None)
     if head_dim is None:
         if hidden % heads:
@@ -174,7 +174,7 @@ def model_config_from_hf(
                 f"{heads}, and there is no head_dim"
             )
         head_dim = hidden // heads
-    kv_heads = r.int("num_key_value_heads", heads)
+    kv_heads = r.int("num_key_value_heads", heads, high=MAX_COUNT)
     if heads % kv_heads:
         raise ModelLoadError(
             f"{source}: num_attention_heads {heads} is not a multiple of "

@@ -84,7 +84,8 @@ class HFWeight:
             else:
                 t = sl[r, cols[0] : cols[0] + cols[1]]
         except Exception as e:  # safetensors raises its own error type for malformed files
-            raise ModelLoadError(f"{self.file}: cannot read tensor {self.name!r} ({e})") from e
+            reason = " ".join(str(e).split())  # one line, whatever the library wrote
+            raise ModelLoadError(f"{self.file}: cannot read tensor {self.name!r} ({reason})") from e
         return t.to(dtype)
 
 
@@ -98,7 +99,8 @@ def hf_weights(folder: Path) -> Iterator[tuple[str, HFWeight]]:
             handle = safe_open(str(file), framework="pt")
             names = list(handle.keys())
         except Exception as e:  # safetensors raises its own error type for malformed files
-            raise ModelLoadError(f"{file}: cannot read safetensors file ({e})") from e
+            reason = " ".join(str(e).split())
+            raise ModelLoadError(f"{file}: cannot read safetensors file ({reason})") from e
         for name in names:
             yield name, HFWeight(file, handle, name)
 

@@ -82,7 +82,7 @@ class Tokenizer:
         except Exception as e:  # noqa: BLE001 - `tokenizers` rejects a crafted vocabulary its own way
             raise ModelLoadError(
                 f"{gguf_file.path}: cannot build a tokenizer from its vocabulary "
-                f"({type(e).__name__}: {e})"
+                f"({type(e).__name__}: {' '.join(str(e).split())})"
             ) from e
 
         def token_of(key: str) -> str | None:
@@ -128,7 +128,10 @@ class Tokenizer:
         try:
             backend = Backend.from_file(str(tokenizer_json))
         except Exception as e:
-            raise ModelLoadError(f"{tokenizer_json}: cannot be read by `tokenizers`: {e}") from e
+            reason = " ".join(str(e).split())  # one line, whatever the library wrote
+            raise ModelLoadError(
+                f"{tokenizer_json}: cannot be read by `tokenizers`: {reason}"
+            ) from e
         config_file = folder / "tokenizer_config.json"
         config = read_json(config_file)
         add_config_tokens(backend, config, config_file)
