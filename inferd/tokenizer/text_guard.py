@@ -75,6 +75,7 @@ class SpecialTokenGuard:
         self.special_ids = special_ids
         added = backend.get_added_tokens_decoder()
         specials = {i: t for i, t in added.items() if t.special}
+        self._contents = {i: t.content for i, t in specials.items()}
         self._first_chars = frozenset(t.content[:1] for t in specials.values())
         # Finds special-token strings exactly as the real tokenizer matches them (same tokens,
         # same normalizer), at the cost of a scan: all other text is one unknown "word".
@@ -167,24 +168,35 @@ class SpecialTokenGuard:
         return self._scrub(plain.encode(text, add_special_tokens=False), text)
 
     def _scrub(self, enc: Encoding, text: str) -> list[int]:
-        """A vocabulary whose merges can rebuild a special token from its characters would
-        still yield its id: re-encode such a token character by character."""
+        """A vocabulary whose merges can rebuild a special token from its characters (Gemma's
+        can) would still yield its id: re-encode such a token character by character. A special
+        id standing for other text (the unknown token) is left alone."""
         if not self.special_ids.intersection(enc.ids):
             return enc.ids
         ids: list[int] = []
         for token_id, (start, end) in zip(enc.ids, enc.offsets, strict=True):
-            if token_id not in self.special_ids or start == end:
-                ids.append(token_id)  # start == end: BOS/EOS the post-processor added
+            if token_id not in self.special_ids or not self._spells(token_id, text[start:end]):
+                ids.append(token_id)  # includes BOS/EOS the post-processor added (no text)
                 continue
             for char in text[start:end]:
                 char_ids = self._plain_mid.encode(char, add_special_tokens=False).ids
-                if self.special_ids.intersection(char_ids):
+                if any(self._spells(i, char) for i in char_ids if i in self.special_ids):
                     raise ValueError(
                         f"the text {char!r} exists in this vocabulary only as a special token, "
                         "so it cannot be encoded as plain text"
                     )
                 ids += char_ids
         return ids
+
+    def _spells(self, token_id: int, span: str) -> bool:
+        """Whether `span` is the text of special token `token_id` (as typed, or normalized)."""
+        content = self._contents[token_id]
+        if not span or content == span:
+            return bool(span)
+        normalizer = self._backend.normalizer
+        return normalizer is not None and (
+            normalizer.normalize_str(content) == normalizer.normalize_str(span)
+        )
 
 
 def strip_marks(rendered: str) -> tuple[str, list[int]]:
@@ -222,14 +234,18 @@ def _clone(
     pre_tokenizer: Any = None,
     share_pre_tokenizer: bool = False,
 ) -> Backend:
-    """A tokenizer with `added` tokens under their ids. With `share_model` it uses the model and
-    normalizer objects of `backend` (the Rust side holds them by reference: nothing copied);
-    without, a model that reads all other text as one unknown word."""
+    """A tokenizer with `added` tokens under their ids. With `share_model` it then takes the
+    model and normalizer objects of `backend` (the Rust side holds them by reference: nothing
+    copied); without, its model reads all other text as one unknown word."""
     tokens = [
         {"id": i, "content": t.content, "single_word": t.single_word, "lstrip": t.lstrip,
          "rstrip": t.rstrip, "normalized": t.normalized, "special": t.special}
         for i, t in sorted(added.items())
     ]  # fmt: skip
+    # NOTE: `tokenizers` gives an added token the id its model has for it, else a new one (the
+    # JSON's "id" is not kept), so the placeholder model must know every added token's id.
+    vocab = {t.content: i for i, t in added.items()}
+    vocab[MARK] = backend.get_vocab_size(with_added_tokens=True)  # an id no token has
     document = {
         "version": "1.0",
         "truncation": None,
@@ -239,12 +255,7 @@ def _clone(
         "pre_tokenizer": pre_tokenizer,
         "post_processor": None,
         "decoder": None,
-        # An id no token has, for the unknown word.
-        "model": {
-            "type": "WordLevel",
-            "vocab": {MARK: backend.get_vocab_size(with_added_tokens=True)},
-            "unk_token": MARK,
-        },
+        "model": {"type": "WordLevel", "vocab": vocab, "unk_token": MARK},
     }
     clone = Backend.from_str(json.dumps(document))
     if share_model:
@@ -252,4 +263,7 @@ def _clone(
         clone.normalizer = backend.normalizer
         if share_pre_tokenizer:
             clone.pre_tokenizer = backend.pre_tokenizer
+    for i, t in added.items():  # the ids are what everything else relies on: check them
+        if clone.token_to_id(t.content) != i:
+            raise RuntimeError(f"tokenizer clone gives {t.content!r} another id than {i}")
     return clone
