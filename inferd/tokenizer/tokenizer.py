@@ -20,6 +20,7 @@ from tokenizers import processors
 
 from inferd.errors import ModelLoadError
 from inferd.loader.gguf_file import GGUFFile
+from inferd.tokenizer.chat_prompt import build_chat_prompt
 from inferd.tokenizer.chat_template import ChatTemplate, default_chat_template
 from inferd.tokenizer.gguf_vocab import GEMMA_ARCHITECTURES, GGUFVocab, load_gguf_backend
 from inferd.tokenizer.hf_tokenizer_files import (
@@ -30,12 +31,7 @@ from inferd.tokenizer.hf_tokenizer_files import (
     token_content,
     token_ids,
 )
-from inferd.tokenizer.text_guard import (
-    SpecialTokenGuard,
-    check_unicode,
-    check_unicode_in,
-    strip_marks,
-)
+from inferd.tokenizer.text_guard import SpecialTokenGuard, check_unicode
 
 
 class Tokenizer:
@@ -162,7 +158,7 @@ class Tokenizer:
             raise ValueError(f"text to tokenize must be a string, got {type(text).__name__}")
         check_unicode(text, "text to tokenize")
         if split_special_tokens:
-            return self._guard.encode_plain(text, add_special_tokens)
+            return self.special_token_guard.encode_plain(text, add_special_tokens)
         return self._backend.encode(text, add_special_tokens=add_special_tokens).ids
 
     def decode(self, ids: Sequence[int], skip_special_tokens: bool = True) -> str:
@@ -207,31 +203,9 @@ class Tokenizer:
         lets them through as special tokens (trusted callers only). Variables come from the
         tokenizer (bos_token, ...), then `chat_template_kwargs`, then `kwargs`. Invalid
         Unicode anywhere in the input is a ValueError naming where."""
-        if self._chat_template is None:
-            raise ValueError(
-                "this model has no chat template; pass one with --chat-template "
-                "(or the chat_template argument), or send a plain completion prompt"
-            )
-        if chat_template_kwargs is not None and not isinstance(chat_template_kwargs, dict):
-            raise ValueError("chat_template_kwargs must be an object (name → value)")
-        user_vars = {**(chat_template_kwargs or {}), **kwargs}
-        check_unicode_in(messages, "messages")
-        for name, value in user_vars.items():
-            check_unicode_in(value, str(name))
-        marks = 0
-        if split_special_tokens:
-            messages, n_messages = self._guard.mark(messages)
-            user_vars, n_vars = self._guard.mark(user_vars)
-            marks = n_messages + n_vars
-        variables = {**self.special_tokens, **user_vars}
-        rendered = self._chat_template.render(messages, add_generation_prompt, variables)
-        check_unicode(rendered, "chat template output")
-        text = strip_marks(rendered)[0] if marks else rendered
-        if not tokenize:
-            return text, []
-        if marks:
-            return text, self._guard.encode_marked(rendered)
-        return text, self._backend.encode(text, add_special_tokens=False).ids
+        return build_chat_prompt(self, self._chat_template, messages, add_generation_prompt,
+                                 chat_template_kwargs, kwargs, split_special_tokens,
+                                 tokenize)  # fmt: skip
 
     # --- properties ------------------------------------------------------------------------------
 
@@ -282,7 +256,8 @@ class Tokenizer:
         return frozenset(self.all_special_ids)
 
     @cached_property
-    def _guard(self) -> SpecialTokenGuard:
+    def special_token_guard(self) -> SpecialTokenGuard:
+        """Keeps special-token strings in user text plain (built on first use: ~50 ms)."""
         return SpecialTokenGuard(self._backend, self.special_ids)
 
     @cached_property
