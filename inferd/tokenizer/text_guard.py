@@ -80,7 +80,9 @@ class SpecialTokenGuard:
         # Finds special-token strings exactly as the real tokenizer matches them (same tokens,
         # same normalizer), at the cost of a scan: all other text is one unknown "word".
         self._detector = _clone(backend, specials, share_model=False)
-        if backend.normalizer is not None:
+        if backend.normalizer is not None and any(t.normalized for t in specials.values()):
+            # Only tokens marked `normalized` are matched in normalized text; skip the cost
+            # when there are none (Gemma's, and most checkpoints' special tokens).
             self._detector.normalizer = backend.normalizer
         self._plain_first = _clone(backend, added, share_pre_tokenizer=True)
         self._plain_first.encode_special_tokens = True
