@@ -204,7 +204,7 @@ def model_config_from_hf(
         rope = _rope(r, rope_params, theta, scaling, "rope_parameters")
         extra = dict(qk_norm=kind == "qwen3")
     layer_types = _layer_types(r, kind, n_layers)
-    # 0 or null: no window (sliding layers then see everything, as before this check existed)
+    # 0 or null means no window: sliding layers then see every token
     window = r.int("sliding_window", None, low=0) if SLIDING_ATTENTION in layer_types else None
     dtype = r.str("dtype", None) or r.str("torch_dtype", None) or "float32"
     return ModelConfig(

@@ -31,7 +31,8 @@ from tokenizers import Encoding
 from tokenizers import Tokenizer as Backend
 
 # U+FDD0 is a Unicode noncharacter, reserved for a program's internal use: it never belongs to
-# text a user means. Any a user sends is dropped, so every mark in a rendered prompt is ours.
+# text a user means. Any a user sends is dropped, so every mark in a rendered prompt is ours
+# (or the template's, which could only turn its own markers into text).
 MARK = "\ufdd0"
 
 
