@@ -1,8 +1,9 @@
 """`inferd` command line: one subcommand per module in `inferd/commands/`.
 
 Only the chosen subcommand's module is imported, so `inferd --help` and light commands start
-fast. Errors a user can cause (bad paths, bad flags, bad parameters) print one line and exit 2;
-stdout carries nothing but the command's own output.
+fast. Errors a user can cause (bad paths, bad flags, bad parameters, damaged model files) print
+one line and exit 2 (`--log-level debug` adds the traceback); stdout carries nothing but the
+command's own output.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ import argparse
 import importlib
 import logging
 import sys
+import traceback
 
 from inferd.version import __version__
 
@@ -23,12 +25,19 @@ COMMANDS = {
     "bench": "Benchmark throughput and latency",
     "doctor": "Print what a bug report needs: CPU features, compiler, kernels, torch, threads",
 }
+LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
 
 
 def build_parser(command: str | None) -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="inferd", description="LLM inference engine and server")
     parser.add_argument("--version", action="version", version=f"inferd {__version__}")
-    parser.add_argument("--log-level", default="WARNING", help="logging level (stderr)")
+    parser.add_argument(
+        "--log-level",
+        default="WARNING",
+        type=str.upper,
+        choices=LOG_LEVELS,
+        help="logging level (stderr); DEBUG also prints the traceback of an error",
+    )
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     for name, help_text in COMMANDS.items():
         p = sub.add_parser(name, help=help_text, description=help_text)
@@ -44,13 +53,15 @@ def main(argv: list[str] | None = None) -> int:
     command = next((a for a in argv if a in COMMANDS), None)
     args = build_parser(command).parse_args(argv)
     logging.basicConfig(
-        level=args.log_level.upper(),
+        level=args.log_level,
         stream=sys.stderr,
         format="%(levelname)s %(name)s: %(message)s",
     )
     try:
         return int(args._module.run(args) or 0)
     except ValueError as e:  # includes ModelLoadError: the user's input, not a bug
+        if args.log_level == "DEBUG":
+            traceback.print_exc()
         print(f"inferd {args.command}: error: {e}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:

@@ -11,6 +11,7 @@ from pathlib import Path
 from inferd.config import ModelConfig
 from inferd.errors import ModelLoadError
 from inferd.loader import hf_dir
+from inferd.loader.checkpoint_checks import check_config_matches_tensors
 from inferd.loader.gguf_file import GGUFFile
 from inferd.loader.gguf_model import gguf_weights, model_config_from_gguf
 from inferd.loader.hf_config import model_config_from_hf
@@ -37,7 +38,15 @@ class Checkpoint:
 
 def _open_gguf(path: Path) -> Checkpoint:
     gguf = GGUFFile(path)
-    return Checkpoint(path, "gguf", model_config_from_gguf(gguf), gguf)
+    try:
+        config = model_config_from_gguf(gguf)
+    except ModelLoadError:
+        raise
+    except ValueError as e:  # ModelConfig's own consistency checks
+        raise ModelLoadError(f"{path}: {e}") from e
+    shapes = {name: weight.shape for name, weight in gguf_weights(gguf, config)}
+    check_config_matches_tensors(config, shapes, path)
+    return Checkpoint(path, "gguf", config, gguf)
 
 
 def open_checkpoint(model: str | Path | None) -> Checkpoint:
@@ -59,7 +68,10 @@ def open_checkpoint(model: str | Path | None) -> Checkpoint:
     config_file = path / "config.json"
     if config_file.exists():
         cfg = hf_dir.read_json(config_file)
-        return Checkpoint(path, "hf", model_config_from_hf(cfg, name=path.name))
+        config = model_config_from_hf(cfg, name=path.name, source=config_file)
+        shapes = {name: shape for name, (shape, _) in hf_dir.hf_tensor_shapes(path).items()}
+        check_config_matches_tensors(config, shapes, path)
+        return Checkpoint(path, "hf", config)
     ggufs = sorted(path.glob("*.gguf"))
     if len(ggufs) == 1:
         return _open_gguf(ggufs[0])

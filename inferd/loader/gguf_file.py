@@ -5,6 +5,11 @@ The format (little-endian): magic "GGUF", version, tensor count, metadata count,
 aligned tensor data. Vocabularies are 100k+ string arrays, so strings are sliced straight out of
 the map instead of going through a generic per-value reader: the whole header of the embedded
 model parses in a fraction of a second.
+
+A model file is untrusted input. Every count, length, nesting level, alignment, tensor shape,
+type and offset is checked against the format's rules and the file's length before it is used,
+so a damaged or crafted file fails with one `ModelLoadError` naming the file and the problem,
+never with a huge allocation, a recursion error or a division by zero.
 """
 
 from __future__ import annotations
@@ -18,9 +23,16 @@ from typing import Any
 import numpy as np
 
 from inferd.errors import ModelLoadError
+from inferd.loader.gguf_metadata import check_metadata
 
 GGUF_MAGIC = b"GGUF"
 DEFAULT_ALIGNMENT = 32
+# Alignment must be a power of two (ggml's rule) no larger than this.
+MAX_ALIGNMENT = 1 << 24
+# Arrays of arrays: the format allows them, llama.cpp reads none; a few levels are plenty, and
+# the bound keeps a crafted file from recursing (or looping) without end.
+MAX_ARRAY_DEPTH = 4
+MAX_TENSOR_DIMS = 4  # ggml's GGML_MAX_DIMS
 
 # Metadata value types.
 _UINT8, _INT8, _UINT16, _INT16, _UINT32, _INT32, _FLOAT32, _BOOL, _STRING, _ARRAY = range(10)
@@ -59,6 +71,16 @@ class _Cursor:
                 f"file has {len(self.buf)})"
             )
 
+    def check_count(self, count: int, min_item_bytes: int, what: str) -> None:
+        """A count read from the file must fit in the bytes left: a lying count fails here,
+        before anything is allocated or looped over for it."""
+        left = len(self.buf) - self.pos
+        if count * min_item_bytes > left:
+            raise ModelLoadError(
+                f"{self.path}: GGUF header claims {count} {what}, more than the "
+                f"{left} bytes left in the file can hold (damaged or truncated file)"
+            )
+
     def scalar(self, vtype: int) -> Any:
         fmt = _SCALAR_FORMATS[vtype]
         size = struct.calcsize(fmt)
@@ -80,25 +102,34 @@ class _Cursor:
         self.pos += n
         return s
 
-    def value(self, vtype: int) -> Any:
+    def value(self, vtype: int, key: str) -> Any:
         if vtype == _STRING:
             return self.string()
         if vtype == _ARRAY:
-            return self.array()
+            return self.array(key, 1)
         if vtype not in _SCALAR_FORMATS:
-            raise ModelLoadError(f"{self.path}: unknown GGUF metadata type {vtype}")
+            raise ModelLoadError(f"{self.path}: GGUF metadata {key!r}: unknown value type {vtype}")
         return self.scalar(vtype)
 
-    def array(self) -> Any:
+    def array(self, key: str, depth: int) -> Any:
+        if depth > MAX_ARRAY_DEPTH:
+            raise ModelLoadError(
+                f"{self.path}: GGUF metadata {key!r}: arrays nested more than "
+                f"{MAX_ARRAY_DEPTH} deep"
+            )
         item_type, count = self.u32(), self.u64()
         if item_type == _STRING:
+            self.check_count(count, 8, f"strings in {key!r}")
             return self._string_array(count)
         if item_type == _ARRAY:
-            return [self.array() for _ in range(count)]
+            self.check_count(count, 12, f"arrays in {key!r}")
+            return [self.array(key, depth + 1) for _ in range(count)]
         if item_type not in _NUMPY_DTYPES:
-            raise ModelLoadError(f"{self.path}: unknown GGUF array item type {item_type}")
+            raise ModelLoadError(
+                f"{self.path}: GGUF metadata {key!r}: unknown array item type {item_type}"
+            )
         dtype = np.dtype(_NUMPY_DTYPES[item_type])
-        self.need(count * dtype.itemsize)
+        self.check_count(count, dtype.itemsize, f"values in {key!r}")
         arr = np.frombuffer(self.buf, dtype=dtype, count=count, offset=self.pos).copy()
         self.pos += count * dtype.itemsize
         return arr
@@ -134,6 +165,8 @@ class GGUFFile:
                 self._mmap = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
         except ValueError as e:  # mmap of an empty file
             raise ModelLoadError(f"{self.path}: empty file, not a GGUF model") from e
+        except OSError as e:  # unreadable, a folder, a special file
+            raise ModelLoadError(f"{self.path}: cannot read the file ({e.strerror or e})") from e
         buf = memoryview(self._mmap)
         if bytes(buf[:4]) != GGUF_MAGIC:
             raise ModelLoadError(f"{self.path}: not a GGUF file (bad magic {bytes(buf[:4])!r})")
@@ -143,31 +176,81 @@ class GGUFFile:
         if self.version not in (2, 3):
             raise ModelLoadError(f"{self.path}: unsupported GGUF version {self.version}")
         n_tensors, n_kv = cur.u64(), cur.u64()
+        # Smallest possible entries: an empty key, a type and a one-byte value; an empty name,
+        # one dimension, a type and an offset.
+        cur.check_count(n_kv, 8 + 4 + 1, "metadata entries")
         self.metadata: dict[str, Any] = {}
         for _ in range(n_kv):
             key = cur.string()
-            self.metadata[key] = cur.value(cur.u32())
-        infos = []
-        for _ in range(n_tensors):
-            name = cur.string()
-            n_dims = cur.u32()
-            dims = [cur.u64() for _ in range(n_dims)]
-            infos.append((name, tuple(reversed(dims)), cur.u32(), cur.u64()))
-        align = int(self.metadata.get("general.alignment", DEFAULT_ALIGNMENT))
+            if key in self.metadata:
+                raise ModelLoadError(f"{self.path}: GGUF metadata key {key!r} appears twice")
+            self.metadata[key] = cur.value(cur.u32(), key)
+        check_metadata(self.metadata, self.path)
+        cur.check_count(n_tensors, 8 + 4 + 8 + 4 + 8, "tensors")
+        records = [self._tensor_record(cur) for _ in range(n_tensors)]
+        align = self.metadata.get("general.alignment", DEFAULT_ALIGNMENT)
+        if align & (align - 1) or align > MAX_ALIGNMENT:
+            raise ModelLoadError(
+                f"{self.path}: GGUF general.alignment {align} is not a power of two "
+                f"from 1 to {MAX_ALIGNMENT}"
+            )
+        self.alignment = align
         data_start = (cur.pos + align - 1) // align * align
-        self.tensors: dict[str, GGUFTensorInfo] = {}
-        from inferd.loader.gguf_quants import tensor_nbytes  # local: avoids an import cycle
+        self.tensors = self._place_tensors(records, data_start, len(buf))
+        self._buf = buf
 
-        for name, shape, ggml_type, rel in infos:
-            n_bytes = tensor_nbytes(ggml_type, shape, name)
+    def _tensor_record(self, cur: _Cursor) -> tuple[str, tuple[int, ...], int, int]:
+        name = cur.string()
+        n_dims = cur.u32()
+        if not 1 <= n_dims <= MAX_TENSOR_DIMS:
+            raise ModelLoadError(
+                f"{self.path}: GGUF tensor {name!r} has {n_dims} dimensions "
+                f"(1 to {MAX_TENSOR_DIMS} allowed)"
+            )
+        dims = [cur.u64() for _ in range(n_dims)]
+        if 0 in dims:
+            raise ModelLoadError(f"{self.path}: GGUF tensor {name!r} has an empty dimension")
+        return name, tuple(reversed(dims)), cur.u32(), cur.u64()
+
+    def _place_tensors(
+        self, records: list[tuple[str, tuple[int, ...], int, int]], data_start: int, size: int
+    ) -> dict[str, GGUFTensorInfo]:
+        """Check every tensor lies aligned, whole and alone inside the data section."""
+        from inferd.loader.gguf_quants import BLOCK_LAYOUT, tensor_nbytes, type_name
+
+        tensors: dict[str, GGUFTensorInfo] = {}
+        for name, shape, ggml_type, rel in records:
+            if name in tensors:
+                raise ModelLoadError(f"{self.path}: GGUF tensor {name!r} appears twice")
+            try:
+                n_bytes = tensor_nbytes(ggml_type, shape, name)
+            except ModelLoadError as e:
+                raise ModelLoadError(f"{self.path}: {e}") from e
+            block = BLOCK_LAYOUT[ggml_type][0]
+            if shape[-1] % block:
+                raise ModelLoadError(
+                    f"{self.path}: GGUF tensor {name!r}: rows of {shape[-1]} weights are not "
+                    f"whole {type_name(ggml_type)} blocks of {block}"
+                )
+            if rel % self.alignment:
+                raise ModelLoadError(
+                    f"{self.path}: GGUF tensor {name!r} starts at data offset {rel}, "
+                    f"not a multiple of the alignment {self.alignment}"
+                )
             offset = data_start + rel
-            if offset + n_bytes > len(buf):
+            if offset + n_bytes > size:
                 raise ModelLoadError(
                     f"{self.path}: truncated GGUF: tensor {name!r} ends at byte "
-                    f"{offset + n_bytes} but the file has {len(buf)} bytes"
+                    f"{offset + n_bytes} but the file has {size} bytes"
                 )
-            self.tensors[name] = GGUFTensorInfo(name, shape, ggml_type, offset, n_bytes)
-        self._buf = buf
+            tensors[name] = GGUFTensorInfo(name, shape, ggml_type, offset, n_bytes)
+        by_offset = sorted(tensors.values(), key=lambda t: t.offset)
+        for before, after in zip(by_offset, by_offset[1:], strict=False):
+            if after.offset < before.offset + before.n_bytes:
+                raise ModelLoadError(
+                    f"{self.path}: GGUF tensors {before.name!r} and {after.name!r} overlap"
+                )
+        return tensors
 
     def raw(self, name: str) -> np.ndarray:
         """The tensor's bytes as a read-only uint8 array backed by the file mapping."""

@@ -1,5 +1,7 @@
 """An HF checkpoint folder: config.json plus single or sharded *.safetensors, memory-mapped and
-read tensor by tensor. Pickle checkpoints are refused: loading one can run arbitrary code."""
+read tensor by tensor. Pickle checkpoints are refused: loading one can run arbitrary code.
+Every file is untrusted: the shard index may only name files inside the folder, and each
+shard's header is checked (safetensors_header.py) before the library maps it."""
 
 from __future__ import annotations
 
@@ -11,6 +13,7 @@ import torch
 from safetensors import safe_open
 
 from inferd.errors import ModelLoadError
+from inferd.loader.safetensors_header import read_safetensors_header
 
 PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".pkl")
 INDEX_FILE = "model.safetensors.index.json"
@@ -27,8 +30,7 @@ def safetensors_files(folder: Path) -> list[Path]:
     """The checkpoint's shards, from the index when there is one."""
     index = folder / INDEX_FILE
     if index.exists():
-        weight_map = read_json(index).get("weight_map", {})
-        files = sorted({folder / f for f in weight_map.values()})
+        files = sorted({folder / name for name in _index_shards(index)})
         missing = [f.name for f in files if not f.exists()]
         if missing:
             raise ModelLoadError(f"{folder}: shards listed in {INDEX_FILE} are missing: {missing}")
@@ -39,6 +41,23 @@ def safetensors_files(folder: Path) -> list[Path]:
         if pickles:
             raise ModelLoadError(pickle_refusal(folder / pickles[0]))
     return files
+
+
+def _index_shards(index: Path) -> set[str]:
+    """Shard file names the index's weight_map names: plain names of files in the folder (an
+    index naming "../x" or "/etc/x" would make inferd read files outside the checkpoint)."""
+    doc = read_json(index)
+    weight_map = doc.get("weight_map", {}) if isinstance(doc, dict) else None
+    if not isinstance(weight_map, dict):
+        raise ModelLoadError(f"{index}: weight_map must be an object (tensor name → file name)")
+    names = set()
+    for tensor, name in weight_map.items():
+        if not isinstance(name, str) or Path(name).name != name or name in ("", ".", ".."):
+            raise ModelLoadError(
+                f"{index}: weight_map entry {tensor!r} must name a file in the folder, got {name!r}"
+            )
+        names.add(name)
+    return names
 
 
 def pickle_refusal(path: Path) -> str:
@@ -65,7 +84,8 @@ class HFWeight:
             else:
                 t = sl[r, cols[0] : cols[0] + cols[1]]
         except Exception as e:  # safetensors raises its own error type for malformed files
-            raise ModelLoadError(f"{self.file}: cannot read tensor {self.name!r} ({e})") from e
+            reason = " ".join(str(e).split())  # one line, whatever the library wrote
+            raise ModelLoadError(f"{self.file}: cannot read tensor {self.name!r} ({reason})") from e
         return t.to(dtype)
 
 
@@ -74,21 +94,26 @@ def hf_weights(folder: Path) -> Iterator[tuple[str, HFWeight]]:
     if not files:
         raise ModelLoadError(f"{folder}: no *.safetensors weights in the folder")
     for file in files:
+        read_safetensors_header(file)  # a clear error for a damaged or crafted header
         try:
             handle = safe_open(str(file), framework="pt")
             names = list(handle.keys())
         except Exception as e:  # safetensors raises its own error type for malformed files
-            raise ModelLoadError(f"{file}: cannot read safetensors file ({e})") from e
+            reason = " ".join(str(e).split())
+            raise ModelLoadError(f"{file}: cannot read safetensors file ({reason})") from e
         for name in names:
             yield name, HFWeight(file, handle, name)
 
 
 def hf_tensor_shapes(folder: Path) -> dict[str, tuple[tuple[int, ...], str]]:
     """name → (shape, dtype) from the safetensors headers alone (nothing is loaded)."""
-    out = {}
+    out: dict[str, tuple[tuple[int, ...], str]] = {}
+    where: dict[str, Path] = {}
     for file in safetensors_files(folder):
-        with safe_open(str(file), framework="pt") as f:
-            for name in f.keys():
-                sl = f.get_slice(name)
-                out[name] = (tuple(sl.get_shape()), str(sl.get_dtype()))
+        for name, info in read_safetensors_header(file).items():
+            if name in where:
+                raise ModelLoadError(
+                    f"{folder}: tensor {name!r} is stored twice ({where[name].name}, {file.name})"
+                )
+            out[name], where[name] = info, file
     return out

@@ -10,6 +10,7 @@ controls. Every failure surfaces as a ValueError (HTTP 400), never as a Jinja ex
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -23,6 +24,9 @@ from jinja2.utils import Namespace
 
 TEMPLATES_DIR = Path(__file__).resolve().parent.parent / "templates"
 _DEFAULT_TEMPLATES = {"gemma": "gemma.jinja", "gemma2": "gemma.jinja", "gemma3": "gemma.jinja"}
+# Names a variable may not take: the render arguments themselves, and Jinja's `self` (which
+# would silently stay the template's block reference).
+RESERVED_VARIABLES = ("add_generation_prompt", "messages", "self")
 
 
 class TemplateRaised(TemplateError):
@@ -132,15 +136,27 @@ class ChatTemplate:
             raise ValueError(f"chat template syntax error (line {e.lineno}): {e.message}") from e
 
     def render(
-        self, messages: list[dict[str, Any]], add_generation_prompt: bool = True, **variables: Any
+        self,
+        messages: list[dict[str, Any]],
+        /,
+        add_generation_prompt: bool = True,
+        variables: Mapping[str, Any] | None = None,
+        **kwargs: Any,
     ) -> str:
-        """Render `messages`; `variables` (bos_token, eos_token, tools, ...) reach the template."""
+        """Render `messages`; `variables` and `kwargs` (bos_token, tools, ...) reach the
+        template. A variable named like a render argument is a ValueError naming it."""
         if not isinstance(messages, list):
             raise ValueError(f"messages must be a list of dicts, got {type(messages).__name__}")
+        context = {**(variables or {}), **kwargs}
+        for name in RESERVED_VARIABLES:
+            if name in context:
+                raise ValueError(
+                    f"chat template variable {name!r} (e.g. in chat_template_kwargs) is "
+                    f"reserved; reserved names: {', '.join(RESERVED_VARIABLES)}"
+                )
+        context.update(messages=messages, add_generation_prompt=add_generation_prompt)
         try:
-            return self._template.render(
-                messages=messages, add_generation_prompt=add_generation_prompt, **variables
-            )
+            return self._template.render(context)
         except TemplateRaised as e:
             raise ValueError(f"the chat template rejected the messages: {e.message}") from e
         except TemplateError as e:
@@ -152,11 +168,12 @@ class ChatTemplate:
 def render_chat_template(
     source: str,
     messages: list[dict[str, Any]],
+    /,
     add_generation_prompt: bool = True,
     **variables: Any,
 ) -> str:
     """One-off render (compiles every call; keep a ChatTemplate to render repeatedly)."""
-    return ChatTemplate(source).render(messages, add_generation_prompt, **variables)
+    return ChatTemplate(source).render(messages, add_generation_prompt, variables)
 
 
 def load_chat_template(value: str) -> str:

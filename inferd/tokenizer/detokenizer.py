@@ -38,7 +38,8 @@ class IncrementalDetokenizer:
         self._byte_ids = tokenizer.byte_fallback_ids
         # Skipped tokens vanish before decoding, so they do not end a byte run: bytes on both
         # sides of one join up. NOTE: both checks below look through them for that reason.
-        self._hidden = frozenset(tokenizer.all_special_ids) if skip_special_tokens else frozenset()
+        # NOTE: the tokenizer's one shared set, not a copy per sequence (6,249 ids for Gemma).
+        self._hidden = tokenizer.special_ids if skip_special_tokens else frozenset()
         self._chunks: list[str] = []
         # NOTE: `_ids` holds only the window: `_ids[:_read_offset]` is context already emitted
         # (its text is `_prefix_text`), the rest is pending. Older ids are dropped.

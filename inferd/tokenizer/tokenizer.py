@@ -1,31 +1,41 @@
 """The engine's tokenizer: HF `tokenizers` underneath, loaded from a HF folder or a GGUF file.
 
 Text in and out of the engine passes here: `encode` for prompts, `decode` (and the incremental
-detokenizer built on it) for outputs, `apply_chat_template` for chat requests, and the ids that
-end generation (`eos_token_ids`). The special-token policy (BOS added or not, which ids stop)
-comes from the checkpoint, following what HF transformers does with the same files.
+detokenizer built on it) for outputs, `apply_chat_template` / `encode_chat` for chat requests,
+and the ids that end generation (`eos_token_ids`). The special-token policy (BOS added or not,
+which ids stop) comes from the checkpoint, following what HF transformers does with the same
+files. Text from users is checked to be valid Unicode, and chat messages cannot smuggle in
+special tokens unless asked to (`split_special_tokens=False`; see text_guard.py).
 """
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterable, Sequence
 from functools import cached_property
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from tokenizers import AddedToken, processors
 from tokenizers import Tokenizer as Backend
+from tokenizers import processors
 
 from inferd.errors import ModelLoadError
 from inferd.loader.gguf_file import GGUFFile
+from inferd.tokenizer.chat_prompt import build_chat_prompt
+
+from inferd.tokenizer.chat_template import ChatTemplate, default_chat_template
+from inferd.tokenizer.gguf_vocab import GEMMA_ARCHITECTURES, GGUFVocab, load_gguf_backend
+from inferd.tokenizer.hf_tokenizer_files import (
+    NAMED_SPECIALS,
+    add_config_tokens,
+    hf_chat_template,
+    read_json,
+    token_content,
+    token_ids,
+)
+from inferd.tokenizer.text_guard import SpecialTokenGuard, check_unicode
 
 if TYPE_CHECKING:
     from inferd.loader.checkpoint import Checkpoint
-from inferd.tokenizer.chat_template import ChatTemplate, default_chat_template
-from inferd.tokenizer.gguf_vocab import GEMMA_ARCHITECTURES, GGUFVocab, load_gguf_backend
-
-_NAMED_SPECIALS = ("bos_token", "eos_token", "unk_token", "pad_token")
 
 
 class Tokenizer:
@@ -64,8 +74,16 @@ class Tokenizer:
         from inferd.cache import cache_dir  # local: keeps imports light
 
         md, arch = gguf_file.metadata, gguf_file.architecture
-        vocab = GGUFVocab.from_metadata(md, arch)
-        backend = load_gguf_backend(vocab, cache_dir() / "tokenizers" if cache else None)
+        try:
+            vocab = GGUFVocab.from_metadata(md, arch)
+            backend = load_gguf_backend(vocab, cache_dir() / "tokenizers" if cache else None)
+        except ModelLoadError as e:
+            raise ModelLoadError(f"{gguf_file.path}: {e}") from e
+        except Exception as e:  # noqa: BLE001 - `tokenizers` rejects a crafted vocabulary its own way
+            raise ModelLoadError(
+                f"{gguf_file.path}: cannot build a tokenizer from its vocabulary "
+                f"({type(e).__name__}: {' '.join(str(e).split())})"
+            ) from e
 
         def token_of(key: str) -> str | None:
             token_id = md.get(f"tokenizer.ggml.{key}")
@@ -74,7 +92,7 @@ class Tokenizer:
             return backend.id_to_token(int(token_id))
 
         special = {
-            name: token_of(key) for name, key in zip(_NAMED_SPECIALS, _GGUF_ID_KEYS, strict=True)
+            name: token_of(key) for name, key in zip(NAMED_SPECIALS, _GGUF_ID_KEYS, strict=True)
         }
         add_bos = md.get("tokenizer.ggml.add_bos_token")
         if add_bos is None and vocab.model == "llama":
@@ -110,13 +128,16 @@ class Tokenizer:
         try:
             backend = Backend.from_file(str(tokenizer_json))
         except Exception as e:
-            raise ModelLoadError(f"{tokenizer_json}: cannot be read by `tokenizers`: {e}") from e
-        config = _read_json(folder / "tokenizer_config.json")
-        _add_config_tokens(backend, config)
-        special = {name: _token_content(config.get(name)) for name in _NAMED_SPECIALS}
-        generation = _read_json(folder / "generation_config.json")
-        extra_eos = generation.get("eos_token_id")
-        extra_eos = [extra_eos] if isinstance(extra_eos, int) else list(extra_eos or [])
+            reason = " ".join(str(e).split())  # one line, whatever the library wrote
+            raise ModelLoadError(
+                f"{tokenizer_json}: cannot be read by `tokenizers`: {reason}"
+            ) from e
+        config_file = folder / "tokenizer_config.json"
+        config = read_json(config_file)
+        add_config_tokens(backend, config, config_file)
+        special = {name: token_content(config.get(name)) for name in NAMED_SPECIALS}
+        generation_file = folder / "generation_config.json"
+        extra_eos = token_ids(read_json(generation_file).get("eos_token_id"), generation_file)
         # NOTE: as in HF transformers 5, tokenizer.json's post-processor decides BOS/EOS and
         # the config's add_bos_token/add_eos_token only apply when the file has none.
         use_flags = backend.post_processor is None
@@ -126,12 +147,22 @@ class Tokenizer:
             extra_eos_token_ids=extra_eos,
             add_bos_token=config.get("add_bos_token") if use_flags else None,
             add_eos_token=config.get("add_eos_token") if use_flags else None,
-            chat_template=chat_template or _hf_chat_template(folder, config),
+            chat_template=chat_template or hf_chat_template(folder, config),
         )
 
     # --- encoding and decoding -------------------------------------------------------------------
 
-    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
+    def encode(
+        self, text: str, add_special_tokens: bool = True, split_special_tokens: bool = False
+    ) -> list[int]:
+        """Token ids of `text`. `split_special_tokens=True` (HF's name) encodes special-token
+        strings in it as plain text; by default they become their ids, as in HF and vLLM.
+        Invalid Unicode (a lone surrogate) is a ValueError."""
+        if not isinstance(text, str):
+            raise ValueError(f"text to tokenize must be a string, got {type(text).__name__}")
+        check_unicode(text, "text to tokenize")
+        if split_special_tokens:
+            return self.special_token_guard.encode_plain(text, add_special_tokens)
         return self._backend.encode(text, add_special_tokens=add_special_tokens).ids
 
     def decode(self, ids: Sequence[int], skip_special_tokens: bool = True) -> str:
@@ -146,25 +177,39 @@ class Tokenizer:
         return self._backend.token_to_id(token)
 
     def apply_chat_template(
-        self, messages: list[dict[str, Any]], add_generation_prompt: bool = True, **kwargs: Any
-    ) -> str:
-        """The prompt text for `messages`. NOTE: templates usually write the BOS token
-        themselves, so encode the result with `add_special_tokens=False` (or use
-        `encode_chat`), or the prompt starts with two BOS tokens."""
-        if self._chat_template is None:
-            raise ValueError(
-                "this model has no chat template; pass one with --chat-template "
-                "(or the chat_template argument), or send a plain completion prompt"
-            )
-        variables = {**self.special_tokens, **kwargs}
-        return self._chat_template.render(messages, add_generation_prompt, **variables)
+        self, messages: list[dict[str, Any]], /, add_generation_prompt: bool = True,
+        *, chat_template_kwargs: dict[str, Any] | None = None, **kwargs: Any,
+    ) -> str:  # fmt: skip
+        """The prompt text (see `chat_prompt`). NOTE: encoding it yourself loses the guard
+        against special tokens typed into messages; use `encode_chat` / `chat_prompt`."""
+        return self.chat_prompt(messages, add_generation_prompt, split_special_tokens=False,
+                                chat_template_kwargs=chat_template_kwargs, tokenize=False,
+                                **kwargs)[0]  # fmt: skip
 
     def encode_chat(
-        self, messages: list[dict[str, Any]], add_generation_prompt: bool = True, **kwargs: Any
-    ) -> list[int]:
-        """Token ids of the chat prompt (special tokens as the template writes them)."""
-        text = self.apply_chat_template(messages, add_generation_prompt, **kwargs)
-        return self.encode(text, add_special_tokens=False)
+        self, messages: list[dict[str, Any]], /, add_generation_prompt: bool = True,
+        *, split_special_tokens: bool = True,
+        chat_template_kwargs: dict[str, Any] | None = None, **kwargs: Any,
+    ) -> list[int]:  # fmt: skip
+        """The prompt's token ids (see `chat_prompt`)."""
+        return self.chat_prompt(messages, add_generation_prompt,
+                                split_special_tokens=split_special_tokens,
+                                chat_template_kwargs=chat_template_kwargs, **kwargs)[1]  # fmt: skip
+
+    def chat_prompt(
+        self, messages: list[dict[str, Any]], /, add_generation_prompt: bool = True,
+        *, split_special_tokens: bool = True, chat_template_kwargs: dict[str, Any] | None = None,
+        tokenize: bool = True, **kwargs: Any,
+    ) -> tuple[str, list[int]]:  # fmt: skip
+        """(prompt text, token ids) for `messages`. The template's own special tokens become
+        their ids; with `split_special_tokens` (the default) special-token strings inside the
+        messages and template variables stay plain text, so a user cannot forge a turn; False
+        lets them through as special tokens (trusted callers only). Variables come from the
+        tokenizer (bos_token, ...), then `chat_template_kwargs`, then `kwargs`. Invalid
+        Unicode anywhere in the input is a ValueError naming where."""
+        return build_chat_prompt(self, self._chat_template, messages, add_generation_prompt,
+                                 chat_template_kwargs, kwargs, split_special_tokens,
+                                 tokenize)  # fmt: skip
 
     # --- properties ------------------------------------------------------------------------------
 
@@ -207,6 +252,17 @@ class Tokenizer:
         """Ids that `decode(..., skip_special_tokens=True)` drops: the special added tokens."""
         added = self._backend.get_added_tokens_decoder()
         return tuple(sorted(i for i, token in added.items() if token.special))
+
+    @cached_property
+    def special_ids(self) -> frozenset[int]:
+        """`all_special_ids` as one shared set (every detokenizer checks membership in it;
+        Gemma has 6,249 special ids, ~0.5 MB as a set, so no per-sequence copies)."""
+        return frozenset(self.all_special_ids)
+
+    @cached_property
+    def special_token_guard(self) -> SpecialTokenGuard:
+        """Keeps special-token strings in user text plain (built on first use: ~50 ms)."""
+        return SpecialTokenGuard(self._backend, self.special_ids)
 
     @cached_property
     def byte_fallback_ids(self) -> frozenset[int]:
@@ -266,49 +322,3 @@ def load_tokenizer(path: str | Path, *, chat_template: str | None = None) -> Tok
     if path.is_file():
         return Tokenizer.from_gguf(GGUFFile(path), chat_template=chat_template)
     raise ModelLoadError(f"{path}: no such model file or folder")
-
-
-def _read_json(path: Path) -> dict[str, Any]:
-    if not path.is_file():
-        return {}
-    try:
-        value = json.loads(path.read_text(encoding="utf-8"))
-    except ValueError as e:
-        raise ModelLoadError(f"{path}: invalid JSON ({e})") from e
-    return value if isinstance(value, dict) else {}
-
-
-def _token_content(value: Any) -> str | None:
-    """A special token in tokenizer_config.json: a string or an AddedToken-like dict."""
-    if isinstance(value, dict):
-        value = value.get("content")
-    return value if isinstance(value, str) else None
-
-
-def _add_config_tokens(backend: Backend, config: dict[str, Any]) -> None:
-    """Tokens tokenizer_config.json declares that tokenizer.json lacks (HF adds them too)."""
-    declared = config.get("added_tokens_decoder") or {}
-    entries = sorted(declared.items(), key=lambda item: int(item[0]))
-    for _, entry in entries:
-        if isinstance(entry, dict) and backend.token_to_id(entry.get("content", "")) is None:
-            fields = ("single_word", "lstrip", "rstrip", "normalized", "special")
-            options = {k: bool(entry[k]) for k in fields if k in entry}
-            backend.add_tokens([AddedToken(entry["content"], **options)])
-    for name in _NAMED_SPECIALS:
-        token = _token_content(config.get(name))
-        if token and backend.token_to_id(token) is None:
-            backend.add_special_tokens([AddedToken(token, special=True, normalized=False)])
-
-
-def _hf_chat_template(folder: Path, config: dict[str, Any]) -> str | None:
-    """HF's precedence: chat_template.jinja, then chat_template.json, then the config's key."""
-    jinja_file = folder / "chat_template.jinja"
-    if jinja_file.is_file():
-        return jinja_file.read_text(encoding="utf-8")
-    template = _read_json(folder / "chat_template.json").get("chat_template")
-    if template is None:
-        template = config.get("chat_template")
-    if isinstance(template, list):  # named templates: the "default" one serves plain chat
-        named = {t.get("name"): t.get("template") for t in template if isinstance(t, dict)}
-        template = named.get("default") or next(iter(named.values()), None)
-    return template if isinstance(template, str) and template else None

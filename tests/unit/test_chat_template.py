@@ -135,3 +135,29 @@ def test_tokenizer_without_template_names_the_flag():
     assert "chat_template argument" in str(info.value)
     tok.chat_template = "{{ messages[0]['content'] }}!"
     assert tok.apply_chat_template([{"role": "user", "content": "hi"}]) == "hi!"
+
+
+@pytest.mark.parametrize("name", ["self", "messages", "add_generation_prompt"])
+def test_variables_named_like_render_arguments_are_value_errors(name):
+    template = ChatTemplate("{{ messages | length }}")
+    messages = [{"role": "user", "content": "hi"}]
+    with pytest.raises(ValueError, match=f"variable '{name}' .* is reserved"):
+        template.render(messages, True, {name: 1})
+    tok = Tokenizer(Backend(models.BPE()), chat_template="{{ messages | length }}")
+    for call in (tok.apply_chat_template, tok.encode_chat, tok.chat_prompt):
+        with pytest.raises(ValueError, match=f"variable '{name}'"):  # never a TypeError
+            call(messages, chat_template_kwargs={name: 1})
+    if name != "add_generation_prompt":  # a keyword argument of its own, as in HF
+        with pytest.raises(ValueError, match=f"variable '{name}'"):
+            tok.apply_chat_template(messages, **{name: 1})
+        with pytest.raises(ValueError, match=f"variable '{name}'"):
+            render_chat_template("{{ 1 }}", messages, **{name: 1})
+
+
+def test_template_kwargs_reach_the_template_and_must_be_an_object():
+    tok = Tokenizer(Backend(models.BPE()), chat_template="{{ greeting }} {{ name }}")
+    messages = [{"role": "user", "content": "hi"}]
+    out = tok.apply_chat_template(messages, chat_template_kwargs={"greeting": "hello"}, name="x")
+    assert out == "hello x"
+    with pytest.raises(ValueError, match="chat_template_kwargs must be an object"):
+        tok.apply_chat_template(messages, chat_template_kwargs=["greeting"])  # type: ignore[arg-type]

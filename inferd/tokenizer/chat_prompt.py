@@ -1,0 +1,58 @@
+"""A chat request's prompt: messages checked, guarded, rendered with the template, encoded.
+
+The order matters: Unicode is checked first (so errors name the message part, not the
+rendered prompt); special-token strings in user-supplied values are marked before the template
+runs (text_guard.py), so the template sees the user's text and the encoder can tell the
+template's markers from typed ones.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from inferd.tokenizer.chat_template import ChatTemplate
+from inferd.tokenizer.text_guard import check_unicode, check_unicode_in, strip_marks
+
+if TYPE_CHECKING:
+    from inferd.tokenizer.tokenizer import Tokenizer
+
+
+def build_chat_prompt(
+    tokenizer: Tokenizer,
+    template: ChatTemplate | None,
+    messages: list[dict[str, Any]],
+    add_generation_prompt: bool,
+    chat_template_kwargs: dict[str, Any] | None,
+    kwargs: dict[str, Any],
+    split_special_tokens: bool,
+    tokenize: bool,
+) -> tuple[str, list[int]]:
+    """(prompt text, token ids; [] unless `tokenize`). `chat_template_kwargs`, then `kwargs`
+    (tools, ...) override the tokenizer's own variables (bos_token, ...) and, like the
+    messages, are guarded when `split_special_tokens`."""
+    if template is None:
+        raise ValueError(
+            "this model has no chat template; pass one with --chat-template "
+            "(or the chat_template argument), or send a plain completion prompt"
+        )
+    if chat_template_kwargs is not None and not isinstance(chat_template_kwargs, dict):
+        raise ValueError("chat_template_kwargs must be an object (name → value)")
+    user_vars = {**(chat_template_kwargs or {}), **kwargs}
+    check_unicode_in(messages, "messages")
+    for name, value in user_vars.items():
+        check_unicode_in(value, str(name))
+    marks = 0
+    if split_special_tokens:
+        guard = tokenizer.special_token_guard
+        messages, n_messages = guard.mark(messages)
+        user_vars, n_vars = guard.mark(user_vars)
+        marks = n_messages + n_vars
+    variables = {**tokenizer.special_tokens, **user_vars}
+    rendered = template.render(messages, add_generation_prompt, variables)
+    check_unicode(rendered, "chat template output")  # the template itself is a file's text
+    text = strip_marks(rendered)[0] if marks else rendered
+    if not tokenize:
+        return text, []
+    if marks:
+        return text, tokenizer.special_token_guard.encode_marked(rendered)
+    return text, tokenizer.backend.encode(text, add_special_tokens=False).ids
