@@ -83,9 +83,9 @@ def set_up_engine(config: EngineConfig) -> EngineSetup:
     t0 = time.monotonic()
     _check_limits(config)
     device = resolve_device(config.device)
-    prepare_cpu_kernels(device)  # compiled now (or cached), never inside a request; says which
     resolve_dtypes(config, device)  # fail on bad dtype flags before starting anything
-    checkpoint = open_checkpoint(config.model)
+    checkpoint = open_checkpoint(config.model)  # and on a bad model file
+    prepare_cpu_kernels(device)  # compiled now (or cached), never inside a request; says which
     mc = checkpoint.config
     tp, control, procs = SINGLE, None, []
     if config.tensor_parallel_size > 1:

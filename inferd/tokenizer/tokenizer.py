@@ -21,7 +21,6 @@ from tokenizers import processors
 from inferd.errors import ModelLoadError
 from inferd.loader.gguf_file import GGUFFile
 from inferd.tokenizer.chat_prompt import build_chat_prompt
-
 from inferd.tokenizer.chat_template import ChatTemplate, default_chat_template
 from inferd.tokenizer.gguf_vocab import GEMMA_ARCHITECTURES, GGUFVocab, load_gguf_backend
 from inferd.tokenizer.hf_tokenizer_files import (
