@@ -69,13 +69,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="/health answers 503 when no engine step finished for this many "
         "seconds while requests are pending",
     )
+    parser.add_argument(
+        "--disable-log-requests",
+        action="store_true",
+        help="no access line (method, path, status, latency) per request on stderr",
+    )
 
 
 def _show_startup_logs() -> None:
     # The CLI's default level is WARNING; a server's startup lines (model, template, address)
     # are what its operator reads, so they show unless the user asked for less.
     if logging.getLogger().getEffectiveLevel() == logging.WARNING:
-        for name in ("inferd.serve", "inferd.server.app"):
+        for name in ("inferd.serve", "inferd.server.app", "inferd.access"):
             logging.getLogger(name).setLevel(logging.INFO)
 
 
@@ -127,6 +132,7 @@ def run(args: argparse.Namespace) -> int:
         max_queued_requests=args.max_queued_requests,
         max_request_bytes=args.max_request_bytes or DEFAULT_MAX_REQUEST_BYTES,
         stall_timeout=args.stall_timeout,
+        log_requests=not args.disable_log_requests,
     )
     app = create_app(engine, settings)
     level = logging.getLogger().getEffectiveLevel()
@@ -134,7 +140,7 @@ def run(args: argparse.Namespace) -> int:
         app,
         host=args.host,
         port=args.port,
-        access_log=level <= logging.INFO,
+        access_log=False,  # inferd.access logs each request, with its latency
         log_level=logging.getLevelName(level).lower(),
         timeout_graceful_shutdown=5,
     )

@@ -85,7 +85,10 @@ def build(extra_flags: tuple[str, ...] = ()) -> Path:
     with tempfile.TemporaryDirectory(dir=path.parent) as tmp:
         out = Path(tmp) / path.name
         cmd = [compiler, *FLAGS, *extra_flags, *map(str, SOURCES), "-o", str(out), "-lm"]
-        result = subprocess.run(cmd, capture_output=True, text=True)
+        from inferd.progress import status
+
+        with status("compiling inferd's CPU kernels (once per CPU and compiler)"):
+            result = subprocess.run(cmd, capture_output=True, text=True)
         if result.returncode != 0:
             raise KernelsUnavailable(f"compiling the CPU kernels failed:\n{result.stderr[-2000:]}")
         os.replace(out, path)  # atomic: concurrent processes never load a half-written file

@@ -12,6 +12,7 @@ from inferd.loader import gguf_cache, weight_cache
 from inferd.loader.checkpoint import Checkpoint
 from inferd.models.base import CausalLM
 from inferd.models.registry import model_class
+from inferd.progress import status
 
 
 def load_model(
@@ -38,10 +39,11 @@ def load_model(
             cache = weight_cache.cache_path(checkpoint.path, dtype, tp.rank, tp.world_size,
                                             gguf_cache.VARIANT)  # fmt: skip
         if cache is None or not (cache.exists() and gguf_cache.load_into(model, cache)):
-            with torch.no_grad():
+            with torch.no_grad(), status(f"packing {checkpoint.path.name}'s blocks"):
                 model.load_weights(checkpoint.weights())
             if cache is not None:
-                gguf_cache.save(model, cache)
+                with status("caching the packed blocks"):
+                    gguf_cache.save(model, cache)
         attach_fused_decode(model)
         return model.eval()
     cache = None
@@ -52,9 +54,12 @@ def load_model(
                 model.finalize()
                 return model.eval()
     with torch.no_grad():
-        model.load_weights(checkpoint.weights())
+        with status(f"loading {checkpoint.path.name} as {str(dtype).removeprefix('torch.')}"):
+            model.load_weights(checkpoint.weights())
         if cache is not None:
-            weight_cache.save(model, cache)
+            with status("caching the converted weights"):
+                weight_cache.save(model, cache)
         if quantization:
-            quantize_model(model, quantization)
+            with status(f"quantising the weights ({quantization})"):
+                quantize_model(model, quantization)
     return model.eval()

@@ -19,6 +19,7 @@ from typing import Any
 from fastapi import FastAPI
 
 from inferd import __version__
+from inferd.server.access_log import AccessLogMiddleware
 from inferd.server.async_engine import AsyncEngine
 from inferd.server.auth import APIKeyMiddleware
 from inferd.server.errors import install_error_handlers
@@ -42,6 +43,7 @@ class ServerSettings:
     max_queued_requests: int | None = None
     max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES
     stall_timeout: float = 60.0  # /health fails after this long without a step while busy
+    log_requests: bool = True  # one access line per request (server/access_log.py)
 
 
 def default_model_name(engine: Any) -> str:
@@ -103,4 +105,6 @@ def create_app(engine: Any, settings: ServerSettings | None = None) -> FastAPI:
     app.add_middleware(BodyLimitMiddleware, max_bytes=settings.max_request_bytes)
     if settings.api_key:
         app.add_middleware(APIKeyMiddleware, api_key=settings.api_key)  # added last: outermost
+    if settings.log_requests:
+        app.add_middleware(AccessLogMiddleware)  # outside the key check: 401s are logged too
     return app
