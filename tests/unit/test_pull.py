@@ -34,7 +34,8 @@ def write_tiny_gguf(path: Path) -> None:
     w.add_head_count_kv(1)
     w.add_context_length(64)
     w.add_layer_norm_rms_eps(1e-5)
-    w.add_tensor("token_embd.weight", gguf.quants.quantize(rng.standard_normal((64, 32)).astype(np.float32), T.Q8_0), raw_dtype=T.Q8_0)  # fmt: skip
+    embedding = rng.standard_normal((64, 32)).astype(np.float32)
+    w.add_tensor("token_embd.weight", gguf.quants.quantize(embedding, T.Q8_0), raw_dtype=T.Q8_0)
     w.add_tensor("output_norm.weight", np.ones(32, dtype=np.float32))
     w.write_header_to_file()
     w.write_kv_data_to_file()
@@ -53,7 +54,9 @@ def build_wheel(folder: Path, gguf_file: Path) -> Path:
             f"Metadata-Version: 2.1\nName: {PACKAGE}\nVersion: {VERSION}\n"
             "Requires-Dist: no-such-package-inferd-test>=1\n"
         ).encode(),
-        f"{dist}.dist-info/WHEEL": b"Wheel-Version: 1.0\nRoot-Is-Purelib: true\nTag: py3-none-any\n",
+        f"{dist}.dist-info/WHEEL": (
+            b"Wheel-Version: 1.0\nRoot-Is-Purelib: true\nTag: py3-none-any\n"
+        ),
     }
     record = "".join(f"{name},,\n" for name in files) + f"{dist}.dist-info/RECORD,,\n"
     with zipfile.ZipFile(wheel, "w", zipfile.ZIP_DEFLATED) as z:
