@@ -3,8 +3,8 @@
     create_app(engine, ServerSettings(...)) → FastAPI
 
 The engine loop thread starts with the app (lifespan) and stops with it. Middlewares, outermost
-first: the API key check, then the body-size limit; neither uses BaseHTTPMiddleware, which
-would hide client disconnects from the routes.
+first: the access log, the API key check, then the body-size limit; none uses
+BaseHTTPMiddleware, which would hide client disconnects from the routes.
 """
 
 from __future__ import annotations
@@ -104,7 +104,7 @@ def create_app(engine: Any, settings: ServerSettings | None = None) -> FastAPI:
     app.include_router(extra_router)
     app.add_middleware(BodyLimitMiddleware, max_bytes=settings.max_request_bytes)
     if settings.api_key:
-        app.add_middleware(APIKeyMiddleware, api_key=settings.api_key)  # added last: outermost
+        app.add_middleware(APIKeyMiddleware, api_key=settings.api_key)  # outside the body limit
     if settings.log_requests:
         app.add_middleware(AccessLogMiddleware)  # outside the key check: 401s are logged too
     return app
