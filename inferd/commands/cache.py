@@ -45,9 +45,16 @@ def _size(path: Path) -> int:
     return sum(p.stat().st_size for p in path.rglob("*") if p.is_file())
 
 
+def _sidecars(path: Path) -> list[Path]:
+    """Where a small JSON about a cached file may sit beside it (stamp, metadata)."""
+    names = {path.with_suffix(".json"), path.with_suffix(".verified.json"),
+             path.with_name(path.name + ".json")}  # fmt: skip
+    return [p for p in names if p != path]
+
+
 def _sidecar(path: Path) -> dict:
     """The small JSON written beside a cached file, if any (fields vary by writer)."""
-    for candidate in (path.with_suffix(".json"), path.with_suffix(".verified.json")):
+    for candidate in _sidecars(path):
         try:
             data = json.loads(candidate.read_text())
             return data if isinstance(data, dict) else {}
@@ -115,9 +122,8 @@ def _remove(path: Path) -> None:
         shutil.rmtree(path)
     else:
         path.unlink(missing_ok=True)
-    for stamp in (path.with_suffix(".json"), path.with_suffix(".verified.json")):
-        if stamp != path:
-            stamp.unlink(missing_ok=True)
+    for sidecar in _sidecars(path):
+        sidecar.unlink(missing_ok=True)
 
 
 def remove_named(root: Path, name: str) -> list[Path]:
