@@ -141,7 +141,7 @@ def print_results(
 def print_startup(results: Sequence[StartupResult], console: Console) -> None:
     console.print("[bold]Start-up: process launch → first generated token[/]")
     table = Table()
-    for col in ("system", "cache", "median (s)", "min (s)", "max (s)", "runs"):
+    for col in ("system", "cache", "median (s)", "min (s)", "max (s)", "CPU median (s)", "runs"):
         table.add_column(col, justify="left" if col in ("system", "cache") else "right")
     for r in results:
         table.add_row(
@@ -150,6 +150,7 @@ def print_startup(results: Sequence[StartupResult], console: Console) -> None:
             f"{r.median:.2f}",
             f"{min(r.seconds):.2f}",
             f"{max(r.seconds):.2f}",
+            f"{r.cpu_median:.2f}" if r.cpu_seconds else "-",
             str(len(r.seconds)),
         )
     console.print(table)

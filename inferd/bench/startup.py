@@ -17,6 +17,7 @@ system's file cache stays as it is (dropping it needs root and slows every other
 from __future__ import annotations
 
 import os
+import resource
 import subprocess
 import sys
 import tempfile
@@ -41,12 +42,17 @@ sys.stdout.flush()
 class StartupResult:
     system: str
     seconds: list[float] = field(default_factory=list)
+    cpu_seconds: list[float] = field(default_factory=list)  # user + system, whole run
     command: str = ""
     cache: str = "warm"  # or "cold": a fresh, empty INFERD_CACHE per run
 
     @property
     def median(self) -> float:
         return float(np.median(self.seconds))
+
+    @property
+    def cpu_median(self) -> float:
+        return float(np.median(self.cpu_seconds))
 
     def to_dict(self) -> dict:
         return {
@@ -55,14 +61,30 @@ class StartupResult:
             "min_s": min(self.seconds),
             "max_s": max(self.seconds),
             "runs_s": self.seconds,
+            "cpu_median_s": self.cpu_median if self.cpu_seconds else None,
+            "cpu_runs_s": self.cpu_seconds,
             "command": self.command,
             "cache": self.cache,
         }
 
 
+def _children_cpu() -> float:
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
 def time_to_first_byte(cmd: Sequence[str], timeout: float = 600.0,
                        env: dict[str, str] | None = None) -> float:  # fmt: skip
     """Seconds from spawning `cmd` to the first byte on its stdout; the process must exit 0."""
+    return timed_run(cmd, timeout, env)[0]
+
+
+def timed_run(cmd: Sequence[str], timeout: float = 600.0,
+              env: dict[str, str] | None = None) -> tuple[float, float]:  # fmt: skip
+    """(seconds to the first byte on stdout, CPU seconds of the whole run, children included).
+    NOTE: the CPU figure is the less noisy one on a shared machine: waiting for a core does
+    not count, although cache misses from neighbours still do."""
+    cpu_before = _children_cpu()
     with tempfile.TemporaryFile() as err:
         t0 = time.perf_counter()
         proc = subprocess.Popen(list(cmd), stdout=subprocess.PIPE, stderr=err, env=env)
@@ -75,7 +97,7 @@ def time_to_first_byte(cmd: Sequence[str], timeout: float = 600.0,
             err.seek(0)
             tail = err.read().decode(errors="replace").strip().splitlines()[-5:]
             raise RuntimeError(f"{' '.join(cmd[:4])} ... exited {code}: " + " | ".join(tail))
-    return elapsed
+    return elapsed, _children_cpu() - cpu_before
 
 
 def inferd_command(engine_flags: Sequence[str]) -> list[str]:
@@ -107,7 +129,9 @@ def run_startup(commands: dict[str, list[str]], num_runs: int) -> list[StartupRe
         time_to_first_byte(cmd)
     for _ in range(num_runs):
         for name, cmd in commands.items():
-            results[name].seconds.append(time_to_first_byte(cmd))
+            elapsed, cpu = timed_run(cmd)
+            results[name].seconds.append(elapsed)
+            results[name].cpu_seconds.append(cpu)
     return list(results.values())
 
 
@@ -127,5 +151,7 @@ def run_cold(
                 for src in (path, path.with_suffix(".verified.json")):
                     (models / src.name).symlink_to(src.resolve())
             env = {**os.environ, "INFERD_CACHE": cache}
-            result.seconds.append(time_to_first_byte(cmd, env=env))
+            elapsed, cpu = timed_run(cmd, env=env)
+            result.seconds.append(elapsed)
+            result.cpu_seconds.append(cpu)
     return result
