@@ -2,7 +2,7 @@
 
 Only generated text goes to stdout; logs and the timing summary go to stderr, so the output can
 be piped. Sampling defaults come from the model's generation_config.json when it has one, else
-greedy with a 1.1 repetition penalty (see engine_args.SAMPLING_FALLBACK and `--help`).
+greedy with a 1.1 repetition penalty (engine_args.GENERATE_FALLBACK; `--help` states it).
 """
 
 from __future__ import annotations

@@ -106,10 +106,12 @@ def known_names() -> list[str]:
 
 
 def is_present(model: CatalogModel) -> bool:
-    """The file is in the cache and was verified (its stamp matches its size)."""
+    """The file is in the cache and was verified: its stamp, written after the sha256 check,
+    still matches its size and modification time (re-hashing on every start would cost more)."""
     try:
         stamp = json.loads(model.stamp_path.read_text())
-        return stamp.get("file", {}).get("size") == model.path.stat().st_size
+        st = model.path.stat()
+        return stamp.get("file") == {"size": st.st_size, "mtime_ns": st.st_mtime_ns}
     except (OSError, ValueError, AttributeError):
         return False
 

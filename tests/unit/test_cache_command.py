@@ -51,7 +51,8 @@ def test_prune_keeps_the_copy_the_defaults_load(cache, capsys, monkeypatch):
     monkeypatch.setattr(catalog, "CATALOG", (model,))
     model.path.parent.mkdir(parents=True)
     model.path.write_bytes(b"GGUF" + bytes(60))
-    model.stamp_path.write_text(json.dumps({"file": {"size": 64}}))
+    st = model.path.stat()
+    model.stamp_path.write_text(json.dumps({"file": {"size": 64, "mtime_ns": st.st_mtime_ns}}))
     from inferd.platform import default_cpu_dtype
 
     dtype = getattr(torch, default_cpu_dtype())

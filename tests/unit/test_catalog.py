@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from inferd.config import EngineConfig
@@ -41,9 +43,10 @@ def test_a_stamp_that_does_not_match_the_file_is_not_present():
     model.path.parent.mkdir(parents=True)
     model.path.write_bytes(b"GGUF" + bytes(10))
     assert not catalog.is_present(model)  # no stamp: an interrupted or foreign file
-    model.stamp_path.write_text('{"file": {"size": 99}}')
-    assert not catalog.is_present(model)
-    model.stamp_path.write_text('{"file": {"size": 14}}')
+    mtime = model.path.stat().st_mtime_ns
+    model.stamp_path.write_text(json.dumps({"file": {"size": 99, "mtime_ns": mtime}}))
+    assert not catalog.is_present(model)  # the file changed since it was checked
+    model.stamp_path.write_text(json.dumps({"file": {"size": 14, "mtime_ns": mtime}}))
     assert catalog.is_present(model) and catalog.chat_model() == model
 
 
