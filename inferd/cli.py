@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import logging
+import os
 import sys
 import traceback
 
@@ -22,14 +23,44 @@ COMMANDS = {
     "chat": "Chat with a model in the terminal",
     "serve": "Run the OpenAI-compatible HTTP server",
     "memory": "Estimate (or measure) what a model costs in memory",
-    "bench": "Benchmark throughput and latency",
+    "bench": "Benchmark throughput, latency and start-up",
     "doctor": "Print what a bug report needs: CPU features, compiler, kernels, torch, threads",
+    "pull": "Fetch a model by name into the cache (e.g. smollm2-135m-instruct, a chat model)",
+    "models": "List the models known by name, what is cached, and the defaults",
+    "cache": "Show what is cached (models, converted weights, tokenizers, kernels); remove it",
 }
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
 
 
+class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter, argparse.RawDescriptionHelpFormatter):
+    """Every option's help ends with its default, unless the help text already says it (options
+    whose default is 'decided at start-up' word it themselves). Descriptions keep their lines."""
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        text = action.help or ""
+        if "default" in text or any(action.default is v for v in (None, False, argparse.SUPPRESS)):
+            return text
+        return super()._get_help_string(action)
+
+
+def _finish_parsers(parser: argparse.ArgumentParser) -> None:
+    """Give every (sub)command the help formatter and a --quiet flag, down to `bench MODE`."""
+    subs = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
+    for action in subs:
+        for sub in set(action.choices.values()):
+            _finish_parsers(sub)
+    parser.formatter_class = HelpFormatter
+    if not subs and parser.prog != "inferd":
+        options = {s for a in parser._actions for s in a.option_strings}
+        if "--quiet" not in options:
+            parser.add_argument("--quiet", "-q", action="store_true",
+                                help="no status lines or progress bars on stderr")  # fmt: skip
+
+
 def build_parser(command: str | None) -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="inferd", description="LLM inference engine and server")
+    parser = argparse.ArgumentParser(
+        prog="inferd", description="LLM inference engine and server", formatter_class=HelpFormatter
+    )
     parser.add_argument("--version", action="version", version=f"inferd {__version__}")
     parser.add_argument(
         "--log-level",
@@ -45,6 +76,7 @@ def build_parser(command: str | None) -> argparse.ArgumentParser:
             module = importlib.import_module(f"inferd.commands.{name}")
             module.add_arguments(p)
             p.set_defaults(_module=module)
+            _finish_parsers(p)
     return parser
 
 
@@ -57,6 +89,9 @@ def main(argv: list[str] | None = None) -> int:
         stream=sys.stderr,
         format="%(levelname)s %(name)s: %(message)s",
     )
+    from inferd.progress import set_quiet
+
+    set_quiet(bool(getattr(args, "quiet", False)))
     try:
         return int(args._module.run(args) or 0)
     except ValueError as e:  # includes ModelLoadError: the user's input, not a bug
@@ -66,6 +101,9 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     except KeyboardInterrupt:
         return 130
+    except BrokenPipeError:  # `inferd ... | head`: the reader left; not an error of ours
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
 
 
 if __name__ == "__main__":

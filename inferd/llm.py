@@ -12,6 +12,7 @@ from collections.abc import Sequence
 
 from inferd.config import EngineConfig
 from inferd.engine.engine import LLMEngine
+from inferd.loader.catalog import with_engine_defaults
 from inferd.outputs import RequestOutput
 from inferd.sampling_params import SamplingParams
 from inferd.tokenizer.chat_template import ChatTemplate, load_chat_template
@@ -43,7 +44,8 @@ class LLM:
             seed=seed,
             **kwargs,
         )
-        self.engine = LLMEngine(config)
+        # A short name (`LLM(model="smollm2-135m-instruct")`) brings its settings along.
+        self.engine = LLMEngine(with_engine_defaults(config))
         self._ids = itertools.count()
 
     def get_tokenizer(self):

@@ -139,23 +139,26 @@ def print_results(
 
 
 def print_startup(results: Sequence[StartupResult], console: Console) -> None:
-    console.print("[bold]Start-up: process launch → first generated token (warm cache)[/]")
+    console.print("[bold]Start-up: process launch → first generated token[/]")
     table = Table()
-    for col in ("system", "median (s)", "min (s)", "max (s)", "runs"):
-        table.add_column(col, justify="left" if col == "system" else "right")
+    for col in ("system", "cache", "median (s)", "min (s)", "max (s)", "CPU median (s)", "runs"):
+        table.add_column(col, justify="left" if col in ("system", "cache") else "right")
     for r in results:
         table.add_row(
             r.system,
+            r.cache,
             f"{r.median:.2f}",
             f"{min(r.seconds):.2f}",
             f"{max(r.seconds):.2f}",
+            f"{r.cpu_median:.2f}" if r.cpu_seconds else "-",
             str(len(r.seconds)),
         )
     console.print(table)
-    for peer in results[1:]:
-        ratio = results[0].median / peer.median
+    warm = [r for r in results if r.cache == "warm"]
+    for peer in warm[1:]:
+        ratio = warm[0].median / peer.median
         console.print(
-            f"  [bold]{results[0].system} / {peer.system}[/]: median start-up "
+            f"  [bold]{warm[0].system} / {peer.system}[/]: median warm start-up "
             f"{ratio:.2f}× ({LOWER})"
         )
 

@@ -40,7 +40,9 @@ def _percentiles(text: str) -> list[float]:
 
 def _workload_arguments(p: argparse.ArgumentParser, prompts_flag: str = "--num-prompts") -> None:
     p.add_argument(
-        "--preset", choices=sorted(PRESETS), help="a standard workload (docs/benchmarks.md)"
+        "--preset",
+        choices=sorted(PRESETS),
+        help="a standard workload, docs/benchmarks.md (default: none, the flags below)",
     )
     p.add_argument("--input-len", type=_positive_int, help="prompt tokens (default 128)")
     p.add_argument("--output-len", type=_positive_int, help="generated tokens (default 128)")
@@ -50,15 +52,22 @@ def _workload_arguments(p: argparse.ArgumentParser, prompts_flag: str = "--num-p
         default=0.0,
         help="lengths uniform in [len·(1−r), len·(1+r)], 0 <= r < 1",
     )
-    p.add_argument(prompts_flag, dest="num_prompts", type=_positive_int, default=None)
-    p.add_argument("--percentiles", type=_percentiles, default=[50.0, 90.0, 99.0])
-    p.add_argument("--json", metavar="PATH", help="write the results as JSON ('-': stdout)")
-    p.add_argument("--plot", metavar="PNG", help="plot throughput and latency percentiles")
+    p.add_argument(prompts_flag, dest="num_prompts", type=_positive_int, default=None,
+                   help="requests (default: the preset's, else throughput 32, latency 1, "
+                        "serve 64)")  # fmt: skip
+    p.add_argument("--percentiles", type=_percentiles, default=[50.0, 90.0, 99.0],
+                   help="latency percentiles to report, e.g. 50,90,99")  # fmt: skip
+    p.add_argument(
+        "--json", metavar="PATH", help="write the results as JSON ('-': stdout) (default: no file)"
+    )
+    p.add_argument(
+        "--plot", metavar="PNG", help="plot throughput and latency percentiles (default: no plot)"
+    )
 
 
 def _local_arguments(p: argparse.ArgumentParser) -> None:
     add_engine_arguments(p)  # its --seed seeds the workload too, as vLLM's benchmarks do
-    p.add_argument("--compare", help="peers on the same workload: llamacpp,hf")
+    p.add_argument("--compare", help="peers on the same workload: llamacpp,hf (default: none)")
     p.add_argument("--hf-dtype", help="HF peer dtype (default: the dtype inferd runs in)")
 
 
@@ -76,22 +85,40 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     p = sub.add_parser("latency", help="one batch, repeated")
     _workload_arguments(p, "--batch-size")
     _local_arguments(p)
-    p.add_argument("--num-iters-warmup", type=int, default=1)
-    p.add_argument("--num-iters", type=_positive_int, default=5)
+    p.add_argument("--num-iters-warmup", type=int, default=1, help="untimed batches first")
+    p.add_argument("--num-iters", type=_positive_int, default=5, help="timed batches")
     p = sub.add_parser("serve", help="drive a running OpenAI-compatible server")
     _workload_arguments(p)
-    p.add_argument("--base-url", default="http://127.0.0.1:8000")
+    p.add_argument("--base-url", default="http://127.0.0.1:8000", help="the server to measure")
     p.add_argument("--served-model-name", help="model name in requests (default: first listed)")
     p.add_argument("--tokenizer", help="model whose vocabulary the prompts use (default: embedded)")
     p.add_argument("--request-rate", type=float, default=math.inf, help="requests/s (inf: all)")
-    p.add_argument("--max-concurrency", type=_positive_int, default=None)
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument(
+        "--max-concurrency",
+        type=_positive_int,
+        default=None,
+        help="most requests in flight (default: no limit)",
+    )
+    p.add_argument("--seed", type=int, default=0, help="seed of the workload")
     p.add_argument("--timeout", type=float, default=600.0, help="seconds per request")
     p = sub.add_parser("startup", help="process start → first token, fresh processes")
     add_engine_arguments(p)
-    p.add_argument("--num-runs", type=_positive_int, default=5)
-    p.add_argument("--compare", help="llamacpp")
-    p.add_argument("--json", metavar="PATH", help="write the results as JSON ('-': stdout)")
+    p.add_argument(
+        "--num-runs",
+        type=_positive_int,
+        default=5,
+        help="timed warm runs per system, after one untimed run fills the caches",
+    )
+    p.add_argument(
+        "--cold-runs",
+        type=int,
+        default=1,
+        help="runs each in a fresh, empty INFERD_CACHE (inferd only; 0: none)",
+    )
+    p.add_argument("--compare", help="peers: llamacpp (default: none)")
+    p.add_argument(
+        "--json", metavar="PATH", help="write the results as JSON ('-': stdout) (default: no file)"
+    )
 
 
 def workload_spec(args: argparse.Namespace):
@@ -289,7 +316,16 @@ def _run_startup(args: argparse.Namespace) -> int:
             str(open_checkpoint(args.model).path), args.threads
         )
     env_start = report.environment()
-    results = startup.run_startup(commands, args.num_runs)
+    if args.cold_runs < 0:
+        raise ValueError(f"--cold-runs must be >= 0, got {args.cold_runs}")
+    results = []
+    if args.cold_runs > 0:
+        from inferd.loader.catalog import lookup
+
+        named = lookup(args.model) if args.model else None
+        pulled = [named.path] if named is not None and not named.embedded else []
+        results.append(startup.run_cold("inferd", commands["inferd"], args.cold_runs, pulled))
+    results += startup.run_startup(commands, args.num_runs)
     report.print_startup(results, console)
     console.print(f"  load average (1 min) {_load(env_start)} → {_load(report.environment())}")
     if args.json:

@@ -30,9 +30,12 @@ def _positive_int(text: str) -> int:
 
 def add_engine_arguments(parser: argparse.ArgumentParser, model_positional: bool = False) -> None:
     if model_positional:
-        parser.add_argument("model_pos", nargs="?", metavar="MODEL", help="model path")
+        parser.add_argument("model_pos", nargs="?", metavar="MODEL",
+                            help="same as --model (default: the embedded model)")  # fmt: skip
     parser.add_argument(
-        "--model", help="GGUF file or HF folder (default: the embedded Gemma 3 270M)"
+        "--model",
+        help="a GGUF file, an HF folder, or a name from `inferd models` such as "
+        "smollm2-135m-instruct (default: the embedded Gemma 3 270M, gemma-3-270m)",
     )
     parser.add_argument("--dtype", default="auto",
                         help="auto (with --quantization unset: the fastest accurate mode for "
@@ -41,24 +44,49 @@ def add_engine_arguments(parser: argparse.ArgumentParser, model_positional: bool
     parser.add_argument(
         "--device", default=None, help="cpu, cuda, cuda:N (default: cuda if present)"
     )
-    parser.add_argument("--max-model-len", type=_positive_int, default=None)
-    parser.add_argument("--max-num-seqs", type=_positive_int, default=None)
-    parser.add_argument("--max-num-batched-tokens", type=_positive_int, default=None)
+    parser.add_argument("--max-model-len", type=_positive_int, default=None,
+                        help="longest prompt + output, in tokens (default: the model's "
+                             "context length, lowered to what the KV cache holds)")  # fmt: skip
+    parser.add_argument(
+        "--max-num-seqs",
+        type=_positive_int,
+        default=None,
+        help="requests in one batch (default: 64 on CPU, 256 on GPU)",
+    )
+    parser.add_argument(
+        "--max-num-batched-tokens",
+        type=_positive_int,
+        default=None,
+        help="tokens in one engine step (default: 1024 on CPU, 8192 on GPU)",
+    )
     parser.add_argument("--kv-cache-memory", type=size_arg, default=None,
                         help="bytes for the KV cache, e.g. 2GiB (CPU default 2GiB)")  # fmt: skip
-    parser.add_argument("--gpu-memory-utilization", type=float, default=0.9)
-    parser.add_argument("--block-size", type=_positive_int, default=16)
+    parser.add_argument(
+        "--gpu-memory-utilization",
+        type=float,
+        default=0.9,
+        help="share of GPU memory for weights, activations and KV cache",
+    )
+    parser.add_argument(
+        "--block-size", type=_positive_int, default=16, help="tokens per KV cache block"
+    )
     parser.add_argument("--enable-prefix-caching", action=argparse.BooleanOptionalAction,
-                        default=True)  # fmt: skip
-    parser.add_argument("--seed", type=int, default=0)
+                        default=True,
+                        help="reuse the KV blocks of equal prompt prefixes")  # fmt: skip
+    parser.add_argument("--seed", type=int, default=0, help="engine random seed")
     parser.add_argument("--quantization", default=None, choices=["gguf", "int8", "int4", "fp8"],
                         help="force a mode (default: chosen for the machine, see --dtype). "
                              "gguf: only a GGUF file's own blocks, least memory (CPU); int8: "
                              "W8A8 (CPU); int4: weight-only (CPU, lossy); fp8: W8A8 (Hopper "
-                             "GPUs)")  # fmt: skip
+                             "GPUs); a named model may bring its own")  # fmt: skip
     parser.add_argument("--kv-cache-dtype", default="auto",
                         help="auto (the model dtype), float32, bfloat16, float16, fp8")  # fmt: skip
-    parser.add_argument("--threads", type=_positive_int, default=None, help="CPU threads")
+    parser.add_argument(
+        "--threads",
+        type=_positive_int,
+        default=None,
+        help="CPU threads (default: PyTorch's, one per core)",
+    )
     parser.add_argument("--attention-backend", default="auto",
                         choices=["auto", "torch", "cpu", "triton"],
                         help="torch: plain PyTorch (the reference); cpu: decode attention in C; "
@@ -109,6 +137,9 @@ def engine_config_from_args(args: argparse.Namespace):
         tensor_parallel_size=args.tensor_parallel_size,
         distributed_timeout=args.distributed_timeout,
     )
+    from inferd.loader.catalog import with_engine_defaults
+
+    config = with_engine_defaults(config)  # a short name's settings, where flags left defaults
     from inferd.distributed.launch import env_rank, launched_by_torchrun
 
     if config.tensor_parallel_size > 1 and launched_by_torchrun() and env_rank() != 0:
@@ -119,29 +150,101 @@ def engine_config_from_args(args: argparse.Namespace):
     return config
 
 
-def add_sampling_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--max-tokens", type=_positive_int, default=128)
-    parser.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
-    parser.add_argument("--top-p", type=float, default=1.0)
-    parser.add_argument("--top-k", type=int, default=0)
-    parser.add_argument("--min-p", type=float, default=0.0)
-    parser.add_argument("--repetition-penalty", type=float, default=1.0)
-    parser.add_argument("--sample-seed", type=int, default=None, help="seed of this request")
-    parser.add_argument("--stop", action="append", default=None, help="stop string (repeatable)")
-    parser.add_argument("--ignore-eos", action="store_true")
+# What `generate` samples with when neither the flags nor the model's generation_config.json
+# say otherwise: greedy, with llama.cpp's and Ollama's repetition penalty so that a base model
+# does not print one sentence until --max-tokens (measured on the embedded model: "What is CUDA?"
+# loops at 1.0, reads well at 1.1, emits stray special tokens at 1.2).
+GENERATE_FALLBACK = {
+    "temperature": 0.0,
+    "top_p": 1.0,
+    "top_k": 0,
+    "min_p": 0.0,
+    "repetition_penalty": 1.1,
+}
+# `chat`: plain greedy. A chat model ends its turn by itself, and the penalty, which also counts
+# the prompt's tokens, flips the small chat model's first answer token ("The capital of France
+# is Paris." becomes "L'Étoile de la Cité ... The capital is Paris").
+CHAT_FALLBACK = {**GENERATE_FALLBACK, "repetition_penalty": 1.0}
+_FROM_MODEL = "(default: the model's generation_config.json, else {})"
 
 
-def sampling_params_from_args(args: argparse.Namespace):
+def add_sampling_arguments(parser: argparse.ArgumentParser, fallback: dict) -> None:
+    """Sampling flags default to None: `sampling_params_from_args` fills them from the model's
+    generation config, else from `fallback` (which their help states)."""
+    parser.add_argument("--max-tokens", type=_positive_int, default=128,
+                        help="most tokens to generate")  # fmt: skip
+    parser.add_argument(
+        "--temperature",
+        type=float,
+        default=None,
+        help="0 = greedy " + _FROM_MODEL.format(fallback["temperature"]),
+    )
+    parser.add_argument("--top-p", type=float, default=None,
+                        help=_FROM_MODEL.format(fallback["top_p"]))  # fmt: skip
+    parser.add_argument(
+        "--top-k",
+        type=int,
+        default=None,
+        help="0 = all tokens " + _FROM_MODEL.format(fallback["top_k"]),
+    )
+    parser.add_argument("--min-p", type=float, default=None,
+                        help=_FROM_MODEL.format(fallback["min_p"]))  # fmt: skip
+    parser.add_argument(
+        "--repetition-penalty",
+        type=float,
+        default=None,
+        help="1.0 = none; above 1 discourages tokens already in the prompt or "
+        "output " + _FROM_MODEL.format(fallback["repetition_penalty"]),
+    )
+    parser.set_defaults(_sampling_fallback=fallback)
+    parser.add_argument(
+        "--sample-seed",
+        type=int,
+        default=None,
+        help="seed of this request (default: none, a fresh seed)",
+    )
+    parser.add_argument("--stop", action="append", default=None,
+                        help="stop string, repeatable (default: none; the model's end-of-text "
+                             "tokens always stop)")  # fmt: skip
+    parser.add_argument(
+        "--ignore-eos",
+        action="store_true",
+        help="keep going past end-of-text tokens up to --max-tokens",
+    )
+
+
+def model_sampling_defaults(engine) -> dict[str, float]:
+    """The sampling fields an HF folder's generation_config.json sets (vLLM's
+    `--generation-config auto`); GGUF files carry none."""
+    import json
+
+    setup = engine.setup
+    if setup.checkpoint.format != "hf":
+        return {}
+    try:
+        config = json.loads((setup.checkpoint.path / "generation_config.json").read_text())
+    except (OSError, ValueError):
+        return {}
+    if not isinstance(config, dict):
+        return {}
+    out = {k: config[k] for k in GENERATE_FALLBACK if isinstance(config.get(k), int | float)}
+    if config.get("do_sample") is False:
+        out["temperature"] = 0.0
+    return out
+
+
+def sampling_params_from_args(args: argparse.Namespace, model_defaults: dict | None = None):
+    """Flags first, then the model's generation config, then the command's fallback."""
     from inferd.sampling_params import SamplingParams
 
+    chosen = {**args._sampling_fallback, **(model_defaults or {})}
+    for name in GENERATE_FALLBACK:
+        if getattr(args, name) is not None:
+            chosen[name] = getattr(args, name)
     return SamplingParams(
         max_tokens=args.max_tokens,
-        temperature=args.temperature,
-        top_p=args.top_p,
-        top_k=args.top_k,
-        min_p=args.min_p,
-        repetition_penalty=args.repetition_penalty,
         seed=args.sample_seed,
         stop=args.stop,
         ignore_eos=args.ignore_eos,
+        **chosen,
     )

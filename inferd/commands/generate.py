@@ -1,7 +1,8 @@
 """`inferd generate PROMPT`: stream the continuation of one prompt to stdout.
 
 Only generated text goes to stdout; logs and the timing summary go to stderr, so the output can
-be piped. Greedy by default (`--temperature 0`).
+be piped. Sampling defaults come from the model's generation_config.json when it has one, else
+greedy with a 1.1 repetition penalty (engine_args.GENERATE_FALLBACK; `--help` states it).
 """
 
 from __future__ import annotations
@@ -11,9 +12,11 @@ import sys
 import time
 
 from inferd.commands.engine_args import (
+    GENERATE_FALLBACK,
     add_engine_arguments,
     add_sampling_arguments,
     engine_config_from_args,
+    model_sampling_defaults,
     sampling_params_from_args,
 )
 
@@ -21,8 +24,7 @@ from inferd.commands.engine_args import (
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("prompt", help="the prompt text ('-' reads it from stdin)")
     add_engine_arguments(parser)
-    add_sampling_arguments(parser)
-    parser.add_argument("--quiet", action="store_true", help="no timing summary on stderr")
+    add_sampling_arguments(parser, GENERATE_FALLBACK)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -30,8 +32,9 @@ def run(args: argparse.Namespace) -> int:
     from inferd.engine.engine import LLMEngine
 
     prompt = sys.stdin.read() if args.prompt == "-" else args.prompt
-    params = sampling_params_from_args(args)
+    sampling_params_from_args(args)  # bad flags fail here, before the model loads
     engine = LLMEngine(engine_config_from_args(args))
+    params = sampling_params_from_args(args, model_sampling_defaults(engine))
     ready = time.monotonic()
     engine.add_request("cli", prompt, params, stream=True)
     sent, first_token_at, out = 0, None, None

@@ -45,7 +45,7 @@ def _arg_type(convert, flag: str):
 
 # flag → (type, default, help); sizes and counts are checked by `_arg_type`, which names the flag
 _OPTIONS = {
-    "--model": (str, None, "same as MODEL"),
+    "--model": (str, None, "same as MODEL (default: the embedded model)"),
     "--dtype": (str, "auto", "weight precision: auto (bf16 on GPUs and bf16 CPUs, else "
                 "fp32), float32, bfloat16, float16, or what-if fp8, int8, int4"),
     "--kv-cache-dtype": (str, "auto", "auto (the compute dtype), float32, bfloat16, float16, "

@@ -31,12 +31,13 @@ def _positive(kind: type):
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_engine_arguments(parser, model_positional=True)
     parser.add_argument("--host", default="127.0.0.1", help="address to bind (default: loopback)")
-    parser.add_argument("--port", type=int, default=8000)
+    parser.add_argument("--port", type=int, default=8000, help="TCP port to listen on")
     parser.add_argument(
         "--served-model-name",
         nargs="+",
         default=None,
-        help="name(s) clients use for the model (the first is reported)",
+        help="name(s) clients use for the model, the first reported (default: the model "
+        "as given, e.g. smollm2-135m-instruct, else the embedded model's name)",
     )
     parser.add_argument(
         "--api-key",
@@ -48,13 +49,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--chat-template",
         default=None,
         help="chat template file (.jinja, or .json with 'chat_template') or "
-        "inline Jinja text; replaces the model's",
+        "inline Jinja text; replaces the model's (default: the model's own)",
     )
     parser.add_argument(
         "--max-queued-requests",
         type=_positive(int),
         default=None,
-        help="answer 503 (Retry-After) when this many requests are waiting",
+        help="answer 503 (Retry-After) when this many requests are waiting (default: no limit)",
     )
     parser.add_argument(
         "--max-request-bytes",
@@ -69,13 +70,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="/health answers 503 when no engine step finished for this many "
         "seconds while requests are pending",
     )
+    parser.add_argument(
+        "--disable-log-requests",
+        action="store_true",
+        help="no access line (method, path, status, latency) per request on stderr",
+    )
 
 
 def _show_startup_logs() -> None:
     # The CLI's default level is WARNING; a server's startup lines (model, template, address)
     # are what its operator reads, so they show unless the user asked for less.
     if logging.getLogger().getEffectiveLevel() == logging.WARNING:
-        for name in ("inferd.serve", "inferd.server.app"):
+        for name in ("inferd.serve", "inferd.server.app", "inferd.access"):
             logging.getLogger(name).setLevel(logging.INFO)
 
 
@@ -126,6 +132,7 @@ def run(args: argparse.Namespace) -> int:
         served_model_names=args.served_model_name or ([model_arg] if model_arg else []),
         api_key=args.api_key or None,
         max_request_bytes=args.max_request_bytes or DEFAULT_MAX_REQUEST_BYTES,
+        log_requests=not args.disable_log_requests,
     )
     client = AsyncEngine(engine, args.max_queued_requests, args.stall_timeout)
     app = create_app(client, settings)
@@ -134,7 +141,7 @@ def run(args: argparse.Namespace) -> int:
         app,
         host=args.host,
         port=args.port,
-        access_log=level <= logging.INFO,
+        access_log=False,  # inferd.access logs each request, with its latency
         log_level=logging.getLevelName(level).lower(),
         timeout_graceful_shutdown=5,
     )

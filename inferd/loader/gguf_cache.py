@@ -22,6 +22,7 @@ from inferd.layers.block_method import BlockMethod
 from inferd.layers.gguf_blocks import BlockPart, BlockWeight
 from inferd.loader import weight_cache
 from inferd.loader.checkpoint import Checkpoint
+from inferd.progress import status
 
 log = logging.getLogger(__name__)
 
@@ -48,10 +49,15 @@ def load_weights(model, checkpoint: Checkpoint, tp: TPGroup) -> None:
     if weight_cache.enabled():
         path = weight_cache.entry_path(checkpoint.path, MODE, tp.rank, tp.world_size)
     preloaded = _restore(model, path) if path is not None and path.exists() else None
-    with torch.no_grad():
-        model.load_weights(checkpoint.weights(), preloaded or frozenset())
-    if path is not None and preloaded is None:
-        _save(model, path, checkpoint, tp)
+    if preloaded is None:
+        with torch.no_grad(), status(f"packing {checkpoint.path.name}'s quantised blocks"):
+            model.load_weights(checkpoint.weights(), frozenset())
+        if path is not None:
+            with status("caching the packed blocks"):
+                _save(model, path, checkpoint, tp)
+    else:
+        with torch.no_grad():
+            model.load_weights(checkpoint.weights(), preloaded)
 
 
 def _save(model, path, checkpoint: Checkpoint, tp: TPGroup) -> None:

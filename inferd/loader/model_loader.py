@@ -11,6 +11,7 @@ from inferd.loader import gguf_cache
 from inferd.loader.checkpoint import Checkpoint
 from inferd.models.base import CausalLM
 from inferd.models.registry import model_class
+from inferd.progress import status
 
 
 def load_model(
@@ -43,6 +44,6 @@ def load_model(
     if scheme.blocks:
         gguf_cache.load_weights(model, checkpoint, tp)
     else:
-        with torch.no_grad():
+        with torch.no_grad(), status(f"loading {checkpoint.path.name} ({scheme.name})"):
             model.load_weights(checkpoint.weights())
     return model.eval()

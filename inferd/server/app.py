@@ -4,9 +4,9 @@
 
 The server knows the engine only through `inferd.engine_client.EngineClient` (`inferd serve`
 passes an `AsyncEngine`; tests may pass a fake). The client starts with the app (lifespan) and
-stops with it. Middlewares, outermost first: the API key check, the body-size limit, then the
-internal-error guard; none uses BaseHTTPMiddleware, which would hide client disconnects from the
-routes.
+stops with it. Middlewares, outermost first: the access log, the API key check, the body-size
+limit, then the internal-error guard; none uses BaseHTTPMiddleware, which would hide client
+disconnects from the routes.
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from fastapi import FastAPI
 
 from inferd.engine_client import EngineClient
+from inferd.server.access_log import AccessLogMiddleware
 from inferd.server.auth import APIKeyMiddleware
 from inferd.server.errors import install_error_handlers
 from inferd.server.limits import BodyLimitMiddleware
@@ -39,6 +40,7 @@ class ServerSettings:
     served_model_names: list[str] = field(default_factory=list)  # empty: the model's own name
     api_key: str | None = None
     max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES
+    log_requests: bool = True  # one access line per request (server/access_log.py)
 
 
 def create_app(client: EngineClient, settings: ServerSettings | None = None) -> FastAPI:
@@ -72,5 +74,7 @@ def create_app(client: EngineClient, settings: ServerSettings | None = None) -> 
     app.include_router(extra_router)
     app.add_middleware(BodyLimitMiddleware, max_bytes=settings.max_request_bytes)
     if settings.api_key:
-        app.add_middleware(APIKeyMiddleware, api_key=settings.api_key)  # added last: outermost
+        app.add_middleware(APIKeyMiddleware, api_key=settings.api_key)  # outside the body limit
+    if settings.log_requests:
+        app.add_middleware(AccessLogMiddleware)  # outside the key check: 401s are logged too
     return app

@@ -306,8 +306,11 @@ def load_gguf_backend(v: GGUFVocab, cache_folder: Path | None) -> Tokenizer:
             return Tokenizer.from_file(str(path))
         except Exception as e:  # a damaged or foreign file: rebuild and overwrite it
             log.warning("ignoring unreadable tokenizer cache %s: %s", path, e)
-    text = build_tokenizer_json(v)
-    backend = Tokenizer.from_str(text)
+    from inferd.progress import status
+
+    with status(f"building the tokenizer from the GGUF vocabulary ({len(v.tokens)} tokens)"):
+        text = build_tokenizer_json(v)
+        backend = Tokenizer.from_str(text)
     if path is not None:
         _write_atomically(path, text)
     return backend

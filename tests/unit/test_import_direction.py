@@ -22,6 +22,7 @@ BASE: dict[str, set[str]] = {
     "cache": set(),
     "cpu_info": set(),
     "fp8": set(),
+    "progress": set(),
     "config": set(),
     "outputs": set(),
     "platform": {"cpu_info"},
@@ -40,7 +41,7 @@ ABOVE: dict[str, set[str]] = {
     "tokenizer": {"loader"},
     "engine": {"memory", "tokenizer", "loader", "models", "layers", "attention", "distributed",
                "cpu_kernels"},
-    "llm": {"engine", "tokenizer"},
+    "llm": {"engine", "tokenizer", "loader"},
     "server": set(),  # the engine only as an EngineClient (inferd/engine_client.py)
     "bench": {"llm"},
     "inferd": {"llm"},  # the package root re-exports the offline API lazily (`_EXPORTS`)
