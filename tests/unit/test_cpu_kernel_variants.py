@@ -99,11 +99,11 @@ def test_start_up_says_which_kernels_run(monkeypatch, capsys, caplog):
     kernels = prepare_cpu_kernels(torch.device("cpu"))
     assert kernels is not None
     line = capsys.readouterr().err.strip()
-    assert re.fullmatch(rf"cpu kernels: {kernels.variant} \((cached|built in \d+\.\d s)\)", line)
+    assert re.fullmatch(rf"inferd: cpu kernels: {kernels.variant} \((cached|built in \d+\.\d s)\)", line)
 
     monkeypatch.setenv("INFERD_CPU_KERNELS", "portable")
     prepare_cpu_kernels(torch.device("cpu"))
-    forced = r"cpu kernels: portable \((cached|built in \d+\.\d s)\), forced by " + ENV_SET
+    forced = r"inferd: cpu kernels: portable \((cached|built in \d+\.\d s)\), forced by " + ENV_SET
     assert re.fullmatch(forced, capsys.readouterr().err.strip())
 
     monkeypatch.setenv("INFERD_CPU_KERNELS", "0")

@@ -37,6 +37,13 @@ def write_tiny_gguf(path: Path) -> None:
     embedding = rng.standard_normal((64, 32)).astype(np.float32)
     w.add_tensor("token_embd.weight", gguf.quants.quantize(embedding, T.Q8_0), raw_dtype=T.Q8_0)
     w.add_tensor("output_norm.weight", np.ones(32, dtype=np.float32))
+    # One whole decoder layer (head_dim 16: q 2 heads, k/v 1 head), so the file opens as a model.
+    shapes = {"attn_q": (32, 32), "attn_k": (16, 32), "attn_v": (16, 32), "attn_output": (32, 32),
+              "ffn_gate": (64, 32), "ffn_up": (64, 32), "ffn_down": (32, 64)}  # fmt: skip
+    for name, shape in shapes.items():
+        w.add_tensor(f"blk.0.{name}.weight", rng.standard_normal(shape).astype(np.float32))
+    for name in ("attn_norm", "ffn_norm"):
+        w.add_tensor(f"blk.0.{name}.weight", np.ones(32, dtype=np.float32))
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
