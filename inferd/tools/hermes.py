@@ -7,8 +7,9 @@ and a missing closing tag at the very end of the reply is tolerated. A block who
 such an object is passed on as content, tags and all.
 
 Streaming holds back only a possible `<tool_call>` prefix (and the blanks before it). A call is
-announced once its name has been read, and its arguments grow one complete top-level member at
-a time; they are re-serialised, so streamed and whole-reply arguments are the same text.
+announced once its name has been read and its arguments have begun as an object; they grow one
+complete top-level member at a time, re-serialised, so streamed and whole-reply arguments are
+the same text.
 """
 
 from __future__ import annotations
@@ -89,7 +90,9 @@ def _scan_call(body: str) -> tuple[PartialCall, int | None]:
         arguments = ""
     if members.end is not None and name is None:
         raise Invalid("the tool call has no name")
-    return PartialCall(name, arguments, members.end is not None), members.end
+    # Announced once the arguments have begun as an object (or the call is complete).
+    known = name if arguments or members.end is not None else None
+    return PartialCall(known, arguments, members.end is not None), members.end
 
 
 class HermesToolParser(ToolParser):

@@ -7,10 +7,10 @@ non-blank character starts no such list is plain content. Values are read with
 `ast.literal_eval`, never evaluated; arguments are sent as the JSON of the keyword arguments.
 
 Streaming holds back only what may still be a call list: "[Note: ..." is released as content as
-soon as ':' shows it is not a call. A call is announced once `name(` is read, and its arguments
-grow one complete keyword argument at a time. If a list turns out malformed after a call was
-sent, the calls sent stand and the rest of the text is sent as content (the whole-reply
-`extract` would have called all of it content).
+soon as ':' shows it is not a call. A call is announced with its first complete keyword argument
+(or its closing parenthesis), and its arguments grow one keyword argument at a time. If a list
+turns out malformed (or is cut short) after a call was sent, what was sent stands and the rest
+of the text is sent as content (the whole-reply `extract` calls all of it content).
 """
 
 from __future__ import annotations
@@ -53,7 +53,7 @@ def _opening(text: str) -> _Opening:
 @dataclass
 class _ListScan:
     calls: list[PartialCall]
-    consumed: int  # just past the last complete call
+    consumed: int  # just past the last call, or argument, that can be sent
     end: int | None  # just past "]" once the list is complete
 
 
@@ -76,11 +76,13 @@ def _scan_list(text: str, start: int) -> _ListScan:
             return _ListScan(calls, consumed, None)  # the name may go on
         if text[i] != "(":
             raise Invalid(f"'(' is expected after {name.group()!r}")
-        arguments, i, closed = _scan_arguments(text, i + 1)
+        arguments, i, closed, last = _scan_arguments(text, i + 1)
         prefix = dumps(arguments)
-        calls.append(PartialCall(name.group(), prefix if closed else prefix[:-1], closed))
+        # Announced once an argument (or the closing parenthesis) shows the call is well formed.
+        known = name.group() if closed or arguments else None
+        calls.append(PartialCall(known, prefix if closed else prefix[:-1], closed))
         if not closed:
-            return _ListScan(calls, consumed, None)
+            return _ListScan(calls, last if arguments else consumed, None)
         consumed = i
         i = skip_ws(text, i)
         if i == len(text):
@@ -92,32 +94,32 @@ def _scan_list(text: str, start: int) -> _ListScan:
         i += 1
 
 
-def _scan_arguments(text: str, i: int) -> tuple[dict, int, bool]:
-    """Keyword arguments after "(": (complete ones, position, whether ')' was reached)."""
+def _scan_arguments(text: str, i: int) -> tuple[dict, int, bool, int]:
+    """Keyword arguments after "(": (the complete ones, position, whether ')' was reached,
+    the position just past the last complete one)."""
     arguments: dict = {}
+    last = i
     while True:
         i = skip_ws(text, i)
         if i == len(text):
-            return arguments, i, False
+            return arguments, i, False, last
         if text[i] == ")":
-            return arguments, i + 1, True
+            return arguments, i + 1, True, i + 1
         key = IDENTIFIER.match(text, i)
         if key is None:
             raise Invalid(f"a keyword argument is expected at {i}")
         i = skip_ws(text, key.end())
         if i == len(text):
-            return arguments, i, False
+            return arguments, i, False, last
         if text[i] != "=":
-            raise Invalid(
-                f"'=' is expected after {key.group()!r} (positional arguments have no name)"
-            )
+            raise Invalid(f"'=' is expected after {key.group()!r} (arguments need names)")
         if key.group() in arguments:
             raise Invalid(f"keyword argument {key.group()!r} repeated")
         end = value_end(text, i + 1, ",)", python=True)
         if end is None:
-            return arguments, len(text), False
+            return arguments, len(text), False, last
         arguments[key.group()] = python_value(text[i + 1 : end])
-        i = end + 1 if text[end] == "," else end
+        i = last = end + 1 if text[end] == "," else end
 
 
 def _after_list(text: str, end: int, fenced: bool) -> int | None:
@@ -197,7 +199,7 @@ class _PythonicStream(ToolCallStream):
         except Invalid:
             # Nothing sent yet: the whole reply is content. Else the calls sent stand.
             self._mode = "content"
-            self._sent = 0 if self._emitter.announced == 0 else self._consumed
+            self._sent = 0 if self._emitter.announced == 0 else skip_ws(self._text, self._consumed)
             return
         self._consumed = scan.consumed
         out.tool_calls += self._emitter.deltas(scan.calls)
