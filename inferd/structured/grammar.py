@@ -73,7 +73,7 @@ def grammar_text(spec: StructuredOutputsParams) -> str:
     try:
         return llguidance.grammar_from("grammar", spec.grammar)  # Lark, or GBNF converted
     except ValueError as e:
-        raise InvalidGrammarError(f"structured_outputs.grammar: {_one_line(str(e))}") from e
+        raise InvalidGrammarError(f"{spec.field_name()}: {_one_line(str(e))}") from e
 
 
 def compile_matcher(
@@ -86,9 +86,7 @@ def compile_matcher(
         message = _one_line(matcher.get_error())
         if spec.kind != "grammar":  # positions in the Lark text generated from the spec
             message = _POSITION.sub("", message)
-        raise InvalidGrammarError(
-            f"structured_outputs.{spec.kind}: {_describe(spec.kind)}: {message}"
-        )
+        raise InvalidGrammarError(f"{spec.field_name()}: {_describe(spec.kind)}: {message}")
     return matcher
 
 

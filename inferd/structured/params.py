@@ -37,28 +37,42 @@ class StructuredOutputsParams:
     # flexible) and, where a schema leaves `additionalProperties` out, treat it as false.
     disable_any_whitespace: bool = False
     disable_additional_properties: bool = False
+    # The request field the spec came from, for error messages: "structured_outputs" (then
+    # errors name "structured_outputs.<kind>"), or e.g. "guided_regex", "response_format".
+    origin: str = dataclasses.field(default=_FIELD, compare=False, repr=False)
 
     def __post_init__(self) -> None:
         given = [k for k in KINDS if getattr(self, k) not in (None, False)]
         if len(given) != 1:
             raise ValueError(
-                f"{_FIELD} must set exactly one of {', '.join(KINDS)}; "
+                f"{self.origin} must set exactly one of {', '.join(KINDS)}; "
                 f"got {', '.join(given) if given else 'none'}"
             )
         for flag in ("disable_any_whitespace", "disable_additional_properties"):
             if not isinstance(getattr(self, flag), bool):
-                raise ValueError(f"{_FIELD}.{flag} must be a boolean, got {getattr(self, flag)!r}")
+                value = getattr(self, flag)
+                raise ValueError(f"{self.origin}.{flag} must be a boolean, got {value!r}")
         if self.json_object is not None and not isinstance(self.json_object, bool):
-            raise ValueError(f"{_FIELD}.json_object must be a boolean, got {self.json_object!r}")
+            raise ValueError(
+                f"{self.field_name('json_object')} must be a boolean, got {self.json_object!r}"
+            )
         if self.json is not None:
             # Stored as a dict: one canonical form for the cache key and the compiler.
-            object.__setattr__(self, "json", _schema_dict(self.json))
+            object.__setattr__(self, "json", _schema_dict(self.json, self.field_name("json")))
         for name in ("regex", "grammar"):
             value = getattr(self, name)
             if value is not None and (not isinstance(value, str) or not value.strip()):
-                raise ValueError(f"{_FIELD}.{name} must be a non-empty string, got {value!r}")
+                raise ValueError(
+                    f"{self.field_name(name)} must be a non-empty string, got {value!r}"
+                )
         if self.choice is not None:
-            object.__setattr__(self, "choice", _choices(self.choice))
+            object.__setattr__(self, "choice", _choices(self.choice, self.field_name("choice")))
+
+    def field_name(self, kind: str | None = None) -> str:
+        """The request field to name in an error about this spec's `kind` (default: its own)."""
+        if self.origin != _FIELD:
+            return self.origin
+        return f"{_FIELD}.{kind or self.kind}"
 
     @property
     def kind(self) -> str:
@@ -66,7 +80,7 @@ class StructuredOutputsParams:
 
     @property
     def key(self) -> tuple[str, str]:
-        """(kind, canonical spec text, options): equal keys compile to the same grammar."""
+        """(kind, canonical spec text + options): equal keys compile to the same grammar."""
         spec: Any = getattr(self, self.kind)
         if self.kind in ("json", "choice", "json_object"):
             text = json.dumps(spec, sort_keys=True, ensure_ascii=False)
@@ -74,7 +88,8 @@ class StructuredOutputsParams:
             text = spec
         if self.kind in ("json", "json_object"):
             text += f"|ws={not self.disable_any_whitespace}|ap={self.disable_additional_properties}"
-        return self.kind, text
+        # NOTE: the origin is part of the key because a cached compile error names it.
+        return self.kind, f"{text}|origin={self.origin}"
 
     @classmethod
     def from_dict(cls, value: Any) -> StructuredOutputsParams:
@@ -83,7 +98,7 @@ class StructuredOutputsParams:
             return value
         if not isinstance(value, dict):
             raise ValueError(f"{_FIELD} must be an object, got {type(value).__name__}")
-        known = {f.name for f in dataclasses.fields(cls)}
+        known = {f.name for f in dataclasses.fields(cls)} - {"origin"}
         unknown = sorted(set(value) - known)
         if unknown:
             supported = ", ".join(sorted(known))
@@ -93,26 +108,25 @@ class StructuredOutputsParams:
         return cls(**value)
 
 
-def _schema_dict(schema: Any) -> dict[str, Any]:
+def _schema_dict(schema: Any, name: str) -> dict[str, Any]:
     if isinstance(schema, str):
         try:
             schema = json.loads(schema)
         except ValueError as e:
-            raise ValueError(f"{_FIELD}.json is not valid JSON: {e}") from e
+            raise ValueError(f"{name} is not valid JSON: {e}") from e
     # JSON Schema allows `true` (anything) too, but a reply constrained to "anything" is what an
     # unconstrained request already gets; a dict keeps the compiler's input one shape.
     if not isinstance(schema, dict):
         raise ValueError(
-            f"{_FIELD}.json must be a JSON schema object (or its JSON text), "
-            f"got {type(schema).__name__}"
+            f"{name} must be a JSON schema object (or its JSON text), got {type(schema).__name__}"
         )
     return schema
 
 
-def _choices(choices: Any) -> list[str]:
+def _choices(choices: Any, name: str) -> list[str]:
     if not isinstance(choices, list | tuple) or not choices:
-        raise ValueError(f"{_FIELD}.choice must be a non-empty list of strings, got {choices!r}")
+        raise ValueError(f"{name} must be a non-empty list of strings, got {choices!r}")
     for c in choices:
         if not isinstance(c, str) or not c:
-            raise ValueError(f"{_FIELD}.choice entries must be non-empty strings, got {c!r}")
+            raise ValueError(f"{name} entries must be non-empty strings, got {c!r}")
     return list(choices)
