@@ -17,6 +17,7 @@ from numbers import Integral, Real
 from typing import Any
 
 from inferd.errors import InvalidRequest
+from inferd.structured_params import StructuredOutputsParams
 
 MAX_LOGPROBS = 20  # the OpenAI API's limit for top_logprobs
 MAX_LOGIT_BIAS = 100.0  # the OpenAI API's range for logit_bias values
@@ -85,6 +86,8 @@ class SamplingParams:
     prompt_logprobs: int | None = None
     skip_special_tokens: bool = True
     logit_bias: dict[int, float] | None = None  # token id → added to its logit
+    # The reply must match a JSON schema / regex / choice / grammar (a dict is converted).
+    structured_outputs: StructuredOutputsParams | None = None
 
     def __post_init__(self) -> None:
         self.n = _check_int("n", self.n, lambda v: v >= 1, "an integer >= 1")
@@ -130,6 +133,7 @@ class SamplingParams:
         self.stop = self._normalize_stop(self.stop)
         self.stop_token_ids = self._normalize_stop_token_ids(self.stop_token_ids)
         self.logit_bias = self._normalize_logit_bias(self.logit_bias)
+        self.structured_outputs = self._normalize_structured_outputs(self.structured_outputs)
 
     @staticmethod
     def _normalize_stop(stop: Any) -> list[str]:
@@ -170,6 +174,18 @@ class SamplingParams:
                 f"a finite number in [{-lim:g}, {lim:g}]", param="logit_bias",
             )  # fmt: skip
         return out
+
+    @staticmethod
+    def _normalize_structured_outputs(spec: Any) -> StructuredOutputsParams | None:
+        if spec is None or isinstance(spec, StructuredOutputsParams):
+            return spec
+        if isinstance(spec, dict):
+            return StructuredOutputsParams.from_dict(spec)
+        raise InvalidRequest(
+            "structured_outputs",
+            "structured_outputs must be a StructuredOutputsParams or a mapping of its fields, "
+            f"got {type(spec).__name__}",
+        )
 
     def verify(self, vocab_size: int | None, max_n: int = 128, max_stop_strings: int = 16) -> None:
         """Checks that depend on the model and the engine's limits; raises InvalidRequest."""

@@ -26,7 +26,8 @@ BASE: dict[str, set[str]] = {
     "config": set(),
     "outputs": set(),
     "platform": {"cpu_info"},
-    "sampling_params": {"errors"},
+    "structured_params": {"errors"},
+    "sampling_params": {"errors", "structured_params"},
     "engine_client": {"outputs", "sampling_params", "errors"},
 }
 # node → what it may import besides the bottom row (docs/architecture.md has the same table).
@@ -41,6 +42,8 @@ ABOVE: dict[str, set[str]] = {
     "tokenizer": {"loader"},
     "engine": {"memory", "tokenizer", "loader", "models", "layers", "attention", "distributed",
                "cpu_kernels"},
+    "structured": {"tokenizer", "loader"},
+    "tools": {"structured", "tokenizer"},
     "llm": {"engine", "tokenizer", "loader"},
     "server": set(),  # the engine only as an EngineClient (inferd/engine_client.py)
     "bench": {"llm"},

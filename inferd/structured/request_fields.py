@@ -1,0 +1,83 @@
+"""The request fields that ask for structured output, read into one StructuredOutputsParams.
+
+A request may say it three ways: OpenAI's `response_format` (`json_object`, or `json_schema`
+with `strict`), vLLM's `structured_outputs` object, and vLLM's older `guided_json`,
+`guided_regex`, `guided_choice`, `guided_grammar` fields. `resolve` takes all of them, refuses
+more than one, and returns the spec (None when plain text was asked for). Every bad value is a
+ValueError naming its field (HTTP 400).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from inferd.structured_params import StructuredOutputsParams
+
+GUIDED_FIELDS = {
+    "guided_json": "json",
+    "guided_regex": "regex",
+    "guided_choice": "choice",
+    "guided_grammar": "grammar",
+}
+
+
+def from_response_format(value: Any) -> StructuredOutputsParams | None:
+    """OpenAI's `response_format`: {"type": "text" | "json_object" | "json_schema", ...}."""
+    if value is None:
+        return None
+    if not isinstance(value, dict):
+        raise ValueError(f"response_format must be an object, got {type(value).__name__}")
+    kind = value.get("type")
+    if kind == "text":
+        return None
+    if kind == "json_object":
+        return StructuredOutputsParams(json_object=True, origin="response_format")
+    if kind != "json_schema":
+        raise ValueError(
+            f"response_format.type must be one of text, json_object, json_schema, got {kind!r}"
+        )
+    spec = value.get("json_schema")
+    if not isinstance(spec, dict) or not isinstance(spec.get("schema"), dict):
+        raise ValueError("response_format.json_schema.schema must be a JSON schema object")
+    strict = spec.get("strict", False)
+    if not isinstance(strict, bool | None):
+        raise ValueError(f"response_format.json_schema.strict must be a boolean, got {strict!r}")
+    # Strict mode (OpenAI): only the declared keys, whatever the schema leaves unsaid.
+    return StructuredOutputsParams(
+        json=spec["schema"],
+        disable_additional_properties=bool(strict),
+        origin="response_format.json_schema.schema",
+    )
+
+
+def from_guided_fields(fields: dict[str, Any]) -> StructuredOutputsParams | None:
+    """vLLM's `guided_*` fields (the ones set, not None)."""
+    given = {k: v for k, v in fields.items() if k in GUIDED_FIELDS and v is not None}
+    if not given:
+        return None
+    if len(given) > 1:
+        raise ValueError(f"give only one of {', '.join(GUIDED_FIELDS)}; got {', '.join(given)}")
+    ((name, value),) = given.items()
+    return StructuredOutputsParams(**{GUIDED_FIELDS[name]: value}, origin=name)
+
+
+def resolve(
+    *,
+    response_format: Any = None,
+    structured_outputs: Any = None,
+    guided: dict[str, Any] | None = None,
+) -> StructuredOutputsParams | None:
+    """The one structured-output spec a request asks for, or None."""
+    specs = {
+        "response_format": from_response_format(response_format),
+        "structured_outputs": (
+            None
+            if structured_outputs is None
+            else StructuredOutputsParams.from_dict(structured_outputs)
+        ),
+        "guided_*": from_guided_fields(guided or {}),
+    }
+    chosen = {name: spec for name, spec in specs.items() if spec is not None}
+    if len(chosen) > 1:
+        raise ValueError(f"ask for structured output one way only; got {', '.join(chosen)}")
+    return next(iter(chosen.values()), None)
