@@ -1,13 +1,23 @@
-"""When to stop proposing for a sequence: per-sequence acceptance tracking with back-off.
+"""When to stop, and when to resume, proposing for a sequence.
 
 A verification step with d drafts computes 1 + d tokens to gain the accepted ones. On a CPU a
 decode step is bound by reading the weights, so the extra rows cost a fraction of a step each,
-but not nothing (the LM head's work grows with the rows): drafts that keep failing make the
-sequence slower than plain decoding. The gate below watches the acceptance of each sequence's
-recent verifications and pauses its proposals when too few drafts are accepted, for a pause that
-doubles each time the sequence fails again after a pause, so a sequence where lookup never pays
-spends a vanishing share of its steps on failed drafts, while one whose text turns repetitive
-later (a copy starting mid-answer) is found again.
+but not nothing (the LM head's work grows with the rows): drafts that keep failing make a
+sequence slower than plain decoding. So each sequence has a gate:
+
+- on: its drafts are verified; when the acceptance rate (accepted / drafted tokens) of its last
+  few verifications falls below `min_acceptance_rate`, the gate turns off;
+- off: the proposer still looks its drafts up (microseconds) but nobody verifies them; they are
+  "shadow" drafts, scored for free against the tokens plain decoding then produces. The gate
+  turns back on after enough consecutive shadows that would have paid. Each time a sequence
+  fails again after resuming, the number of good shadows needed doubles (the back-off), so a
+  sequence that flaps between helpful and useless text settles on plain decoding.
+
+Scoring shadows rather than pausing for a fixed number of steps matters for copying: a model
+that wanders off for a sentence and then resumes copying gets its drafts back within a step or
+two, where a timed pause would decode the copy one token at a time. Under sampling a shadow's
+score is the same random variable as a verification's (a sample equals the draft with the
+target's probability of the draft), so shadows judge sampled sequences fairly too.
 
 Steps without a draft (no n-gram match) cost nothing extra and are not judged.
 """
@@ -20,17 +30,16 @@ from dataclasses import dataclass
 
 @dataclass(frozen=True)
 class AdaptiveSettings:
-    """`min_acceptance_rate`: accepted / drafted tokens over the last `window` verifications below
-    which a sequence pauses. Drafting pays while rate > c, the cost of one more row relative to
-    a plain step; 0.25 leaves a margin over the c measured on the embedded model (see the spec
-    decode benchmark). A fresh sequence is judged after 2 verifications, a resumed one after 1
-    (it failed before); pauses run `first_pause` steps, doubling per repeated failure up to
-    `max_pause`, and reset to `first_pause` after a full window at or above the rate."""
+    """`min_acceptance_rate`: drafting pays while accepted / drafted > c, the cost of one more
+    row in a step relative to a plain step; 0.25 leaves a margin over c on a CPU. A gate that is
+    on is judged over its last `window` verifications (from the second one on); one that is off
+    resumes after `resume_after` consecutive shadows at or above the rate, doubled per repeated
+    failure up to `max_resume_after`, and reset after a full good window."""
 
     min_acceptance_rate: float = 0.25
     window: int = 4
-    first_pause: int = 16
-    max_pause: int = 512
+    resume_after: int = 1
+    max_resume_after: int = 16
 
     def __post_init__(self) -> None:
         if not 0.0 <= self.min_acceptance_rate <= 1.0:
@@ -39,53 +48,68 @@ class AdaptiveSettings:
             )
         if self.window < 2:
             raise ValueError(f"window must be >= 2, got {self.window}")
-        if not 1 <= self.first_pause <= self.max_pause:
+        if not 1 <= self.resume_after <= self.max_resume_after:
             raise ValueError(
-                f"need 1 <= first_pause <= max_pause, got {self.first_pause}, {self.max_pause}"
+                f"need 1 <= resume_after <= max_resume_after, got {self.resume_after}, "
+                f"{self.max_resume_after}"
             )
 
 
 class DraftGate:
-    """One sequence's on/off state. Call `allows()` once per decode step of the sequence (it
-    counts a pause down), and `record()` after each verification that had drafts."""
+    """One sequence's on/off state: `record()` after each verification while on,
+    `record_shadow()` for each scored shadow draft while off."""
 
-    __slots__ = ("_settings", "_recent", "_pause", "_pause_left", "_resumed")
+    __slots__ = ("_settings", "_recent", "_on", "_needed", "_good_shadows")
 
     def __init__(self, settings: AdaptiveSettings) -> None:
         self._settings = settings
         self._recent: deque[tuple[int, int]] = deque(maxlen=settings.window)
-        self._pause = settings.first_pause  # length of the next pause
-        self._pause_left = 0
-        self._resumed = False
+        self._on = True
+        self._needed = settings.resume_after  # good shadows in a row to turn back on
+        self._good_shadows = 0
 
     @property
-    def paused(self) -> bool:
-        return self._pause_left > 0
-
-    def allows(self) -> bool:
-        if self._pause_left > 0:
-            self._pause_left -= 1
-            return False
-        return True
+    def on(self) -> bool:
+        return self._on
 
     def record(self, num_drafted: int, num_accepted: int) -> None:
-        if not 0 <= num_accepted <= num_drafted:
-            raise ValueError(
-                f"num_accepted must be in [0, num_drafted={num_drafted}], got {num_accepted}"
-            )
-        if num_drafted == 0:
+        """A verification of real drafts (ignored while off: a step scheduled before the gate
+        turned off can still report)."""
+        _check(num_drafted, num_accepted)
+        if num_drafted == 0 or not self._on:
             return
         s = self._settings
         self._recent.append((num_drafted, num_accepted))
-        drafted = sum(d for d, _ in self._recent)
-        rate = sum(a for _, a in self._recent) / drafted
-        judged_after = 1 if self._resumed else 2
-        if len(self._recent) >= judged_after and rate < s.min_acceptance_rate:
-            self._pause_left = self._pause
-            self._pause = min(2 * self._pause, s.max_pause)
+        if len(self._recent) >= 2 and _rate(self._recent) < s.min_acceptance_rate:
+            self._on = False
             self._recent.clear()
-            self._resumed = True
+            self._good_shadows = 0
         elif len(self._recent) == s.window:
             # A full window at a good rate: this sequence pays, forget its earlier failures.
-            self._pause = s.first_pause
-            self._resumed = False
+            self._needed = s.resume_after
+
+    def record_shadow(self, num_drafted: int, num_accepted: int) -> None:
+        """What a draft that was not verified would have scored."""
+        _check(num_drafted, num_accepted)
+        if num_drafted == 0 or self._on:
+            return
+        s = self._settings
+        if num_accepted / num_drafted < s.min_acceptance_rate:
+            self._good_shadows = 0
+            return
+        self._good_shadows += 1
+        if self._good_shadows >= self._needed:
+            self._on = True
+            # Should it fail again, it must show more before the next resume.
+            self._needed = min(2 * self._needed, s.max_resume_after)
+
+
+def _rate(recent: deque[tuple[int, int]]) -> float:
+    return sum(a for _, a in recent) / sum(d for d, _ in recent)
+
+
+def _check(num_drafted: int, num_accepted: int) -> None:
+    if not 0 <= num_accepted <= num_drafted:
+        raise ValueError(
+            f"num_accepted must be in [0, num_drafted={num_drafted}], got {num_accepted}"
+        )

@@ -93,11 +93,24 @@ def draft_room(num_tokens: int, num_output_tokens: int, max_tokens: int, max_mod
 
 
 class _SequenceDrafts:
-    __slots__ = ("index", "gate")
+    __slots__ = ("index", "gate", "shadow", "shadow_at")
 
     def __init__(self, config: SpeculativeConfig, adaptive: AdaptiveSettings | None) -> None:
         self.index = NgramIndex(config.prompt_lookup_min, config.prompt_lookup_max)
         self.gate = DraftGate(adaptive) if adaptive is not None else None
+        self.shadow: list[int] = []  # while the gate is off: the draft being scored
+        self.shadow_at = 0  # the sequence length the shadow was proposed at
+
+    def score_shadow(self, tokens: list[int]) -> None:
+        """Compare the pending shadow with the tokens decoded since; once it is decided (a
+        mismatch, or all of it matched), hand its score to the gate."""
+        arrived = tokens[self.shadow_at : self.shadow_at + len(self.shadow)]
+        matched = 0
+        while matched < len(arrived) and arrived[matched] == self.shadow[matched]:
+            matched += 1
+        if matched < len(arrived) or matched == len(self.shadow):
+            self.gate.record_shadow(len(self.shadow), matched)
+            self.shadow = []
 
 
 class NgramProposer:
@@ -116,17 +129,24 @@ class NgramProposer:
 
     def propose(self, seq_id: Hashable, token_ids: list[int], room: int) -> list[int]:
         """Draft token ids for the step after `token_ids` (prompt + output so far, a list that
-        only grows), at most min(num_speculative_tokens, room) of them (`draft_room`)."""
+        only grows), at most min(num_speculative_tokens, room) of them (`draft_room`); [] when
+        nothing matches or the sequence's gate is off."""
         state = self._sequences.get(seq_id)
         if state is None:
             state = self._sequences[seq_id] = _SequenceDrafts(self.config, self.adaptive)
-        if state.gate is not None and not state.gate.allows():
-            return []
         k = min(self.config.num_speculative_tokens, room)
-        if k <= 0:
-            return []
         state.index.sync(token_ids)
-        return state.index.lookup(token_ids, k)
+        gate = state.gate
+        if gate is not None and not gate.on:
+            if state.shadow:
+                state.score_shadow(token_ids)
+            if not gate.on:
+                if not state.shadow and k > 0:
+                    state.shadow = state.index.lookup(token_ids, k)
+                    state.shadow_at = len(token_ids)
+                return []
+            state.shadow = []
+        return state.index.lookup(token_ids, k) if k > 0 else []
 
     def record(self, seq_id: Hashable, num_drafted: int, num_accepted: int) -> None:
         """The outcome of verifying the drafts of `seq_id` (num_drafted as verified, after any
@@ -135,9 +155,10 @@ class NgramProposer:
         if state is not None and state.gate is not None:
             state.gate.record(num_drafted, num_accepted)
 
-    def is_paused(self, seq_id: Hashable) -> bool:
+    def is_drafting(self, seq_id: Hashable) -> bool:
+        """False while the sequence's gate is off (unknown sequences draft)."""
         state = self._sequences.get(seq_id)
-        return state is not None and state.gate is not None and state.gate.paused
+        return state is None or state.gate is None or state.gate.on
 
     def forget(self, seq_id: Hashable) -> None:
         self._sequences.pop(seq_id, None)

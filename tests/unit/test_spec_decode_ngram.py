@@ -15,6 +15,7 @@ from inferd.spec_decode import (
     SpeculativeConfig,
     draft_room,
 )
+from inferd.spec_decode.simulate import replay_greedy
 
 
 def lookup(tokens: list[int], k: int, min_n: int = 2, max_n: int = 4) -> list[int]:
@@ -125,71 +126,117 @@ def test_proposer_applies_k_and_room_and_forgets_sequences():
     assert len(proposer) == 1
 
 
-SETTINGS = AdaptiveSettings(min_acceptance_rate=0.25, window=4, first_pause=4, max_pause=16)
+SETTINGS = AdaptiveSettings(min_acceptance_rate=0.25, window=4, resume_after=1, max_resume_after=4)
 
 
-def steps_allowed(gate: DraftGate, n: int) -> list[bool]:
-    return [gate.allows() for _ in range(n)]
-
-
-def test_gate_pauses_after_failures_and_retries_with_doubling_back_off():
+def test_gate_turns_off_on_failures_and_back_on_after_good_shadows_with_back_off():
     gate = DraftGate(SETTINGS)
-    assert gate.allows()
+    assert gate.on
     gate.record(4, 0)
-    assert not gate.paused  # one verification is not enough to judge a fresh sequence
+    assert gate.on  # one verification is not enough to judge
     gate.record(4, 0)
-    assert gate.paused
-    assert steps_allowed(gate, 5) == [False] * 4 + [True]
-    gate.record(4, 0)  # a resumed sequence is judged after one more failure
-    assert steps_allowed(gate, 9) == [False] * 8 + [True]
+    assert not gate.on
+    gate.record_shadow(4, 0)
+    gate.record_shadow(4, 1)  # rate 0.25: would have paid
+    assert gate.on  # resume_after = 1
     gate.record(4, 0)
-    assert steps_allowed(gate, 17) == [False] * 16 + [True]
     gate.record(4, 0)
-    assert steps_allowed(gate, 17) == [False] * 16 + [True]  # capped at max_pause
+    assert not gate.on
+    gate.record_shadow(4, 4)
+    assert not gate.on  # failed again after resuming: now 2 good shadows in a row are needed
+    gate.record_shadow(4, 0)  # a bad one restarts the count
+    gate.record_shadow(4, 4)
+    assert not gate.on
+    gate.record_shadow(4, 3)
+    assert gate.on
+    for _ in range(3):  # each relapse doubles the evidence needed, up to max_resume_after = 4
+        gate.record(4, 0)
+        gate.record(4, 0)
+        assert not gate.on
+        for _ in range(3):
+            gate.record_shadow(4, 4)
+        assert not gate.on
+        gate.record_shadow(4, 4)
+        assert gate.on
 
 
-def test_gate_stays_on_when_drafts_pay_and_a_good_window_resets_the_back_off():
+def test_a_good_window_resets_the_back_off_and_shadows_are_ignored_while_on():
     gate = DraftGate(SETTINGS)
-    for _ in range(50):
-        assert gate.allows()
-        gate.record(4, 2)
-    assert not gate.paused
     gate.record(4, 0)
     gate.record(4, 0)
-    gate.record(4, 0)  # window rate 2 / 16 < 0.25
-    assert gate.paused
-    steps_allowed(gate, 4)
-    for _ in range(4):  # a full good window after the pause
+    gate.record_shadow(4, 4)
+    assert gate.on  # needs 2 next time
+    gate.record_shadow(4, 0)  # ignored while on
+    assert gate.on
+    for _ in range(4):  # a full window of paying drafts
         gate.record(4, 3)
     gate.record(4, 0)
     gate.record(4, 0)
-    gate.record(4, 0)
-    assert steps_allowed(gate, 5) == [False] * 4 + [True]  # back to first_pause, not 8
+    gate.record(4, 0)  # rate 3 / 16 over the window < 0.25
+    assert not gate.on
+    gate.record_shadow(4, 2)
+    assert gate.on  # back to resume_after = 1
+    gate.record(4, 0)  # real verifications while off would be ignored; this one counts
+    assert gate.on
 
 
 def test_gate_rejects_impossible_outcomes():
     gate = DraftGate(SETTINGS)
     with pytest.raises(ValueError, match="num_accepted"):
         gate.record(2, 3)
+    with pytest.raises(ValueError, match="num_accepted"):
+        gate.record_shadow(1, -1)
     gate.record(0, 0)  # no draft: nothing to judge
-    assert not gate.paused
+    gate.record(0, 0)
+    assert gate.on
     with pytest.raises(ValueError, match="min_acceptance_rate"):
         AdaptiveSettings(min_acceptance_rate=1.5)
+    with pytest.raises(ValueError, match="resume_after"):
+        AdaptiveSettings(resume_after=0)
 
 
-def test_adaptive_proposer_spends_few_steps_on_failing_drafts():
-    """A sequence whose matches never hold: after the first few failures it drafts on a small
-    share of its steps; drafting everything would have failed on every step."""
-    config = SpeculativeConfig(num_speculative_tokens=4, prompt_lookup_max=2, prompt_lookup_min=2)
-    proposer = NgramProposer(config, adaptive=AdaptiveSettings())
-    tokens = [1, 2, 3, 4] * 3  # every suffix matches, and the "model" never follows
-    rng = random.Random(1)
-    drafted_steps = 0
-    for _ in range(1000):
+def run_adversary(proposer: NgramProposer, steps: int, follow_from: int) -> list[int]:
+    """A "model" over 3 tokens that, for its first `follow_from` steps, never emits what lookup
+    would propose next (so every draft, real or shadow, fails at its first token), and after
+    that always does. Returns the number of drafted tokens per step."""
+    tokens = [0, 1, 2, 0, 1, 2]
+    drafted = []
+    for step in range(steps):
         draft = proposer.propose(0, tokens, room=100)
+        accepted = 0 if step < follow_from else len(draft)
         if draft:
-            drafted_steps += 1
-            proposer.record(0, len(draft), 0)
-        tokens += [1, 2] if rng.random() < 0.5 else [3, 4]  # the suffix keeps matching
-    assert 0 < drafted_steps <= 15  # 2 + one retry per doubling pause (16 .. 512)
-    assert proposer.is_paused(0) or drafted_steps > 2
+            proposer.record(0, len(draft), accepted)
+            tokens += draft[:accepted]
+        predicted = brute_force(tokens, 1, 2, 2)
+        if step < follow_from:
+            tokens.append([t for t in range(3) if [t] != predicted][step % 2])
+        else:
+            tokens.append(predicted[0] if predicted else 0)
+        drafted.append(len(draft))
+    return drafted
+
+
+def test_adaptive_proposer_stops_drafting_where_lookup_never_pays_and_resumes_when_it_does():
+    config = SpeculativeConfig(num_speculative_tokens=4, prompt_lookup_max=2, prompt_lookup_min=2)
+    drafted = run_adversary(NgramProposer(config), steps=400, follow_from=300)
+    failing, copying = drafted[:300], drafted[300:]
+    assert sum(d > 0 for d in failing) == 2  # judged after two verifications, then shadows only
+    assert sum(d > 0 for d in copying[3:]) == len(copying) - 3  # back on within a few steps
+    # Without the gate every failing step would have drafted.
+    plain = run_adversary(NgramProposer(config, adaptive=None), steps=300, follow_from=300)
+    assert sum(d > 0 for d in plain) > 290
+
+
+def test_replaying_a_greedy_output_counts_steps_drafts_and_acceptance():
+    config = SpeculativeConfig(num_speculative_tokens=4, prompt_lookup_max=3, prompt_lookup_min=2)
+    prompt = [10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 99, 10, 11]
+    output = [12, 13, 14, 15, 16, 17, 18, 19]
+    r = replay_greedy(NgramProposer(config), prompt, output)
+    # Step 1: draft 13..16 accepted, bonus 17. Step 2: room for one draft (18), bonus 19.
+    assert r.decode_steps == 2 and r.tokens_per_step == pytest.approx(7 / 2)
+    assert r.metrics.counters()["spec_decode_num_draft_tokens"] == 5
+    assert r.metrics.acceptance_rate == 1.0
+    # An output that leaves the text after two tokens: the rest decodes one token a step.
+    off = replay_greedy(NgramProposer(config), prompt, [12, 13, 50, 51, 52, 53])
+    assert off.metrics.num_accepted_tokens == 1  # 13 accepted, 14 rejected (50 emitted)
+    assert off.decode_steps == 4 and off.output_tokens == 6
