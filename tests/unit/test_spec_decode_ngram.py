@@ -126,7 +126,7 @@ def test_proposer_applies_k_and_room_and_forgets_sequences():
     assert len(proposer) == 1
 
 
-SETTINGS = AdaptiveSettings(min_acceptance_rate=0.25, window=4, resume_after=1, max_resume_after=4)
+SETTINGS = AdaptiveSettings(min_mean_accepted=1.0, window=4, resume_after=1, max_resume_after=4)
 
 
 def test_gate_turns_off_on_failures_and_back_on_after_good_shadows_with_back_off():
@@ -137,7 +137,7 @@ def test_gate_turns_off_on_failures_and_back_on_after_good_shadows_with_back_off
     gate.record(4, 0)
     assert not gate.on
     gate.record_shadow(4, 0)
-    gate.record_shadow(4, 1)  # rate 0.25: would have paid
+    gate.record_shadow(4, 1)  # one token: would have paid
     assert gate.on  # resume_after = 1
     gate.record(4, 0)
     gate.record(4, 0)
@@ -172,7 +172,7 @@ def test_a_good_window_resets_the_back_off_and_shadows_are_ignored_while_on():
         gate.record(4, 3)
     gate.record(4, 0)
     gate.record(4, 0)
-    gate.record(4, 0)  # rate 3 / 16 over the window < 0.25
+    gate.record(4, 0)  # window mean (3 + 0 + 0 + 0) / 4 < 1
     assert not gate.on
     gate.record_shadow(4, 2)
     assert gate.on  # back to resume_after = 1
@@ -189,8 +189,8 @@ def test_gate_rejects_impossible_outcomes():
     gate.record(0, 0)  # no draft: nothing to judge
     gate.record(0, 0)
     assert gate.on
-    with pytest.raises(ValueError, match="min_acceptance_rate"):
-        AdaptiveSettings(min_acceptance_rate=1.5)
+    with pytest.raises(ValueError, match="min_mean_accepted"):
+        AdaptiveSettings(min_mean_accepted=-1)
     with pytest.raises(ValueError, match="resume_after"):
         AdaptiveSettings(resume_after=0)
 
