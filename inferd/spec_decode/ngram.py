@@ -130,7 +130,8 @@ class NgramProposer:
     def propose(self, seq_id: Hashable, token_ids: list[int], room: int) -> list[int]:
         """Draft token ids for the step after `token_ids` (prompt + output so far, a list that
         only grows), at most min(num_speculative_tokens, room) of them (`draft_room`); [] when
-        nothing matches or the sequence's gate is off."""
+        nothing matches or the sequence's gate is off. Calling it again for the same tokens
+        (a step that did not get scheduled) returns the same draft and changes nothing."""
         state = self._sequences.get(seq_id)
         if state is None:
             state = self._sequences[seq_id] = _SequenceDrafts(self.config, self.adaptive)

@@ -240,3 +240,17 @@ def test_replaying_a_greedy_output_counts_steps_drafts_and_acceptance():
     off = replay_greedy(NgramProposer(config), prompt, [12, 13, 50, 51, 52, 53])
     assert off.metrics.num_accepted_tokens == 1  # 13 accepted, 14 rejected (50 emitted)
     assert off.decode_steps == 4 and off.output_tokens == 6
+
+
+def test_proposing_twice_for_the_same_tokens_is_harmless():
+    config = SpeculativeConfig(num_speculative_tokens=2, prompt_lookup_max=2, prompt_lookup_min=2)
+    proposer = NgramProposer(config)
+    tokens = [1, 2, 3, 4, 1, 2]
+    assert proposer.propose(0, tokens, 5) == proposer.propose(0, tokens, 5) == [3, 4]
+    proposer.record(0, 2, 0)
+    proposer.record(0, 2, 0)
+    assert not proposer.is_drafting(0)
+    for _ in range(3):  # the shadow waits for tokens; asking again neither scores nor resumes
+        assert proposer.propose(0, tokens, 5) == []
+    assert proposer.propose(0, tokens + [3, 4], 5) == [1, 2]  # the shadow [3, 4] held: back on
+    assert proposer.is_drafting(0)
