@@ -141,9 +141,14 @@ def copy_requests(spec: WorkloadSpec, tokenizer) -> list[BenchRequest]:
     ]
     requests = []
     for target, output_len in zip(in_lens, out_lens, strict=True):
-        text_rng = random.Random(rng.getrandbits(64))
-        # A sentence is well over 8 tokens, so this many always reaches the target.
-        sentences = edit_sentences(text_rng, target // 8 + 2)
+        text_seed = rng.getrandbits(64)
+        count = target // 8 + 2  # sentences: enough unless a sentence is under 8 tokens
+        while True:
+            # The same seed writes the same text, longer: the shorter one is its prefix.
+            sentences = edit_sentences(random.Random(text_seed), count)
+            if len(tokenizer.encode(edit_prompt(sentences))) >= target:
+                break
+            count *= 2
         ids = _shortest_prompt_reaching(sentences, target, tokenizer)
         requests.append(BenchRequest(ids, output_len))
     return requests
@@ -157,7 +162,7 @@ def _shortest_prompt_reaching(sentences: list[str], target: int, tokenizer) -> l
         return [int(t) for t in tokenizer.encode(edit_prompt(sentences[:count]))]
 
     low, high = 1, len(sentences)
-    best = encode(high)  # NOTE: always the encoding of `high` sentences, which reaches target
+    best = encode(high)  # NOTE: always the encoding of `high` sentences
     if len(best) < target:
         raise ValueError(f"a copy prompt of {len(best)} tokens cannot reach {target}")
     while low < high:

@@ -231,3 +231,12 @@ def test_make_requests_dispatches_on_the_dataset_and_latency_batches_take_the_to
     warm, measured = latency_batches(copy_spec, VOCAB, 1, 2, tokenizer=WordTokenizer())
     firsts = [tuple(b[0].prompt_token_ids) for b in warm + measured]
     assert len(set(firsts)) == 3
+
+
+def test_copy_prompts_reach_the_length_with_a_tokenizer_of_few_tokens_per_sentence():
+    class FirstWordsTokenizer:  # about 4 tokens per sentence
+        def encode(self, text: str) -> list[int]:
+            return [len(s.split()[0]) for s in re.split(r"[.\n]", text) if s.strip()] * 4
+
+    spec = WorkloadSpec(2, LengthRange(900, 900), LengthRange(8, 8), dataset="copy")
+    assert all(r.prompt_len >= 900 for r in copy_requests(spec, FirstWordsTokenizer()))
