@@ -3,8 +3,9 @@ client with Poisson arrivals, start-up time, and the peers (llama.cpp, HF transf
 the same workload for ratios. `inferd bench` (inferd/commands/bench.py) is the entry point.
 
     metrics.py     TTFT / TPOT / ITL / E2EL and throughputs from per-request timestamps
-    workload.py    random-token prompts and lengths (vLLM's random dataset)
-    presets.py     the standard workloads: throughput32, single, prefill512
+    workload.py    random-token prompts and lengths (vLLM's random dataset), copy prompts
+    copy_text.py   the copy workload's text: an article to fix, from a seed
+    presets.py     the standard workloads: throughput32, single, prefill512, copy
     systems.py     what a benchmarked system provides; inferd's offline API as one
     peers.py       llama-cpp-python and HF transformers on the same GGUF
     throughput.py  all requests at once          latency.py  one batch, repeated

@@ -23,19 +23,20 @@ from inferd.bench.metrics import (
     summarize,
 )
 from inferd.bench.systems import System
-from inferd.bench.workload import BenchRequest, WorkloadSpec, random_requests
+from inferd.bench.workload import BenchRequest, WorkloadSpec, make_requests
 
 
 def latency_batches(
-    spec: WorkloadSpec, vocab_ids: np.ndarray, num_warmup: int, num_iters: int
+    spec: WorkloadSpec, vocab_ids: np.ndarray, num_warmup: int, num_iters: int, tokenizer=None
 ) -> tuple[list[list[BenchRequest]], list[list[BenchRequest]]]:
-    """(warm-up batches, measured batches); `spec.num_prompts` is the batch size."""
+    """(warm-up batches, measured batches); `spec.num_prompts` is the batch size. The copy
+    dataset needs the model's `tokenizer`."""
     if num_iters < 1 or num_warmup < 0:
         raise ValueError(
             f"need num_iters >= 1 and num_iters_warmup >= 0, got {num_iters}, {num_warmup}"
         )
     batches = [
-        random_requests(replace(spec, seed=spec.seed + i), vocab_ids)
+        make_requests(replace(spec, seed=spec.seed + i), vocab_ids, tokenizer)
         for i in range(num_warmup + num_iters)
     ]
     return batches[:num_warmup], batches[num_warmup:]

@@ -15,6 +15,9 @@ PRESETS: dict[str, dict] = {
     "single": dict(num_prompts=1, input_len=(128, 128), output_len=(128, 128)),
     # Prefill: time to the first token of a 512-token prompt (max_tokens=1).
     "prefill512": dict(num_prompts=1, input_len=(512, 512), output_len=(1, 1)),
+    # Copy-heavy, one stream: fix the typos of a ~256-token text; the 192-token answer copies it
+    # (where n-gram speculative decoding pays; run it with `bench latency`).
+    "copy": dict(num_prompts=1, input_len=(256, 256), output_len=(192, 192), dataset="copy"),
 }
 DEFAULT_LEN = 128
 
@@ -45,4 +48,5 @@ def resolve_workload(
         lengths("input_len", input_len),
         lengths("output_len", output_len),
         seed=seed,
+        dataset=chosen.get("dataset", "random"),
     )

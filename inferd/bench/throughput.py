@@ -21,17 +21,21 @@ from inferd.bench.metrics import (
     count_mismatches,
 )
 from inferd.bench.systems import System, warm_up
-from inferd.bench.workload import BenchRequest, WorkloadSpec, random_requests
+from inferd.bench.workload import BenchRequest, WorkloadSpec, make_requests
 
 
 def round_workloads(
-    spec: WorkloadSpec, vocab_ids: np.ndarray, rounds: int
+    spec: WorkloadSpec, vocab_ids: np.ndarray, rounds: int, tokenizer=None
 ) -> list[list[BenchRequest]]:
     """One request list per round, round k drawn with seed + k: a round that repeated the
-    previous prompts would be served from inferd's prefix cache."""
+    previous prompts would be served from inferd's prefix cache. The copy dataset needs the
+    model's `tokenizer`."""
     if rounds < 1:
         raise ValueError(f"--rounds must be >= 1, got {rounds}")
-    return [random_requests(replace(spec, seed=spec.seed + k), vocab_ids) for k in range(rounds)]
+    return [
+        make_requests(replace(spec, seed=spec.seed + k), vocab_ids, tokenizer)
+        for k in range(rounds)
+    ]
 
 
 def run_throughput(

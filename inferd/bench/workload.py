@@ -1,17 +1,26 @@
-"""Random-token workloads, as vLLM's "random" dataset: each request gets a prompt of random
-ordinary token ids and an output length, both drawn uniformly from a range.
+"""Benchmark workloads. Two datasets:
 
-Prompts are token-id lists, never text: decoding random ids and re-encoding the text changes
-the count, and the benchmark must feed every system exactly the same number of tokens.
+- "random", as vLLM's: each request gets a prompt of random ordinary token ids and an output
+  length, both drawn uniformly from a range. Prompts are token-id lists, never text: decoding
+  random ids and re-encoding the text changes the count, and the benchmark must feed every
+  system exactly the same number of tokens.
+- "copy": an editing task whose answer copies its prompt (copy_text.py): the case n-gram
+  speculative decoding is for. The prompt is text, encoded once by the model's tokenizer into
+  the ids every system gets; its length is the input length rounded up to a whole sentence.
 """
 
 from __future__ import annotations
 
 import math
+import random
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
+
+from inferd.bench.copy_text import edit_prompt, edit_sentences
+
+DATASETS = ("random", "copy")
 
 
 @dataclass(frozen=True)
@@ -59,10 +68,13 @@ class WorkloadSpec:
     input_len: LengthRange
     output_len: LengthRange
     seed: int = 0
+    dataset: str = "random"
 
     def __post_init__(self) -> None:
         if self.num_prompts < 1:
             raise ValueError(f"num_prompts must be >= 1, got {self.num_prompts}")
+        if self.dataset not in DATASETS:
+            raise ValueError(f"dataset must be one of {', '.join(DATASETS)}, got {self.dataset!r}")
 
     def to_dict(self) -> dict:
         return {
@@ -70,6 +82,7 @@ class WorkloadSpec:
             "input_len": [self.input_len.low, self.input_len.high],
             "output_len": [self.output_len.low, self.output_len.high],
             "seed": self.seed,
+            "dataset": self.dataset,
         }
 
 
@@ -104,3 +117,59 @@ def workload_vocab(tokenizer) -> np.ndarray:
     """Ordinary ids of an inferd (or HF) tokenizer: anything with `len()`, added tokens
     included, and `all_special_ids`."""
     return ordinary_token_ids(len(tokenizer), tokenizer.all_special_ids)
+
+
+def make_requests(
+    spec: WorkloadSpec, vocab_ids: Sequence[int] | np.ndarray, tokenizer
+) -> list[BenchRequest]:
+    """The requests of `spec` from its dataset: random ids from `vocab_ids`, or copy prompts
+    encoded by `tokenizer` (anything with `encode(text) -> ids`)."""
+    if spec.dataset == "copy":
+        return copy_requests(spec, tokenizer)
+    return random_requests(spec, vocab_ids)
+
+
+def copy_requests(spec: WorkloadSpec, tokenizer) -> list[BenchRequest]:
+    """Edit prompts of about `input_len` tokens (whole sentences: at least the length drawn,
+    and at least one sentence), each a different text for the seed and request."""
+    rng = random.Random(spec.seed)
+    in_lens = [
+        rng.randint(spec.input_len.low, spec.input_len.high) for _ in range(spec.num_prompts)
+    ]
+    out_lens = [
+        rng.randint(spec.output_len.low, spec.output_len.high) for _ in range(spec.num_prompts)
+    ]
+    requests = []
+    for target, output_len in zip(in_lens, out_lens, strict=True):
+        text_seed = rng.getrandbits(64)
+        count = target // 8 + 2  # sentences: enough unless a sentence is under 8 tokens
+        while True:
+            # The same seed writes the same text, longer: the shorter one is its prefix.
+            sentences = edit_sentences(random.Random(text_seed), count)
+            if len(tokenizer.encode(edit_prompt(sentences))) >= target:
+                break
+            count *= 2
+        ids = _shortest_prompt_reaching(sentences, target, tokenizer)
+        requests.append(BenchRequest(ids, output_len))
+    return requests
+
+
+def _shortest_prompt_reaching(sentences: list[str], target: int, tokenizer) -> list[int]:
+    """The prompt of the fewest leading sentences whose encoding has >= target tokens (its
+    length grows with the sentences, so a binary search over the count finds it)."""
+
+    def encode(count: int) -> list[int]:
+        return [int(t) for t in tokenizer.encode(edit_prompt(sentences[:count]))]
+
+    low, high = 1, len(sentences)
+    best = encode(high)  # NOTE: always the encoding of `high` sentences
+    if len(best) < target:
+        raise ValueError(f"a copy prompt of {len(best)} tokens cannot reach {target}")
+    while low < high:
+        mid = (low + high) // 2
+        ids = encode(mid)
+        if len(ids) >= target:
+            best, high = ids, mid
+        else:
+            low = mid + 1
+    return best

@@ -167,7 +167,9 @@ def _run_local(args: argparse.Namespace) -> int:
     inferd = InferdSystem(engine_config_from_args(args))
     vocab = workload_vocab(inferd.tokenizer)
     if args.mode == "latency":
-        warm, batches = latency.latency_batches(spec, vocab, args.num_iters_warmup, args.num_iters)
+        warm, batches = latency.latency_batches(
+            spec, vocab, args.num_iters_warmup, args.num_iters, inferd.tokenizer
+        )
         every = [r for b in warm + batches for r in b]
         title = (
             f"latency: batch {spec.num_prompts}, prompt {spec.input_len}, output "
@@ -175,7 +177,7 @@ def _run_local(args: argparse.Namespace) -> int:
             f"{args.num_iters_warmup} warm-up, systems alternating"
         )
     else:
-        rounds = throughput.round_workloads(spec, vocab, args.rounds)
+        rounds = throughput.round_workloads(spec, vocab, args.rounds, inferd.tokenizer)
         every = [r for requests in rounds for r in requests]
         title = (
             f"throughput: {spec.num_prompts} requests, prompts {spec.input_len}, outputs "
@@ -250,14 +252,14 @@ def _load(env: dict) -> str:
 def _run_serve(args: argparse.Namespace) -> int:
     from inferd.bench import report
     from inferd.bench.serve import run_serve
-    from inferd.bench.workload import random_requests, workload_vocab
+    from inferd.bench.workload import make_requests, workload_vocab
     from inferd.loader import open_checkpoint
     from inferd.tokenizer import checkpoint_tokenizer
 
     console = _console(args)
     spec = workload_spec(args)
     tokenizer = checkpoint_tokenizer(open_checkpoint(args.tokenizer))
-    requests = random_requests(spec, workload_vocab(tokenizer))
+    requests = make_requests(spec, workload_vocab(tokenizer), tokenizer)
     env_start = report.environment()
     result = run_serve(
         args.base_url,

@@ -1,14 +1,18 @@
-"""The random-token workload generator (lengths, vocabulary, determinism), the presets of the
-standard workloads, latency batches and Poisson arrival gaps. No model is loaded."""
+"""The random-token workload generator (lengths, vocabulary, determinism), the copy workload
+(edit prompts of a target length), the presets of the standard workloads, latency batches and
+Poisson arrival gaps. No model is loaded."""
 
 from __future__ import annotations
 
 import math
+import random
+import re
 from dataclasses import replace
 
 import numpy as np
 import pytest
 
+from inferd.bench.copy_text import TYPO_RATE, _with_typos, edit_prompt, edit_sentences
 from inferd.bench.latency import latency_batches
 from inferd.bench.presets import resolve_workload
 from inferd.bench.serve import arrival_gaps
@@ -16,6 +20,9 @@ from inferd.bench.throughput import round_workloads
 from inferd.bench.workload import (
     LengthRange,
     WorkloadSpec,
+    _shortest_prompt_reaching,
+    copy_requests,
+    make_requests,
     ordinary_token_ids,
     random_requests,
     workload_vocab,
@@ -144,3 +151,92 @@ def test_throughput_rounds_draw_fresh_prompts_and_round_one_is_the_plain_workloa
     assert len({tuple(r[0].prompt_token_ids) for r in rounds}) == 3
     with pytest.raises(ValueError, match="rounds"):
         round_workloads(base, VOCAB, 0)
+
+
+class WordTokenizer:
+    """A stand-in tokenizer: one id per word or punctuation mark, plus BOS."""
+
+    def encode(self, text: str) -> list[int]:
+        return [2] + [len(w) + 10 for w in re.findall(r"\w+|[^\w\s]", text)]
+
+
+def test_copy_preset_is_a_single_stream_edit_workload():
+    kw = dict(input_len=None, output_len=None, range_ratio=0.0, num_prompts=None, seed=0)
+    c = resolve_workload("copy", default_prompts=9, **kw)
+    assert (c.num_prompts, c.input_len, c.output_len, c.dataset) == (
+        1,
+        LengthRange(256, 256),
+        LengthRange(192, 192),
+        "copy",
+    )
+    assert c.to_dict()["dataset"] == "copy"
+    assert resolve_workload("single", default_prompts=1, **kw).dataset == "random"
+    with pytest.raises(ValueError, match="dataset must be one of random, copy"):
+        replace(c, dataset="sharegpt")
+
+
+def test_copy_prompts_are_the_shortest_whole_sentence_prompts_reaching_the_length():
+    tok = WordTokenizer()
+    spec = WorkloadSpec(6, LengthRange(120, 400), LengthRange(50, 60), seed=3, dataset="copy")
+    reqs = copy_requests(spec, tok)
+    assert len(reqs) == 6 and all(50 <= r.output_len <= 60 for r in reqs)
+    assert len({tuple(r.prompt_token_ids) for r in reqs}) == 6  # a fresh text per request
+    rng = random.Random(spec.seed)
+    targets = [rng.randint(120, 400) for _ in range(6)]
+    for r, target in zip(reqs, targets, strict=True):
+        assert r.prompt_len >= target
+        assert all(type(t) is int for t in r.prompt_token_ids)
+    assert copy_requests(spec, tok) == reqs
+    assert copy_requests(replace(spec, seed=4), tok) != reqs
+    # Minimal: one sentence fewer would fall short of the length.
+    sentences = edit_sentences(random.Random(0), 40)
+    for target in (30, 200, 333):
+        got = _shortest_prompt_reaching(sentences, target, tok)
+        count = next(m for m in range(1, 41) if tok.encode(edit_prompt(sentences[:m])) == got)
+        assert len(got) >= target
+        assert count == 1 or len(tok.encode(edit_prompt(sentences[: count - 1]))) < target
+
+
+def test_edit_text_is_deterministic_prose_with_typos_to_fix():
+    a = edit_sentences(random.Random(11), 30)
+    assert a == edit_sentences(random.Random(11), 30)
+    assert a[:10] == edit_sentences(random.Random(11), 10)  # a prefix of a longer text
+    assert a[0].startswith("The town council of ")
+    assert "".join(a).count("\n\n") >= 5  # paragraphs
+    prompt = edit_prompt(a)
+    assert prompt.startswith('Original text:\n"""\n') and prompt.endswith('fixed:\n"""\n')
+
+
+def test_typos_swap_two_inner_letters_of_a_few_long_words():
+    sentence = " ".join(["abcdefgh"] * 2000)
+    typed = _with_typos(random.Random(0), sentence).split(" ")
+    changed = [w for w in typed if w != "abcdefgh"]
+    assert len(changed) == pytest.approx(2000 * TYPO_RATE, rel=0.3)
+    for w in changed:
+        i = next(j for j in range(8) if w[j] != "abcdefgh"[j])
+        assert (
+            1 <= i <= 5
+            and w == "abcdefgh"[:i] + "abcdefgh"[i + 1] + "abcdefgh"[i] + "abcdefgh"[i + 2 :]
+        )
+    assert _with_typos(random.Random(0), "a an the of it") == "a an the of it"  # short words stay
+
+
+def test_make_requests_dispatches_on_the_dataset_and_latency_batches_take_the_tokenizer():
+    random_spec = spec(n=3, seed=1)
+    assert make_requests(random_spec, VOCAB, None) == random_requests(random_spec, VOCAB)
+    copy_spec = replace(random_spec, dataset="copy", input_len=LengthRange(80, 80))
+    assert make_requests(copy_spec, VOCAB, WordTokenizer()) == copy_requests(
+        copy_spec, WordTokenizer()
+    )
+    warm, measured = latency_batches(copy_spec, VOCAB, 1, 2, tokenizer=WordTokenizer())
+    firsts = [tuple(b[0].prompt_token_ids) for b in warm + measured]
+    assert len(set(firsts)) == 3
+
+
+def test_copy_prompts_reach_the_length_with_a_tokenizer_of_few_tokens_per_sentence():
+    class FirstWordsTokenizer:  # about 4 tokens per sentence
+        def encode(self, text: str) -> list[int]:
+            return [len(s.split()[0]) for s in re.split(r"[.\n]", text) if s.strip()] * 4
+
+    spec = WorkloadSpec(2, LengthRange(900, 900), LengthRange(8, 8), dataset="copy")
+    assert all(r.prompt_len >= 900 for r in copy_requests(spec, FirstWordsTokenizer()))

@@ -1,0 +1,33 @@
+"""Speculative decoding by n-gram prompt lookup (vLLM's `"method": "ngram"`).
+
+    config.py     SpeculativeConfig: the --speculative-config JSON, validated
+    ngram.py      NgramProposer: drafts from each sequence's own earlier tokens; draft_room
+    adaptive.py   DraftGate: stop proposing for a sequence whose drafts keep failing
+    rejection.py  verify_greedy / verify_sampled: which drafts to keep, and the next token
+    metrics.py    SpecDecodeMetrics: vLLM's spec_decode_* counters
+
+A decode step of a sequence with drafts computes the last token plus the drafts (k + 1 rows),
+verification keeps the accepted prefix and adds one token of the target model, so each step
+emits 1 .. k + 1 tokens with the model's own output distribution (token for token under greedy).
+"""
+
+from __future__ import annotations
+
+from inferd.spec_decode.adaptive import AdaptiveSettings, DraftGate
+from inferd.spec_decode.config import SpeculativeConfig
+from inferd.spec_decode.metrics import SpecDecodeMetrics
+from inferd.spec_decode.ngram import NgramIndex, NgramProposer, draft_room
+from inferd.spec_decode.rejection import Verified, verify_greedy, verify_sampled
+
+__all__ = [
+    "AdaptiveSettings",
+    "DraftGate",
+    "NgramIndex",
+    "NgramProposer",
+    "SpecDecodeMetrics",
+    "SpeculativeConfig",
+    "Verified",
+    "draft_room",
+    "verify_greedy",
+    "verify_sampled",
+]
