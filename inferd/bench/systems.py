@@ -27,6 +27,22 @@ class System(Protocol):
     def close(self) -> None: ...
 
 
+def begin_measured(systems: Sequence[System]) -> None:
+    """The measured part of a run starts (warm-up done): systems that report where their steps'
+    time goes (inferd) take their starting point now."""
+    for system in systems:
+        begin = getattr(system, "begin_measured", None)
+        if begin is not None:
+            begin()
+
+
+def step_breakdown(system: System) -> list:
+    """The system's mean step phases over the measured part (PhaseBreakdown per kind of step,
+    inferd/step_timing.py); [] for systems that do not report them."""
+    end = getattr(system, "end_measured", None)
+    return end() if end is not None else []
+
+
 def warm_up(system: System, vocab_id: int) -> None:
     """One tiny untimed request, so first-call costs (allocator growth, lazy kernels) are not
     charged to whichever request happens to run first."""
@@ -39,10 +55,14 @@ class InferdSystem:
 
     name = "inferd"
 
-    def __init__(self, config) -> None:
+    def __init__(self, config, profile_dir: str | None = None) -> None:
+        """`profile_dir`: trace the measured part of the run there (docs/profiling.md)."""
         import torch
 
         from inferd.llm import LLM
+
+        self.profile_dir, self.trace = profile_dir, None
+        self._timing_start = None
 
         t0 = time.perf_counter()
         self.llm = LLM(**{f.name: getattr(config, f.name) for f in fields(config)})
@@ -90,6 +110,18 @@ class InferdSystem:
                 )
             )
         return timings
+
+    def begin_measured(self) -> None:
+        self._timing_start = self.llm.step_timing()
+        if self.profile_dir:
+            self.llm.start_profile(self.profile_dir)
+
+    def end_measured(self) -> list:
+        """Mean step phases since `begin_measured`, per kind of step; stops the trace."""
+        if self.profile_dir:
+            self.trace = self.llm.stop_profile()
+        spent = self.llm.step_timing().minus(self._timing_start)
+        return [b for b in (spent.breakdown("decode"), spent.breakdown("prefill")) if b]
 
     def close(self) -> None:
         self.llm = None

@@ -69,6 +69,9 @@ def _local_arguments(p: argparse.ArgumentParser) -> None:
     add_engine_arguments(p)  # its --seed seeds the workload too, as vLLM's benchmarks do
     p.add_argument("--compare", help="peers on the same workload: llamacpp,hf (default: none)")
     p.add_argument("--hf-dtype", help="HF peer dtype (default: the dtype inferd runs in)")
+    p.add_argument("--profile", metavar="DIR",
+                   help="write a torch.profiler trace of inferd's measured run to DIR (not "
+                        "with --compare; default: none; docs/profiling.md)")  # fmt: skip
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -162,9 +165,15 @@ def _run_local(args: argparse.Namespace) -> int:
 
     console = _console(args)
     peer_names = parse_peers(args.compare)
+    if args.profile:
+        from inferd.profiling.trace import trace_directory
+
+        if peer_names:  # one process-wide profiler would record the peers' work too
+            raise ValueError("--profile traces inferd alone: drop --compare")
+        trace_directory(args.profile)  # unwritable: fail before loading the model
     spec = workload_spec(args)
     env_start = report.environment()
-    inferd = InferdSystem(engine_config_from_args(args))
+    inferd = InferdSystem(engine_config_from_args(args), profile_dir=args.profile)
     vocab = workload_vocab(inferd.tokenizer)
     if args.mode == "latency":
         warm, batches = latency.latency_batches(
@@ -202,6 +211,9 @@ def _run_local(args: argparse.Namespace) -> int:
     else:
         results = throughput.run_throughput(systems, rounds, args.percentiles)
     console.print(f"[dim]measured in {time.perf_counter() - t0:.1f} s[/]")
+    if inferd.trace is not None:
+        console.print(f"  trace of {inferd.trace.steps} steps: {escape(inferd.trace.trace)}; "
+                      f"top ops: {escape(inferd.trace.ops_table)}")  # fmt: skip
     for system in systems:
         system.close()
     env_end = report.environment()

@@ -16,13 +16,19 @@ from inferd.engine.runner import SequenceStep
 from inferd.engine.sampler import Sampler, SamplingRow, prompt_logprobs
 from inferd.engine.step import ModelRunnerOutput, ScheduledSequence, SchedulerOutput
 from inferd.outputs import PositionLogprobs
+from inferd.profiling.step_timer import StepTimer
 
 
 class Executor:
-    def __init__(self, runner, sampler: Sampler, eos_token_ids: tuple[int, ...] = ()):
+    def __init__(self, runner, sampler: Sampler, eos_token_ids: tuple[int, ...] = (),
+                 timer: StepTimer | None = None):  # fmt: skip
+        """`timer`: the engine's step timer; the executor marks where "prepare" and "sample"
+        begin, the runner where "forward" does."""
         self.runner, self.sampler, self.eos_token_ids = runner, sampler, eos_token_ids
+        self.timer = timer or StepTimer()  # a private one records nothing: no step is started
 
     def execute(self, out: SchedulerOutput) -> ModelRunnerOutput:
+        self.timer.begin("prepare")
         self.runner.clear_blocks(out.blocks_to_clear)  # before the copies: they may land there
         self.runner.copy_blocks(out.block_copies)
         steps = [
@@ -30,7 +36,8 @@ class Executor:
                          all_logits=s.prompt_logprobs)
             for s in out.scheduled
         ]  # fmt: skip
-        logits, every = self.runner.execute_with_prompt_logits(steps)
+        logits, every = self.runner.execute_with_prompt_logits(steps, self.timer)
+        self.timer.begin("sample")
         prompt = {
             out.scheduled[i].seq.seq_id: _prompt_logprobs(out.scheduled[i], rows)
             for i, rows in every.items()

@@ -20,6 +20,7 @@ from inferd.attention.backend import (
 )
 from inferd.attention.torch_backend import TorchAttentionBackend
 from inferd.models.base import CausalLM
+from inferd.profiling.step_timer import StepTimer
 
 
 @dataclass
@@ -113,13 +114,18 @@ class ModelRunner:
 
     @torch.inference_mode()
     def execute_with_prompt_logits(
-        self, steps: list[SequenceStep]
+        self, steps: list[SequenceStep], timer: StepTimer | None = None
     ) -> tuple[torch.Tensor, dict[int, torch.Tensor]]:
-        """Also returns, for steps with `all_logits`, the logits of all their new tokens."""
+        """Also returns, for steps with `all_logits`, the logits of all their new tokens.
+        `timer` (the engine's StepTimer) learns where the forward begins."""
         if self.graphs is not None and self.graphs.can_run(steps):
+            if timer is not None:
+                timer.begin("forward")  # the graph copies its inputs itself
             return self.graphs.run(steps), {}
         input_ids, batch = self.build_batch(steps)
         ctx = ForwardContext.for_step(batch, self.kv_caches, self.backend)
+        if timer is not None:
+            timer.begin("forward")
         hidden = self.model(input_ids, batch.positions, ctx)
         last, offset, every = [], 0, {}
         for i, s in enumerate(steps):

@@ -73,6 +73,8 @@ class Scheduler:
     def add_request(self, req: Request) -> None:
         """Queue a validated request: its first sample waits, the others start with the fork."""
         self.requests[req.request_id] = req
+        req.metrics.queued_time = time.monotonic()  # timeline: the engine has it now
+        req.metrics.max_tokens_param = req.params.max_tokens
         seq = req.sequences[0]
         update_block_hashes(seq, self.kv.block_size, self.hash_root)
         seq.status = SequenceStatus.WAITING
@@ -209,6 +211,7 @@ class Scheduler:
         seq.num_computed = 0
         seq.status = SequenceStatus.WAITING
         seq.request.metrics.num_preemptions += 1
+        seq.request.metrics.preemption_times += (time.monotonic(),)
         self.waiting.appendleft(seq)
         self.counters.num_preemptions += 1
 
