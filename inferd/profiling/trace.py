@@ -48,9 +48,10 @@ def trace_directory(directory: str | os.PathLike) -> Path:
 
 class TraceSession:
     def __init__(self, directory: str | os.PathLike, timer: StepTimer, runner: Any,
-                 device: torch.device, max_steps: int = DEFAULT_MAX_STEPS):  # fmt: skip
+                 device: torch.device, max_steps: int | None = None):  # fmt: skip
         self.directory = trace_directory(directory)
-        self.timer, self.runner, self.max_steps = timer, runner, max_steps
+        self.timer, self.runner = timer, runner
+        self.max_steps = max_steps or DEFAULT_MAX_STEPS
         self.cuda = torch.device(device).type == "cuda"
         activities = [torch.profiler.ProfilerActivity.CPU]
         if self.cuda:
