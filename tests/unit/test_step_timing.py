@@ -138,3 +138,35 @@ def test_ranges_follow_the_phases_only_while_set(clock):
     timer.start()
     timer.cancel()
     assert timer.ranges.calls == ["start", "prepare", "forward", "end", "start", "end"]
+
+
+def test_bench_reports_the_breakdown_of_systems_that_time_their_steps():
+    from inferd.bench.metrics import SystemResult, compute_metrics
+    from inferd.bench.report import phase_lines
+    from inferd.bench.systems import begin_measured, step_breakdown
+    from inferd.step_timing import PhaseBreakdown
+
+    spent = {"schedule": 0.001, "prepare": 0.001, "forward": 0.015, "sample": 0.002,
+             "output": 0.001}  # fmt: skip
+    b = PhaseBreakdown("decode", 10, 0.02, spent, 1.0)
+    r = SystemResult("inferd", compute_metrics([], 1.0), step_phases=[b])
+    (line,) = phase_lines(r)
+    assert "decode steps: 10 of 1 tokens, 20 ms each" in line
+    assert "forward 15 ms (75.0%)" in line and "outside the forward 25.0%" in line
+    assert r.to_dict()["step_phases"][0]["outside_forward_share"] == pytest.approx(0.25)
+
+    class Peer:  # a system that does not time its steps
+        pass
+
+    class Timed:
+        began = False
+
+        def begin_measured(self):
+            self.began = True
+
+        def end_measured(self):
+            return [b]
+
+    timed = Timed()
+    begin_measured([Peer(), timed])
+    assert timed.began and step_breakdown(timed) == [b] and step_breakdown(Peer()) == []
