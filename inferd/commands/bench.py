@@ -104,6 +104,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--seed", type=int, default=0, help="seed of the workload")
     p.add_argument("--timeout", type=float, default=600.0, help="seconds per request")
+    p.add_argument("--profile", action="store_true",
+                   help="trace the run on the server: /start_profile before, /stop_profile "
+                        "after (the server needs --profiler-dir; vLLM's flag)")  # fmt: skip
     p = sub.add_parser("startup", help="process start → first token, fresh processes")
     add_engine_arguments(p)
     p.add_argument(
@@ -262,8 +265,10 @@ def _load(env: dict) -> str:
 
 
 def _run_serve(args: argparse.Namespace) -> int:
+    from contextlib import nullcontext
+
     from inferd.bench import report
-    from inferd.bench.serve import run_serve
+    from inferd.bench.serve import run_serve, server_trace
     from inferd.bench.workload import make_requests, workload_vocab
     from inferd.loader import open_checkpoint
     from inferd.tokenizer import checkpoint_tokenizer
@@ -273,16 +278,12 @@ def _run_serve(args: argparse.Namespace) -> int:
     tokenizer = checkpoint_tokenizer(open_checkpoint(args.tokenizer))
     requests = make_requests(spec, workload_vocab(tokenizer), tokenizer)
     env_start = report.environment()
-    result = run_serve(
-        args.base_url,
-        requests,
-        model=args.served_model_name,
-        request_rate=args.request_rate,
-        max_concurrency=args.max_concurrency,
-        seed=args.seed,
-        timeout=args.timeout,
-        percentiles=args.percentiles,
-    )
+    trace = server_trace(args.base_url) if args.profile else nullcontext({})
+    with trace as files:
+        result = run_serve(args.base_url, requests, model=args.served_model_name,
+                           request_rate=args.request_rate, max_concurrency=args.max_concurrency,
+                           seed=args.seed, timeout=args.timeout,
+                           percentiles=args.percentiles)  # fmt: skip
     env_end = report.environment()
     title = (
         f"serve: {spec.num_prompts} requests at {result.info['request_rate']}, prompts "
@@ -290,6 +291,8 @@ def _run_serve(args: argparse.Namespace) -> int:
     )
     report.print_results(title, [result], console)
     console.print(f"  client machine load average (1 min) {_load(env_start)} → {_load(env_end)}")
+    if files.get("trace"):
+        console.print(f"  the server's trace: {files['trace']} (top ops: {files['ops_table']})")
     if args.json:
         report.write_json(args.json, _document(args, spec, env_start, env_end, [result], []))
     if args.plot:

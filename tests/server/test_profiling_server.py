@@ -16,8 +16,12 @@ pytestmark = pytest.mark.slow
 
 
 @pytest.fixture(scope="module")
-def http(tmp_path_factory):
-    traces = tmp_path_factory.mktemp("traces")
+def traces(tmp_path_factory):
+    return tmp_path_factory.mktemp("traces")
+
+
+@pytest.fixture(scope="module")
+def http(traces):
     server = start_server("--dtype", "auto", "--profiler-dir", str(traces),
                           "--enable-request-timeline")  # fmt: skip
     try:
@@ -109,3 +113,17 @@ def test_a_request_returns_its_timeline(http):
     again = http.post("/v1/chat/completions", json=body).json()["timeline"][0]
     assert again["cached_prompt_tokens"] >= 16  # the prompt's full blocks, from the cache
     assert again["prompt_tokens"] == first["prompt_tokens"]
+
+
+def test_bench_serve_profile_traces_the_run_on_the_server(http, traces, capsys):
+    from inferd import cli
+
+    before = set(traces.glob("*.trace.json"))
+    code = cli.main(["bench", "serve", "--base-url", str(http.base_url).rstrip("/"),
+                     "--num-prompts", "2", "--input-len", "8", "--output-len", "2",
+                     "--profile"])  # fmt: skip
+    assert code == 0
+    assert "the server's trace:" in capsys.readouterr().out
+    (new,) = set(traces.glob("*.trace.json")) - before
+    names = {e.get("name") for e in json.loads(new.read_text())["traceEvents"]}
+    assert "inferd.step" in names
