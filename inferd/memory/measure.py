@@ -20,7 +20,7 @@ from typing import Any, Protocol
 from inferd.config import ModelConfig
 from inferd.memory.activations import estimate_activations
 from inferd.memory.estimate import ELEMENT_BYTES, MemoryEstimate, compute_dtype
-from inferd.memory.snapshot import (  # noqa: F401 - proc_status re-exported
+from inferd.memory.snapshot import (
     DeviceStats,
     Snapshot,
     peak_snapshot,
