@@ -48,6 +48,12 @@ class EngineStats:
     prompt_tokens: int  # prompt tokens computed (cache hits excluded, recompute included)
     generation_tokens: int
     steps: int
+    # Speculative decoding, vLLM's spec_decode_* counters (inferd/spec_decode/metrics.py); all
+    # zero without it. Per position j: verifications whose draft j was accepted.
+    spec_decode_num_drafts: int = 0
+    spec_decode_num_draft_tokens: int = 0
+    spec_decode_num_accepted_tokens: int = 0
+    spec_decode_num_accepted_tokens_per_pos: tuple[int, ...] = ()
 
 
 class TokenizerLike(Protocol):

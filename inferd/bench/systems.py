@@ -1,13 +1,15 @@
 """What a benchmarked system must do, and inferd's own implementation of it.
 
 A system is loaded once, then `generate(requests)` runs a group of requests to completion
-(greedy, EOS ignored, exactly `output_len` tokens each) and returns one `RequestTiming` per
-request. How the group is run (all at once, one after another, one padded batch) is the
-system's own way of serving it; the benchmark modes only time and aggregate.
+(greedy unless an inferd system was given a temperature; EOS ignored, exactly `output_len`
+tokens each) and returns one `RequestTiming` per request. How the group is run (all at once,
+one after another, one padded batch) is the system's own way of serving it; the benchmark modes
+only time and aggregate.
 """
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Sequence
 from dataclasses import fields
@@ -35,15 +37,15 @@ def warm_up(system: System, vocab_id: int) -> None:
 
 class InferdSystem:
     """inferd's offline API: every request handed to `LLM.generate` at once, so the scheduler
-    batches them (continuous batching, chunked prefill)."""
+    batches them (continuous batching, chunked prefill). `temperature` > 0 samples (unseeded)
+    instead of decoding greedily."""
 
-    name = "inferd"
-
-    def __init__(self, config) -> None:
+    def __init__(self, config, name: str = "inferd", temperature: float = 0.0) -> None:
         import torch
 
         from inferd.llm import LLM
 
+        self.name, self.temperature = name, temperature
         t0 = time.perf_counter()
         self.llm = LLM(**{f.name: getattr(config, f.name) for f in fields(config)})
         self.load_seconds = time.perf_counter() - t0
@@ -55,6 +57,11 @@ class InferdSystem:
             "batching": f"continuous, max_num_seqs={setup.max_num_seqs}, "
             f"max_num_batched_tokens={setup.max_num_batched_tokens}",
         }
+        if temperature > 0:
+            self.info["sampling"] = f"temperature {temperature:g}"
+        speculation = self.llm.engine.speculation
+        if speculation is not None:
+            self.info["speculative decoding"] = json.dumps(speculation.config.to_dict())
 
     @property
     def model_path(self) -> str:
@@ -68,7 +75,7 @@ class InferdSystem:
         from inferd.sampling_params import SamplingParams
 
         params = [
-            SamplingParams(temperature=0.0, max_tokens=r.output_len, ignore_eos=True)
+            SamplingParams(temperature=self.temperature, max_tokens=r.output_len, ignore_eos=True)
             for r in requests
         ]
         prompts = [r.prompt_token_ids for r in requests]
@@ -89,7 +96,20 @@ class InferdSystem:
                     error=out.error,
                 )
             )
+        self._note_speculation()
         return timings
+
+    def _note_speculation(self) -> None:
+        """Acceptance so far (warm-up runs included) into `info`, which the report prints."""
+        speculation = self.llm.engine.speculation
+        if speculation is None or speculation.metrics.num_drafts == 0:
+            return
+        m = speculation.metrics
+        self.info["acceptance"] = (
+            f"{m.acceptance_rate:.1%} of {m.num_draft_tokens} draft tokens, mean acceptance "
+            f"length {m.mean_acceptance_length:.2f} over {m.num_drafts} verifications "
+            "(warm-up included)"
+        )
 
     def close(self) -> None:
         self.llm = None

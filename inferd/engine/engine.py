@@ -23,10 +23,12 @@ from inferd.engine.request_output import request_output
 from inferd.engine.sampler import Sampler
 from inferd.engine.scheduler import Scheduler
 from inferd.engine.setup import EngineSetup, describe_model, model_identity, set_up_engine
+from inferd.engine.speculative import Speculation
 from inferd.engine_client import EngineStats, PromptInput
 from inferd.errors import EngineDeadError, InvalidRequest
 from inferd.outputs import RequestOutput
 from inferd.sampling_params import SamplingParams
+from inferd.spec_decode import SpeculativeConfig
 
 __all__ = ["EngineStats", "LLMEngine"]
 
@@ -36,6 +38,8 @@ log = logging.getLogger(__name__)
 class LLMEngine:
     def __init__(self, config: EngineConfig | None = None, **overrides):
         config = config or EngineConfig(**overrides)
+        # Checked before anything loads: a bad value fails in one line, at once.
+        spec_config = SpeculativeConfig.parse(config.speculative_config)
         setup: EngineSetup = set_up_engine(config)
         self.config, self.setup = config, setup
         self.model_config = setup.model_config
@@ -50,8 +54,12 @@ class LLMEngine:
         )
         # Salt for prefix-cache hashes: blocks of different weights or dtypes never match.
         hash_root = hashlib.sha256(model_identity(setup, config).encode()).digest()
+        self.speculation = None
+        if spec_config is not None:
+            self.speculation = Speculation(spec_config, self.max_model_len)
         self.scheduler = Scheduler(self.kv, setup.max_num_seqs, setup.max_num_batched_tokens,
-                                   self.max_model_len, eos_ids, hash_root)  # fmt: skip
+                                   self.max_model_len, eos_ids, hash_root,
+                                   self.speculation)  # fmt: skip
         self.executor = Executor(self.runner, Sampler(config.seed, setup.device), eos_ids)
         self.inputs = InputProcessor(self.tokenizer, self.model_config.vocab_size,
                                      self.max_model_len, config.max_n, config.max_stop_strings,

@@ -40,8 +40,9 @@ ABOVE: dict[str, set[str]] = {
     "loader": {"models", "layers", "distributed"},
     "memory": {"loader"},
     "tokenizer": {"loader"},
+    "spec_decode": set(),
     "engine": {"memory", "tokenizer", "loader", "models", "layers", "attention", "distributed",
-               "cpu_kernels"},
+               "cpu_kernels", "spec_decode"},
     "structured": {"tokenizer", "loader"},
     "tools": {"structured", "tokenizer"},
     "llm": {"engine", "tokenizer", "loader"},
@@ -49,7 +50,7 @@ ABOVE: dict[str, set[str]] = {
     "bench": {"llm"},
     "inferd": {"llm"},  # the package root re-exports the offline API lazily (`_EXPORTS`)
     "commands": {"bench", "server", "llm", "engine", "memory", "loader", "tokenizer",
-                 "distributed", "cpu_kernels"},
+                 "distributed", "cpu_kernels", "spec_decode"},
     "cli": {"commands"},
     "__main__": {"cli"},
 }  # fmt: skip
