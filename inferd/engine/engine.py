@@ -23,7 +23,7 @@ from inferd.engine.request_output import request_output
 from inferd.engine.sampler import Sampler
 from inferd.engine.scheduler import Scheduler
 from inferd.engine.setup import EngineSetup, describe_model, model_identity, set_up_engine
-from inferd.engine.speculative import Speculation
+from inferd.engine.speculative import Speculation, exact_row_limit
 from inferd.engine_client import EngineStats, PromptInput
 from inferd.errors import EngineDeadError, InvalidRequest
 from inferd.outputs import RequestOutput
@@ -56,7 +56,8 @@ class LLMEngine:
         hash_root = hashlib.sha256(model_identity(setup, config).encode()).digest()
         self.speculation = None
         if spec_config is not None:
-            self.speculation = Speculation(spec_config, self.max_model_len)
+            self.speculation = Speculation(spec_config, self.max_model_len,
+                                           exact_rows=exact_row_limit(self.runner))  # fmt: skip
         self.scheduler = Scheduler(self.kv, setup.max_num_seqs, setup.max_num_batched_tokens,
                                    self.max_model_len, eos_ids, hash_root,
                                    self.speculation)  # fmt: skip
