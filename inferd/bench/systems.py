@@ -105,10 +105,9 @@ class InferdSystem:
         if speculation is None or speculation.metrics.num_drafts == 0:
             return
         m = speculation.metrics
-        self.info["acceptance"] = (
-            f"{m.acceptance_rate:.1%} of {m.num_draft_tokens} draft tokens, mean acceptance "
-            f"length {m.mean_acceptance_length:.2f} over {m.num_drafts} verifications "
-            "(warm-up included)"
+        self.info["acceptance rate"] = f"{m.acceptance_rate:.3f} of {m.num_draft_tokens} drafts"
+        self.info["mean acceptance length"] = (
+            f"{m.mean_acceptance_length:.2f} over {m.num_drafts} verifications (warm-up included)"
         )
 
     def close(self) -> None:

@@ -268,7 +268,11 @@ def _document(args, spec, env_start, env_end, results, skipped) -> dict:
         "benchmark": args.mode,
         "preset": args.preset,
         "workload": spec.to_dict(),
-        "settings": {k: v for k, v in vars(args).items() if not k.startswith("_")},
+        "settings": {
+            k: v.to_dict() if hasattr(v, "to_dict") else v
+            for k, v in vars(args).items()
+            if not k.startswith("_")
+        },  # fmt: skip
         "environment": {"start": env_start, "end": env_end},
         "results": [r.to_dict() for r in results],
         "ratios": comparison_ratios(results),
