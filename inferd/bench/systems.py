@@ -102,9 +102,12 @@ class InferdSystem:
     def _note_speculation(self) -> None:
         """Acceptance so far (warm-up runs included) into `info`, which the report prints."""
         speculation = self.llm.engine.speculation
-        if speculation is None or speculation.metrics.num_drafts == 0:
+        if speculation is None:
             return
         m = speculation.metrics
+        if m.num_drafts == 0:
+            self.info["acceptance rate"] = "no draft verified (none would pay)"
+            return
         self.info["acceptance rate"] = f"{m.acceptance_rate:.3f} of {m.num_draft_tokens} drafts"
         self.info["mean acceptance length"] = (
             f"{m.mean_acceptance_length:.2f} over {m.num_drafts} verifications (warm-up included)"
