@@ -6,12 +6,13 @@
 The runner (`runner.py`, or its tensor-parallel proxy `tp_runner.py`) owns the KV cache tensors
 and the model; the sampler draws every row of the step in one batch, so a request's seed gives
 the same tokens whatever else is in the batch. A sequence verifying drafts (speculative.py) has
-a row for its last token and for each draft; its tokens are those `emitted` keeps.
+a row for its last token and for each draft; its tokens are those `sample_drafted` keeps.
 """
 
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 from functools import partial
 
 import torch
@@ -62,7 +63,7 @@ class Executor:
         tokens, logprobs = sample_drafted(self.sampler, logits, samples)
         return ModelRunnerOutput(tokens, logprobs, prompt, forward, time.perf_counter() - start)
 
-    def _sampling_row(self, seq, drafts: list[int] = (), j: int = 0) -> SamplingRow:
+    def _sampling_row(self, seq, drafts: Sequence[int] = (), j: int = 0) -> SamplingRow:
         """Row j of `seq`: drafts[:j] come before it and count as output (penalties,
         min_tokens)."""
         req = seq.request
