@@ -128,14 +128,14 @@ def test_preemption_mid_speculation_gives_the_same_outputs(gemma_llm):
     kernels, and preemption alone changes outputs, speculation or not."""
     from inferd.memory.kv import block_bytes
 
-    prompts = [copy_prompt(gemma_llm, 30 + i, 3)[:60] for i in range(6)]
-    greedy = SamplingParams(temperature=0, max_tokens=40, ignore_eos=True)
+    prompts = [copy_prompt(gemma_llm, 30 + i, 3)[:48] for i in range(3)]
+    greedy = SamplingParams(temperature=0, max_tokens=16, ignore_eos=True)
     reference = ids(gemma_llm.generate(prompts, greedy, use_tqdm=False))
     cfg = gemma_llm.engine.model_config
     one_block = sum(block_bytes(cfg, len(layers), 16, 4) for _, layers in cfg.kv_groups())
-    # 20 usable blocks of 16 tokens per group: 6 sequences of up to 100 tokens need up to 42.
-    tight = LLM(dtype="float32", attention_backend="torch", kv_cache_memory=21 * one_block,
-                max_model_len=256, enable_prefix_caching=False,
+    # 9 usable blocks of 16 tokens per group: 3 prompts of 3 blocks fit, their outputs do not.
+    tight = LLM(dtype="float32", attention_backend="torch", kv_cache_memory=10 * one_block,
+                max_model_len=128, enable_prefix_caching=False,
                 speculative_config=CONFIG)  # fmt: skip
     tight.engine.speculation.adaptive = False
     assert ids(tight.generate(prompts, greedy, use_tqdm=False)) == reference
