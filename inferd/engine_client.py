@@ -51,6 +51,12 @@ class EngineStats:
     steps: int
     # Where the steps' time went (inferd/step_timing.py); None from engines that do not time.
     step_timing: StepTiming | None = None
+    # Speculative decoding, vLLM's spec_decode_* counters (inferd/spec_decode/metrics.py); all
+    # zero without it. Per position j: verifications whose draft j was accepted.
+    spec_decode_num_drafts: int = 0
+    spec_decode_num_draft_tokens: int = 0
+    spec_decode_num_accepted_tokens: int = 0
+    spec_decode_num_accepted_tokens_per_pos: tuple[int, ...] = ()
 
 
 class TokenizerLike(Protocol):

@@ -1,13 +1,15 @@
 """What a benchmarked system must do, and inferd's own implementation of it.
 
 A system is loaded once, then `generate(requests)` runs a group of requests to completion
-(greedy, EOS ignored, exactly `output_len` tokens each) and returns one `RequestTiming` per
-request. How the group is run (all at once, one after another, one padded batch) is the
-system's own way of serving it; the benchmark modes only time and aggregate.
+(greedy unless an inferd system was given a temperature; EOS ignored, exactly `output_len`
+tokens each) and returns one `RequestTiming` per request. How the group is run (all at once,
+one after another, one padded batch) is the system's own way of serving it; the benchmark modes
+only time and aggregate.
 """
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Sequence
 from dataclasses import fields
@@ -51,16 +53,17 @@ def warm_up(system: System, vocab_id: int) -> None:
 
 class InferdSystem:
     """inferd's offline API: every request handed to `LLM.generate` at once, so the scheduler
-    batches them (continuous batching, chunked prefill)."""
+    batches them (continuous batching, chunked prefill). `temperature` > 0 samples (unseeded)
+    instead of decoding greedily."""
 
-    name = "inferd"
-
-    def __init__(self, config, profile_dir: str | None = None) -> None:
+    def __init__(self, config, name: str = "inferd", temperature: float = 0.0,
+                 profile_dir: str | None = None) -> None:  # fmt: skip
         """`profile_dir`: trace the measured part of the run there (docs/profiling.md)."""
         import torch
 
         from inferd.llm import LLM
 
+        self.name, self.temperature = name, temperature
         self.profile_dir, self.trace = profile_dir, None
         self._timing_start = None
 
@@ -75,6 +78,11 @@ class InferdSystem:
             "batching": f"continuous, max_num_seqs={setup.max_num_seqs}, "
             f"max_num_batched_tokens={setup.max_num_batched_tokens}",
         }
+        if temperature > 0:
+            self.info["sampling"] = f"temperature {temperature:g}"
+        speculation = self.llm.engine.speculation
+        if speculation is not None:
+            self.info["speculative decoding"] = json.dumps(speculation.config.to_dict())
 
     @property
     def model_path(self) -> str:
@@ -88,7 +96,7 @@ class InferdSystem:
         from inferd.sampling_params import SamplingParams
 
         params = [
-            SamplingParams(temperature=0.0, max_tokens=r.output_len, ignore_eos=True)
+            SamplingParams(temperature=self.temperature, max_tokens=r.output_len, ignore_eos=True)
             for r in requests
         ]
         prompts = [r.prompt_token_ids for r in requests]
@@ -109,6 +117,7 @@ class InferdSystem:
                     error=out.error,
                 )
             )
+        self._note_speculation()
         return timings
 
     def begin_measured(self) -> None:
@@ -122,6 +131,20 @@ class InferdSystem:
             self.trace = self.llm.stop_profile()
         spent = self.llm.step_timing().minus(self._timing_start)
         return [b for b in (spent.breakdown("decode"), spent.breakdown("prefill")) if b]
+
+    def _note_speculation(self) -> None:
+        """Acceptance so far (warm-up runs included) into `info`, which the report prints."""
+        speculation = self.llm.engine.speculation
+        if speculation is None:
+            return
+        m = speculation.metrics
+        if m.num_drafts == 0:
+            self.info["acceptance rate"] = "no draft verified (none would pay)"
+            return
+        self.info["acceptance rate"] = f"{m.acceptance_rate:.3f} of {m.num_draft_tokens} drafts"
+        self.info["mean acceptance length"] = (
+            f"{m.mean_acceptance_length:.2f} over {m.num_drafts} verifications (warm-up included)"
+        )
 
     def close(self) -> None:
         self.llm = None

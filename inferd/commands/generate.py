@@ -73,7 +73,8 @@ def run(args: argparse.Namespace) -> int:
         print(
             f"[inferd] ready in {ready - start:.2f} s, first token at "
             f"{(first_token_at or ready) - start:.2f} s, {len(out.prompt_token_ids)} prompt + "
-            f"{n} generated tokens{rate}, finish: {out.outputs[0].finish_reason}",
+            f"{n} generated tokens{rate}, finish: {out.outputs[0].finish_reason}"
+            f"{_speculation_summary(engine)}",
             file=sys.stderr,
         )
     return 0
@@ -86,3 +87,14 @@ def report_trace(files, quiet: bool, rows: int = 15) -> None:
     if not quiet:
         lines = files.table.splitlines()
         print("\n".join(lines[: rows + 3] + lines[-2:]), file=sys.stderr)
+
+
+def _speculation_summary(engine) -> str:
+    """`, speculative decoding: ...` with --speculative-config, else empty."""
+    if engine.speculation is None:
+        return ""
+    m = engine.speculation.metrics
+    if m.num_drafts == 0:
+        return ", speculative decoding: no drafts"
+    return (f", speculative decoding: {m.acceptance_rate:.0%} of {m.num_draft_tokens} draft "
+            f"tokens accepted, {m.mean_acceptance_length:.2f} tokens per verification")  # fmt: skip

@@ -24,11 +24,13 @@ from inferd.engine.request_output import request_output
 from inferd.engine.sampler import Sampler
 from inferd.engine.scheduler import Scheduler
 from inferd.engine.setup import EngineSetup, describe_model, model_identity, set_up_engine
+from inferd.engine.speculative import Speculation, exact_row_limit
 from inferd.engine_client import EngineStats, ProfilerStateError, PromptInput, TraceFiles
 from inferd.errors import EngineDeadError, InvalidRequest
 from inferd.outputs import RequestOutput
 from inferd.profiling.step_timer import StepTimer
 from inferd.sampling_params import SamplingParams
+from inferd.spec_decode import SpeculativeConfig
 from inferd.step_timing import StepTiming
 
 __all__ = ["EngineStats", "LLMEngine"]
@@ -39,6 +41,8 @@ log = logging.getLogger(__name__)
 class LLMEngine:
     def __init__(self, config: EngineConfig | None = None, **overrides):
         config = config or EngineConfig(**overrides)
+        # Checked before anything loads: a bad value fails in one line, at once.
+        spec_config = SpeculativeConfig.parse(config.speculative_config)
         setup: EngineSetup = set_up_engine(config)
         self.config, self.setup = config, setup
         self.model_config = setup.model_config
@@ -53,8 +57,13 @@ class LLMEngine:
         )
         # Salt for prefix-cache hashes: blocks of different weights or dtypes never match.
         hash_root = hashlib.sha256(model_identity(setup, config).encode()).digest()
+        self.speculation = None
+        if spec_config is not None:
+            self.speculation = Speculation(spec_config, self.max_model_len,
+                                           exact_rows=exact_row_limit(self.runner))  # fmt: skip
         self.scheduler = Scheduler(self.kv, setup.max_num_seqs, setup.max_num_batched_tokens,
-                                   self.max_model_len, eos_ids, hash_root)  # fmt: skip
+                                   self.max_model_len, eos_ids, hash_root,
+                                   self.speculation)  # fmt: skip
         # The phases of every step (inferd/step_timing.py); a trace, while one runs.
         self.step_timer = StepTimer()
         self.trace = None  # a profiling.trace.TraceSession while a trace runs

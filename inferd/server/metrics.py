@@ -81,6 +81,10 @@ _COUNTERS = {
     "num_preemptions": "num_preemptions",
     "prefix_cache_queries": "prefix_cache_queries",
     "prefix_cache_hits": "prefix_cache_hits",
+    # Speculative decoding (vLLM's names; zero without --speculative-config)
+    "spec_decode_num_drafts": "spec_decode_num_drafts",
+    "spec_decode_num_draft_tokens": "spec_decode_num_draft_tokens",
+    "spec_decode_num_accepted_tokens": "spec_decode_num_accepted_tokens",
 }
 _COUNTER_HELP = {
     "prompt_tokens": "Prompt tokens computed (prefix-cache hits excluded, recomputation included).",
@@ -88,6 +92,9 @@ _COUNTER_HELP = {
     "num_preemptions": "Sequences preempted for lack of KV blocks.",
     "prefix_cache_queries": "Prompt tokens looked up in the prefix cache.",
     "prefix_cache_hits": "Prompt tokens found in the prefix cache.",
+    "spec_decode_num_drafts": "Speculative verifications with at least one draft token.",
+    "spec_decode_num_draft_tokens": "Draft tokens verified.",
+    "spec_decode_num_accepted_tokens": "Draft tokens accepted.",
 }
 
 
@@ -124,6 +131,12 @@ class ServerMetrics:
             )
             for field, name in _COUNTERS.items()
         }
+        self.accepted_per_pos = Counter(
+            PREFIX + "spec_decode_num_accepted_tokens_per_pos",
+            "Accepted draft tokens by their position in the draft (0-based).",
+            ["model_name", "position"],
+            registry=reg,
+        )
         self.success = Counter(
             PREFIX + "request_success",
             "Finished requests by finish reason.",
@@ -173,6 +186,14 @@ class ServerMetrics:
             if delta > 0:
                 counter.inc(delta)
             self._last_counts[field] = value
+        for pos, value in enumerate(stats.spec_decode_num_accepted_tokens_per_pos):
+            key = f"spec_decode_pos{pos}"
+            delta = value - self._last_counts.get(key, 0)
+            if delta > 0:
+                self.accepted_per_pos.labels(model_name=self.model_name, position=str(pos)).inc(
+                    delta
+                )
+            self._last_counts[key] = value
 
     def observe_output(self, out: RequestOutput) -> None:
         """Called for every engine output, in order, on the event loop."""

@@ -42,8 +42,9 @@ ABOVE: dict[str, set[str]] = {
     "memory": {"loader"},
     "tokenizer": {"loader"},
     "profiling": {"layers", "cpu_kernels"},  # step timer, traces: instruments a model
+    "spec_decode": set(),
     "engine": {"memory", "tokenizer", "loader", "models", "layers", "attention", "distributed",
-               "cpu_kernels", "profiling"},
+               "cpu_kernels", "profiling", "spec_decode"},
     "structured": {"tokenizer", "loader"},
     "tools": {"structured", "tokenizer"},
     "llm": {"engine", "tokenizer", "loader"},
@@ -51,7 +52,7 @@ ABOVE: dict[str, set[str]] = {
     "bench": {"llm"},
     "inferd": {"llm"},  # the package root re-exports the offline API lazily (`_EXPORTS`)
     "commands": {"bench", "server", "llm", "engine", "memory", "loader", "tokenizer",
-                 "distributed", "cpu_kernels", "profiling"},
+                 "distributed", "cpu_kernels", "profiling", "spec_decode"},
     "cli": {"commands"},
     "__main__": {"cli"},
 }  # fmt: skip
