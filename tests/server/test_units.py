@@ -284,7 +284,8 @@ def test_speculative_decoding_counters_with_vllm_names_and_positions():
 
     m = ServerMetrics("m")
     m.update_stats(EngineStats(1, 0, 0.1, 0, 0, 0, 10, 5, 3, **_spec(2, 8, 5, (2, 2, 1, 0))))
-    text = m.render(EngineStats(1, 0, 0.1, 0, 0, 0, 10, 9, 4, **_spec(3, 12, 8, (3, 3, 1, 1)))).decode()
+    later = EngineStats(1, 0, 0.1, 0, 0, 0, 10, 9, 4, **_spec(3, 12, 8, (3, 3, 1, 1)))
+    text = m.render(later).decode()
     assert _sample(text, "inferd:spec_decode_num_drafts_total") == 3
     assert _sample(text, "inferd:spec_decode_num_draft_tokens_total") == 12
     assert _sample(text, "inferd:spec_decode_num_accepted_tokens_total") == 8
