@@ -11,8 +11,10 @@ thread (`async_engine.py`). A failure while running a step fails the requests of
 
 from __future__ import annotations
 
+import concurrent.futures
 import hashlib
 import logging
+from concurrent.futures import Future
 
 from inferd.config import EngineConfig
 from inferd.engine.executor import Executor
@@ -23,6 +25,7 @@ from inferd.engine.request_output import request_output
 from inferd.engine.sampler import Sampler
 from inferd.engine.scheduler import Scheduler
 from inferd.engine.setup import EngineSetup, describe_model, model_identity, set_up_engine
+from inferd.engine.structured_outputs import StructuredOutputs
 from inferd.engine_client import EngineStats, PromptInput
 from inferd.errors import EngineDeadError, InvalidRequest
 from inferd.outputs import RequestOutput
@@ -50,12 +53,20 @@ class LLMEngine:
         )
         # Salt for prefix-cache hashes: blocks of different weights or dtypes never match.
         hash_root = hashlib.sha256(model_identity(setup, config).encode()).digest()
+        # Structured outputs: grammars compile in a worker thread, on first use.
+        self.grammars = StructuredOutputs(self.tokenizer, self.model_config.vocab_size,
+                                          setup.max_num_seqs)  # fmt: skip
         self.scheduler = Scheduler(self.kv, setup.max_num_seqs, setup.max_num_batched_tokens,
-                                   self.max_model_len, eos_ids, hash_root)  # fmt: skip
-        self.executor = Executor(self.runner, Sampler(config.seed, setup.device), eos_ids)
+                                   self.max_model_len, eos_ids, hash_root,
+                                   grammars=self.grammars)  # fmt: skip
+        self.executor = Executor(self.runner, Sampler(config.seed, setup.device), eos_ids,
+                                 grammars=self.grammars)  # fmt: skip
         self.inputs = InputProcessor(self.tokenizer, self.model_config.vocab_size,
                                      self.max_model_len, config.max_n, config.max_stop_strings,
-                                     setup.device)  # fmt: skip
+                                     setup.device,
+                                     max_stop_string_length=config.max_stop_string_length,
+                                     max_logprobs=config.max_logprobs,
+                                     grammars=self.grammars)  # fmt: skip
         self._pending: list[RequestOutput] = []  # outputs of aborted requests, sent next step
         self.dead: str | None = None  # why the engine can run no more steps
 
@@ -96,9 +107,25 @@ class LLMEngine:
         return self.scheduler.has_unfinished_requests() or bool(self._pending)
 
     # ---- the step ----------------------------------------------------------------------------
+    def compile_grammar(self, params: SamplingParams) -> Future | None:
+        """Start compiling the request's grammar (any thread; never blocks): a future whose
+        result means compiled, or None when the request has none. Awaiting it before
+        `add_request` turns a bad spec into an InvalidRequest before anything streams."""
+        spec = params.structured_outputs
+        return None if spec is None else self.grammars.submit(spec)
+
+    def check_grammar(self, params: SamplingParams, timeout: float | None = None) -> None:
+        """Compile the request's grammar now (blocking): raise its InvalidRequest, if any."""
+        handle = self.compile_grammar(params)
+        if handle is not None:
+            concurrent.futures.wait([handle], timeout)
+            if handle.done():
+                self.grammars.check(handle, params.structured_outputs)
+
     def step(self) -> list[RequestOutput]:
         outputs, self._pending = self._pending, []
         scheduled = self.scheduler.schedule()
+        outputs += [request_output(r) for r in self.scheduler.take_failed()]
         if not scheduled.scheduled:
             return outputs
         try:
@@ -115,8 +142,10 @@ class LLMEngine:
         return outputs + [request_output(r) for r in reported]
 
     def shutdown(self) -> None:
-        """Release what outlives the object: tensor-parallel worker processes."""
+        """Release what outlives the object: tensor-parallel worker processes, the grammar
+        compiler's thread."""
         self.executor.shutdown()
+        self.grammars.shutdown()
 
     def stats(self) -> EngineStats:
         return self.scheduler.stats()

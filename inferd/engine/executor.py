@@ -19,8 +19,10 @@ from inferd.outputs import PositionLogprobs
 
 
 class Executor:
-    def __init__(self, runner, sampler: Sampler, eos_token_ids: tuple[int, ...] = ()):
+    def __init__(self, runner, sampler: Sampler, eos_token_ids: tuple[int, ...] = (),
+                 grammars=None):  # fmt: skip
         self.runner, self.sampler, self.eos_token_ids = runner, sampler, eos_token_ids
+        self.grammars = grammars  # StructuredOutputs: constrains the rows that follow a grammar
 
     def execute(self, out: SchedulerOutput) -> ModelRunnerOutput:
         self.runner.clear_blocks(out.blocks_to_clear)  # before the copies: they may land there
@@ -45,14 +47,17 @@ class Executor:
         if not rows:
             return ModelRunnerOutput([], [], prompt)
         picked = logits.index_select(0, torch.tensor(index, device=logits.device))
-        result = self.sampler(picked, rows)
+        if self.grammars is not None:
+            result = self.grammars.sample(self.sampler, picked, rows)  # masks `picked` in place
+        else:
+            result = self.sampler(picked, rows)
         logprobs = [None if lp is None else [lp] for lp in result.logprobs]
         return ModelRunnerOutput([[t] for t in result.token_ids], logprobs, prompt)
 
     def _sampling_row(self, seq) -> SamplingRow:
         req = seq.request
         return SamplingRow(req.params, req.prompt_token_ids, seq.output_token_ids, seq.generator,
-                           self.eos_token_ids)  # fmt: skip
+                           self.eos_token_ids, seq.matcher)  # fmt: skip
 
     def shutdown(self) -> None:
         """Release what outlives the object: tensor-parallel worker processes."""
