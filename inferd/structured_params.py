@@ -53,7 +53,7 @@ class StructuredOutputsParams:
             raise InvalidRequest(
                 self.origin,
                 f"{self.origin} must set exactly one of {', '.join(KINDS)}; "
-                f"got {', '.join(given) if given else 'none'}"
+                f"got {', '.join(given) if given else 'none'}",
             )
         for flag in ("disable_any_whitespace", "disable_additional_properties"):
             if not isinstance(getattr(self, flag), bool):
@@ -110,7 +110,7 @@ class StructuredOutputsParams:
             supported = ", ".join(sorted(known))
             raise InvalidRequest(
                 f"{_FIELD}.{unknown[0]}",
-                f"unsupported parameter: {_FIELD}.{unknown[0]} (supported: {supported})"
+                f"unsupported parameter: {_FIELD}.{unknown[0]} (supported: {supported})",
             )
         return cls(**value)
 
@@ -126,7 +126,7 @@ def _schema_dict(schema: Any, name: str) -> dict[str, Any]:
     if not isinstance(schema, dict):
         raise InvalidRequest(
             name,
-            f"{name} must be a JSON schema object (or its JSON text), got {type(schema).__name__}"
+            f"{name} must be a JSON schema object (or its JSON text), got {type(schema).__name__}",
         )
     return schema
 

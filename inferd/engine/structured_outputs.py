@@ -58,7 +58,7 @@ class StructuredOutputs:
         field = spec.field_name()
         raise InvalidRequest(field, f"{field}: structured outputs are unavailable: {error}")
 
-    # ---- the loop thread --------------------------------------------------------------------------
+    # ---- the loop thread ------------------------------------------------------------------------
     def attach(self, req: Request) -> None:
         """Give every sample of `req` (started or still waiting to fork) a fresh matcher.
         Raises the request's InvalidRequest when its grammar did not compile."""

@@ -79,7 +79,7 @@ def forced_function(tool_choice: Any, functions: list[Function]) -> str | None:
     raise InvalidRequest(
         "tool_choice",
         'tool_choice must be "none", "auto", "required" or '
-        '{"type": "function", "function": {"name": ...}}'
+        '{"type": "function", "function": {"name": ...}}',
     )
 
 
