@@ -4,9 +4,9 @@
 
 The server knows the engine only through `inferd.engine_client.EngineClient` (`inferd serve`
 passes an `AsyncEngine`; tests may pass a fake). The client starts with the app (lifespan) and
-stops with it. Middlewares, outermost first: the access log, the API key check, the body-size
-limit, then the internal-error guard; none uses BaseHTTPMiddleware, which would hide client
-disconnects from the routes.
+stops with it. Middlewares, outermost first: CORS, the access log, the API key check, the
+body-size limit, then the internal-error guard; none uses BaseHTTPMiddleware, which would hide
+client disconnects from the routes. `/docs` and `/openapi.json` describe every route and field.
 """
 
 from __future__ import annotations
@@ -21,13 +21,16 @@ from fastapi import FastAPI
 from inferd.engine_client import EngineClient
 from inferd.server.access_log import AccessLogMiddleware
 from inferd.server.auth import APIKeyMiddleware
+from inferd.server.cors import CORSSettings, add_cors
 from inferd.server.errors import install_error_handlers
 from inferd.server.limits import BodyLimitMiddleware
 from inferd.server.metrics import ServerMetrics
 from inferd.server.responses import TokenText
+from inferd.server.routes_chat import router as chat_router
 from inferd.server.routes_extra import router as extra_router
 from inferd.server.routes_openai import router as openai_router
 from inferd.server.state import ServerState
+from inferd.server.tool_calls import ToolSettings
 from inferd.version import __version__
 
 log = logging.getLogger(__name__)
@@ -41,6 +44,8 @@ class ServerSettings:
     api_key: str | None = None
     max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES
     log_requests: bool = True  # one access line per request (server/access_log.py)
+    tools: ToolSettings = field(default_factory=ToolSettings)
+    cors: CORSSettings = field(default_factory=CORSSettings)
 
 
 def create_app(client: EngineClient, settings: ServerSettings | None = None) -> FastAPI:
@@ -49,7 +54,7 @@ def create_app(client: EngineClient, settings: ServerSettings | None = None) -> 
     names = list(settings.served_model_names) or [info.name]
     metrics = ServerMetrics(names[0])
     client.observe_outputs(metrics.observe_output)
-    state = ServerState(client, names, metrics, TokenText(client.tokenizer))
+    state = ServerState(client, names, metrics, TokenText(client.tokenizer), tools=settings.tools)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -64,17 +69,21 @@ def create_app(client: EngineClient, settings: ServerSettings | None = None) -> 
         title="inferd",
         version=__version__,
         lifespan=lifespan,
-        docs_url=None,
+        docs_url="/docs",  # Swagger UI, as vLLM serves it
         redoc_url=None,
-        openapi_url=None,
+        openapi_url="/openapi.json",
     )
     app.state.inferd = state
     install_error_handlers(app)
     app.include_router(openai_router)
+    app.include_router(chat_router)
     app.include_router(extra_router)
     app.add_middleware(BodyLimitMiddleware, max_bytes=settings.max_request_bytes)
     if settings.api_key:
         app.add_middleware(APIKeyMiddleware, api_key=settings.api_key)  # outside the body limit
     if settings.log_requests:
         app.add_middleware(AccessLogMiddleware)  # outside the key check: 401s are logged too
+    # Outermost: a browser's preflight is answered before the key check, and every answer
+    # (401s too) carries the CORS headers a browser needs to read it.
+    add_cors(app, settings.cors)
     return app

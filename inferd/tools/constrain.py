@@ -43,7 +43,7 @@ def parse_tools(tools: Any) -> list[Function]:
     functions: list[Function] = []
     for i, tool in enumerate(tools):
         if not isinstance(tool, dict) or tool.get("type") != "function":
-            message = f'tools[{i}]: only {{"type": "function", ...}} tools are supported'
+            message = f'tools[{i}].type: only "function" tools are supported'
             raise InvalidRequest(f"tools[{i}].type", message)
         function = tool.get("function")
         if not isinstance(function, dict) or not isinstance(function.get("name"), str):
