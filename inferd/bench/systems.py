@@ -64,13 +64,13 @@ class InferdSystem:
     def tokenizer(self):
         return self.llm.engine.tokenizer
 
-    def generate(self, requests: Sequence[BenchRequest]) -> list[RequestTiming]:
+    def sampling_params(self, request: BenchRequest):
         from inferd.sampling_params import SamplingParams
 
-        params = [
-            SamplingParams(temperature=0.0, max_tokens=r.output_len, ignore_eos=True)
-            for r in requests
-        ]
+        return SamplingParams(temperature=0.0, max_tokens=request.output_len, ignore_eos=True)
+
+    def generate(self, requests: Sequence[BenchRequest]) -> list[RequestTiming]:
+        params = [self.sampling_params(r) for r in requests]
         prompts = [r.prompt_token_ids for r in requests]
         outs = self.llm.generate(prompts, params, use_tqdm=False)
         timings = []

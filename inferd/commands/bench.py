@@ -69,6 +69,11 @@ def _local_arguments(p: argparse.ArgumentParser) -> None:
     add_engine_arguments(p)  # its --seed seeds the workload too, as vLLM's benchmarks do
     p.add_argument("--compare", help="peers on the same workload: llamacpp,hf (default: none)")
     p.add_argument("--hf-dtype", help="HF peer dtype (default: the dtype inferd runs in)")
+    p.add_argument("--structured-outputs", metavar="JSON",
+                   help="also run every request constrained by this spec (StructuredOutputsParams "
+                        "as JSON, e.g. '{\"regex\": \"[a-z ]+\"}'), same engine, iterations "
+                        "alternating: the ratio is constrained / free tokens/s (default: none; "
+                        "--preset json sets a long JSON string)")  # fmt: skip
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -164,6 +169,10 @@ def _run_local(args: argparse.Namespace) -> int:
     peer_names = parse_peers(args.compare)
     spec = workload_spec(args)
     env_start = report.environment()
+    structured = _structured_spec(args)
+    if structured is not None and peer_names:
+        raise ValueError("--structured-outputs compares inferd constrained and free; "
+                         "leave out --compare")  # fmt: skip
     inferd = InferdSystem(engine_config_from_args(args))
     vocab = workload_vocab(inferd.tokenizer)
     if args.mode == "latency":
@@ -187,6 +196,12 @@ def _run_local(args: argparse.Namespace) -> int:
         title += f" [preset {args.preset}]"
     longest = max(r.prompt_len + r.output_len for r in every)
     systems, skipped = [inferd], []
+    if structured is not None:
+        from inferd.bench.constrained import ConstrainedSystem
+
+        # Constrained first: the table's ratio column reads constrained / free.
+        systems.insert(0, ConstrainedSystem(inferd, structured))
+        title += f", constrained by {structured.kind} vs free"
     for name in peer_names:
         peer, why = _load_peer(name, inferd, args, n_ctx=max(512, longest + 16))
         if peer is None:
@@ -206,6 +221,8 @@ def _run_local(args: argparse.Namespace) -> int:
         system.close()
     env_end = report.environment()
     report.print_results(title, results, console, skipped)
+    if structured is not None:
+        console.print(f"  grammar cost: {systems[0].constraint_costs()}")
     console.print(
         f"  machine: {env_end['cpu_count']} CPUs, load average (1 min) "
         f"{_load(env_start)} at start → {_load(env_end)} at end"
@@ -215,6 +232,18 @@ def _run_local(args: argparse.Namespace) -> int:
     if args.plot:
         report.plot(results, args.plot, title)
     return 0
+
+
+def _structured_spec(args: argparse.Namespace):
+    """The spec of --structured-outputs, else the preset's, else None."""
+    from inferd.bench.constrained import parse_spec
+    from inferd.structured_params import StructuredOutputsParams
+
+    if args.structured_outputs:
+        return parse_spec(args.structured_outputs)
+    preset = PRESETS.get(args.preset or "", {})
+    spec = preset.get("structured_outputs")
+    return None if spec is None else StructuredOutputsParams.from_dict(spec)
 
 
 def _load_peer(name: str, inferd, args: argparse.Namespace, n_ctx: int):

@@ -18,6 +18,7 @@ so the reported numbers do not depend on which path sampled the token.
 
 from __future__ import annotations
 
+import time
 from concurrent.futures import Future
 from typing import TYPE_CHECKING
 
@@ -67,12 +68,16 @@ class StructuredOutputs:
         for seq in [*req.sequences, *req.forks]:
             seq.matcher = self.manager.matcher(req.grammar)
 
-    @staticmethod
-    def advance(seq: Sequence, token: int) -> None:
+    def advance(self, seq: Sequence, token: int) -> None:
         """The matcher follows the appended token. A token the grammar refuses means the
         sampler broke its contract: raised, so the step fails rather than the reply silently
         leaving its grammar."""
-        if not seq.matcher.accept_tokens([token]):
+        start = time.perf_counter()
+        accepted = seq.matcher.accept_tokens([token])
+        if self._sampling is not None:  # None only when a test drives the scheduler alone
+            self._sampling.stats.accept_s += time.perf_counter() - start
+            self._sampling.stats.tokens += accepted
+        if not accepted:
             raise RuntimeError(
                 f"sequence {seq.seq_id}: the sampled token {token} is not allowed by its grammar"
             )

@@ -27,10 +27,10 @@ _SUBSCHEMAS = (
 
 
 _POSITION = re.compile(r"^at \d+\(\d+\): ")
-# Whitespace a JSON reply may put between tokens: a space or two, or up to two line breaks, each
-# followed by indentation. Bounded, because a model that starts emitting blanks (sampled, or a
-# small one) would otherwise fill max_tokens with them and never finish its object.
-WHITESPACE = r"[\x20\x09]{0,2}(?:\r?\n[\x20\x09]{0,32}){0,2}"
+# Whitespace a JSON reply may put between tokens: nothing, one space (or tab), or one line break
+# followed by indentation (pretty-printed JSON). Bounded, because a model that starts emitting
+# blanks (sampled, or a small one) would otherwise fill max_tokens with them and never finish.
+WHITESPACE = r"(?:[\x20\x09]?|\r?\n[\x20\x09]{0,24})"
 
 
 def closed_schema(schema: dict[str, Any]) -> dict[str, Any]:
