@@ -140,3 +140,34 @@ def test_serve_flags_parse_into_settings():
         check_tool_flags(parser.parse_args(["--enable-auto-tool-choice"]))
     with pytest.raises(SystemExit):
         parser.parse_args(["--tool-call-parser", "xml"])
+
+
+@pytest.mark.parametrize(
+    "architecture, template, flag, fmt, bundled",
+    [
+        ("gemma3", "{{ messages }}", None, "pythonic", "gemma_tools"),  # Gemma: its own format
+        ("llama", "<|im_start|>{{ messages }}", None, "hermes", "chatml_tools"),  # ChatML
+        ("llama", "[INST]{{ messages }}", None, "hermes", None),  # no bundled template fits
+        ("llama", "[INST]{{ messages }}", "pythonic", "pythonic", "gemma_tools"),  # as asked
+        ("gemma3", "{% for t in tools %}{% endfor %}", None, "pythonic", None),  # shows tools
+    ],
+)
+def test_serve_picks_the_call_format_and_the_template_that_shows_tools(
+    architecture, template, flag, fmt, bundled
+):
+    import argparse
+    from types import SimpleNamespace
+
+    from inferd.commands.serve_features import tool_settings
+    from inferd.tools.templates import tool_chat_template
+
+    engine = SimpleNamespace(tokenizer=SimpleNamespace(chat_template=template),
+                             model_config=SimpleNamespace(architecture=architecture))  # fmt: skip
+    args = argparse.Namespace(tool_call_parser=flag, enable_auto_tool_choice=flag is not None)
+    settings = tool_settings(engine, args)
+    assert (settings.parser, settings.forced_format) == (flag, fmt)
+    if bundled is None:
+        assert settings.template is None
+    else:
+        parser = {"gemma_tools": "pythonic", "chatml_tools": "hermes"}[bundled]
+        assert settings.template.source == tool_chat_template(parser)
