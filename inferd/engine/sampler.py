@@ -3,7 +3,8 @@
 Each row follows its own SamplingParams, in this order (steps 1-4 are in penalties.py, which
 documents which tokens each penalty counts):
 
- 0. allowed_token_ids (every other token at -inf, after the processors below)
+ 0. allowed_token_ids: every other token at -inf (applied after steps 1-4, so no bias or
+    penalty can bring a token outside the list back)
  1. logit_bias (added)            2. min_tokens (stop / EOS ids at -inf until reached)
  3. repetition_penalty (prompt and output tokens)
  4. frequency / presence penalties (output tokens only)

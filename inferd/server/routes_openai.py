@@ -112,17 +112,18 @@ async def create_completion(body: CompletionRequest, request: Request) -> Respon
     def echo_of(p: int, out: RequestOutput) -> Echo | None:
         return Echo.of(out, echo_texts[p], want_logprobs) if body.echo else None
 
-    def extras(c: CompletionOutput, out: RequestOutput, first: bool) -> dict[str, Any]:
-        """vLLM's return_token_ids: the choice's token ids (and the prompt's, once)."""
+    def extras(c: CompletionOutput, out: RequestOutput, start: int | None) -> dict[str, Any]:
+        """vLLM's return_token_ids: the choice's token ids from `start` on, and the prompt's
+        with the first (start None: the whole reply at once)."""
         if not body.return_token_ids:
             return {}
-        extra: dict[str, Any] = {"token_ids": list(c.token_ids)}
-        if first:
+        extra: dict[str, Any] = {"token_ids": list(c.token_ids)[start or 0 :]}
+        if not start:
             extra["prompt_token_ids"] = list(out.prompt_token_ids)
         return extra
 
     if body.stream:
-        tracker, offsets = DeltaTracker(), {}
+        tracker, offsets, sent_ids = DeltaTracker(), {}, {}
 
         def chunk(p: int, out: RequestOutput) -> list[dict[str, Any]]:
             choices = []
@@ -131,10 +132,10 @@ async def create_completion(body: CompletionRequest, request: Request) -> Respon
                     continue  # still in prefill: nothing to send yet
                 text, ids, entries = full_sample(c, echo_of(p, out))
                 index = p * params.n + c.index
-                first = index not in offsets
                 d = tracker.take(index, text, len(ids), c.finish_reason, want_logprobs)
                 if d is None:
                     continue
+                sent, sent_ids[index] = sent_ids.get(index, 0), len(c.token_ids)
                 lp, offsets[index] = None, offsets.get(index, 0)
                 if want_logprobs:
                     lp, offsets[index] = completion_logprobs(
@@ -149,7 +150,7 @@ async def create_completion(body: CompletionRequest, request: Request) -> Respon
                     "logprobs": lp,
                     "finish_reason": d.finish_reason,
                     "stop_reason": c.stop_reason if d.finish_reason else None,
-                    **extras(c, out, first),
+                    **extras(c, out, sent),
                 })  # fmt: skip
             return choices
 
@@ -168,7 +169,7 @@ async def create_completion(body: CompletionRequest, request: Request) -> Respon
         for c in out.outputs:
             index = p * params.n + c.index
             choice = completion_choice(index, c, echo_of(p, out), want_logprobs, texts)
-            choice.update(extras(c, out, True))
+            choice.update(extras(c, out, None))
             if params.prompt_logprobs is not None:
                 choice["prompt_logprobs"] = prompt_logprobs_json(out.prompt_logprobs, texts)
             choices.append(choice)

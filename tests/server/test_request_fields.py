@@ -302,6 +302,18 @@ row(
         )
     ),
 )
+row(
+    OPENAI,
+    "return_token_ids",
+    True,
+    that(
+        lambda s: (
+            [t for e in s.events() for c in e["choices"] for t in c.get("token_ids", [])]
+            == [104, 101, 108, 108, 111]
+        )
+    ),
+    stream=True,
+)
 row(CMPL, "add_special_tokens", False, that(lambda s: s.prompt_ids == [104, 105]))
 row(CHAT, "add_special_tokens", True, that(lambda s: s.prompt_ids[0] == BOS))
 
