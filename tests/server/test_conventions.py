@@ -115,7 +115,12 @@ def test_serve_flags_parse_into_settings():
     import argparse
 
     from inferd.commands import serve
-    from inferd.commands.serve_features import check_tool_flags, cors_settings
+    from inferd.commands.serve_features import (
+        check_tool_flags,
+        cors_settings,
+        with_request_limits,
+    )
+    from inferd.config import EngineConfig
 
     parser = argparse.ArgumentParser()
     serve.add_arguments(parser)
@@ -135,7 +140,9 @@ def test_serve_flags_parse_into_settings():
     )
     check_tool_flags(args)
     assert cors_settings(args) == CORSSettings(["http://x"], ["*"], ["*"], True)
-    assert (args.max_logprobs, args.max_stop_string_length, args.max_n) == (5, 9, 128)
+    config = with_request_limits(EngineConfig(), args)
+    limits = (config.max_logprobs, config.max_stop_string_length, config.max_n)
+    assert limits == (5, 9, 128) and config.max_stop_strings == 16
     with pytest.raises(ValueError, match="--tool-call-parser"):
         check_tool_flags(parser.parse_args(["--enable-auto-tool-choice"]))
     with pytest.raises(SystemExit):
