@@ -106,7 +106,9 @@ async def tokenize(body: TokenizeRequest, request: Request) -> dict[str, Any]:
         )  # fmt: skip
         ids = rendered["prompt_token_ids"]
     else:
-        for name in ("continue_final_message", "tools", "chat_template_kwargs"):
+        chat_only = ("add_generation_prompt", "continue_final_message", "chat_template_kwargs",
+                     "split_special_tokens", "tools")  # fmt: skip
+        for name in chat_only:
             if name in body.model_fields_set:
                 raise InvalidRequest(name, f"{name} applies to 'messages', not to 'prompt'")
         text = checked_text("prompt", body.prompt)

@@ -406,6 +406,13 @@ row(CHAT, "modalities", ["audio"], unsupported("modalities"))
 row(CHAT, "store", False, ok)
 row(CHAT, "store", True, unsupported("store"))
 
+for name, value in [
+    ("add_generation_prompt", False),
+    ("split_special_tokens", False),
+    ("tools", TOOLS),
+    ("continue_final_message", True),
+]:
+    ROWS.append(((TOK,), name, value, refused(name), {"prompt": "hi", "messages": None}))
 row(TOK, "prompt", "hey", that(lambda s: s.json["tokens"] == [BOS, 104, 101, 121]))
 row(TOK, "messages", USER, that(lambda s: s.json["tokens"][0] != BOS))
 row(TOK, "add_special_tokens", False, that(lambda s: s.json["tokens"] == [104, 105]))
@@ -425,10 +432,10 @@ TOK_CHAT_FIELDS = {
 
 def body_for(route: str, field: str, value: Any, extra: dict) -> dict:
     body = {**BASE[route], **extra, field: value}
-    if route == TOK and field in TOK_CHAT_FIELDS:
+    if route == TOK and field in TOK_CHAT_FIELDS and "prompt" not in extra:
         body.pop("prompt")
         body.setdefault("messages", USER)
-    return body
+    return {k: v for k, v in body.items() if v is not None}  # None in `extra`: leave out
 
 
 @pytest.fixture
