@@ -30,18 +30,22 @@ def parse_spec(text: str) -> StructuredOutputsParams:
 
 
 class ConstrainedSystem(InferdSystem):
-    """The engine of `base`, every request following `spec` (greedy, up to output_len)."""
+    """The engine of `base`, every request following `spec` (sampled as the base samples, up to
+    output_len)."""
 
     def __init__(self, base: InferdSystem, spec: StructuredOutputsParams):
         # NOTE: shares the loaded LLM with `base`: one engine, two ways of sampling.
         self.llm, self.spec = base.llm, spec
+        # The base's sampling; no trace of its own (the CLI refuses --profile here).
+        self.temperature, self.profile_dir, self.trace = base.temperature, None, None
+        self._measuring, self._spent = False, None
         self.name = f"inferd+{spec.kind}"
         self.load_seconds = base.load_seconds
         self.info = {**base.info, "structured_outputs": spec.kind}
         self.llm.engine.check_grammar(self.sampling_params(BenchRequest([0], 1)))  # compile now
 
     def sampling_params(self, request: BenchRequest) -> SamplingParams:
-        return SamplingParams(temperature=0.0, max_tokens=request.output_len,
+        return SamplingParams(temperature=self.temperature, max_tokens=request.output_len,
                               structured_outputs=self.spec)  # fmt: skip
 
     def constraint_costs(self) -> str:

@@ -93,6 +93,9 @@ class GenerationFields(Body):
     # The end user, for the operator's logs (OpenAI's `user`, and its successor).
     user: str | None = None
     safety_identifier: str | None = None
+    # inferd's extension (vLLM style): the request's own timeline in the response
+    # (server/timeline.py), on servers started with --enable-request-timeline.
+    return_timeline: bool = False
     # No-op values only (NO_OP_VALUES).
     use_beam_search: bool | None = None
     length_penalty: float | None = None

@@ -21,6 +21,7 @@ from inferd.server.routes_openai import (
     head_of,
     refuse_streamed_prompt_logprobs,
     response_id,
+    timelines,
 )
 from inferd.server.serving import ClientDisconnected, RequestGroup, arrival_now, collect
 from inferd.server.sse import sse_response
@@ -76,6 +77,7 @@ async def create_chat_completion(body: ChatCompletionRequest, request: Request) 
     state = get_state(request)
     model = state.check_model(body.model)
     note_user(request, body)
+    timeline = state.check_timeline(body.return_timeline)
     plan = plan_tools(body, state.tools)
     group = RequestGroup(state.client)
     params, prompt = await _submit(body, request, group, plan)
@@ -129,7 +131,8 @@ async def create_chat_completion(body: ChatCompletionRequest, request: Request) 
         options = body.stream_options or StreamOptions()
         events = stream_events(group, request, head, chunk, options.include_usage, opening,
                                continuous_usage=options.continuous_usage_stats,
-                               opening_fields=first)  # fmt: skip
+                               opening_fields=first,
+                               trailer=timelines if timeline else None)  # fmt: skip
         return sse_response(events)
 
     try:
@@ -158,4 +161,6 @@ async def create_chat_completion(body: ChatCompletionRequest, request: Request) 
         response["prompt_logprobs"] = prompt_logprobs_json(out.prompt_logprobs, texts)
     if body.return_token_ids:
         response["prompt_token_ids"] = list(out.prompt_token_ids)
+    if timeline:
+        response.update(timelines([out]))
     return JSONResponse(response)

@@ -24,6 +24,7 @@ from inferd.server.responses import new_id
 from inferd.server.routes_openai import CLIENT_GONE
 from inferd.server.serving import ClientDisconnected, RequestGroup, arrival_now, collect
 from inferd.server.state import get_state, note_user
+from inferd.server.timeline import timeline_json
 from inferd.version import __version__
 
 router = APIRouter()
@@ -58,6 +59,7 @@ async def generate(body: GenerateRequest, request: Request) -> Any:
     state.check_model(body.model)
     note_user(request, body)
     params = generate_params(body)
+    timeline = state.check_timeline(body.return_timeline)
     prompts = await state.tokenize(completion_prompts, state.tokenizer, [body.prompt])
     prompts = truncated(prompts, params.truncate_prompt_tokens, state.info.max_model_len)
     group = RequestGroup(state.client)
@@ -67,6 +69,7 @@ async def generate(body: GenerateRequest, request: Request) -> Any:
     except ClientDisconnected:
         return Response(status_code=CLIENT_GONE)
     sample = out.outputs[0]
+    extra = {"timeline": timeline_json(out)} if timeline else {}
     return {
         "text": sample.text,
         "token_ids": list(sample.token_ids),
@@ -75,6 +78,7 @@ async def generate(body: GenerateRequest, request: Request) -> Any:
         "finish_reason": sample.finish_reason,
         "stop_reason": sample.stop_reason,
         "timings": timings(out.metrics, len(sample.token_ids)),
+        **extra,
     }
 
 

@@ -32,6 +32,7 @@ from inferd.server.serving import ClientDisconnected, RequestGroup, arrival_now,
 from inferd.server.sse import sse_response
 from inferd.server.state import ServerState, get_state, note_user
 from inferd.server.streaming import stream_events
+from inferd.server.timeline import timeline_json
 
 router = APIRouter()
 CLIENT_GONE = 499  # nginx's code for "client closed request": nobody reads it, logs do
@@ -93,6 +94,7 @@ async def create_completion(body: CompletionRequest, request: Request) -> Respon
     model = state.check_model(body.model)
     note_user(request, body)
     params = completion_params(body)
+    timeline = state.check_timeline(body.return_timeline)
     refuse_streamed_prompt_logprobs(body.stream, params.prompt_logprobs)
     add_special = body.add_special_tokens is not False
     prompts = await state.tokenize(completion_prompts, state.tokenizer, body.prompts(), add_special)
@@ -156,7 +158,8 @@ async def create_completion(body: CompletionRequest, request: Request) -> Respon
 
         options = body.stream_options or StreamOptions()
         events = stream_events(group, request, head, chunk, options.include_usage,
-                               continuous_usage=options.continuous_usage_stats)  # fmt: skip
+                               continuous_usage=options.continuous_usage_stats,
+                               trailer=timelines if timeline else None)  # fmt: skip
         return sse_response(events)
 
     try:
@@ -174,4 +177,10 @@ async def create_completion(body: CompletionRequest, request: Request) -> Respon
                 choice["prompt_logprobs"] = prompt_logprobs_json(out.prompt_logprobs, texts)
             choices.append(choice)
     choices.sort(key=lambda c: c["index"])
-    return JSONResponse({**head, "choices": choices, "usage": usage_of(outs)})
+    extra = timelines(outs) if timeline else {}
+    return JSONResponse({**head, "choices": choices, "usage": usage_of(outs), **extra})
+
+
+def timelines(outs: list[RequestOutput]) -> dict[str, Any]:
+    """The `timeline` field: one entry per prompt (engine request), in prompt order."""
+    return {"timeline": [timeline_json(o) for o in outs]}

@@ -37,11 +37,13 @@ async def stream_events(
     opening: list[dict[str, Any]] | None = None,
     continuous_usage: bool = False,
     opening_fields: dict[str, Any] | None = None,
+    trailer: Callable[[list[RequestOutput]], dict[str, Any]] | None = None,
 ) -> AsyncIterator[bytes]:
     """`head` holds the fields every chunk repeats (id, object, created, model, fingerprint);
     `opening` are choices sent before any token (the chat role chunk), with `opening_fields`
     added to that chunk only. `continuous_usage` (vLLM's stream_options.continuous_usage_stats):
-    every chunk carries the usage so far."""
+    every chunk carries the usage so far. `trailer` gives the fields of a last chunk (no
+    choices) from the final outputs, e.g. the requests' timelines."""
     prompt_index = {rid: i for i, rid in enumerate(group.request_ids)}
     latest: dict[str, RequestOutput] = {}
     watcher = asyncio.ensure_future(abort_on_disconnect(group, request))
@@ -59,6 +61,9 @@ async def stream_events(
             if choices:
                 extra = {"usage": so_far()} if continuous_usage else {}
                 yield encode_event({**head, "choices": choices, **extra})
+        if trailer is not None:  # each request's latest output is its final one by now
+            outs = [latest[r] for r in group.request_ids if r in latest]
+            yield encode_event({**head, "choices": [], **trailer(outs)})
         if include_usage:
             yield encode_event({**head, "choices": [], "usage": so_far()})
         yield DONE

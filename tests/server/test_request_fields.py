@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import logging
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
@@ -158,6 +159,21 @@ def first_choice(s: Seen) -> dict:
     return s.json["choices"][0]
 
 
+def on_server(check, **settings):
+    """The row runs on a server started with these ServerSettings (the tools' besides)."""
+    check.settings = settings
+    return check
+
+
+def timeline_of_the_request(entry: dict, s: Seen) -> bool:
+    """A `timeline` entry describes the request that reached the engine."""
+    return (
+        entry["request_id"] == s.fake.last[0]
+        and entry["prompt_tokens"] == len(s.prompt_ids)
+        and entry["events"][0]["event"] == "arrived"
+    )
+
+
 # ---- the table: (routes, field, value, check[, extra body]) -------------------------------------
 GENERATION = (CMPL, CHAT, GEN)
 OPENAI = (CMPL, CHAT)
@@ -216,6 +232,30 @@ row(GENERATION, "guided_decoding_backend", "llguidance", ok)
 row(GENERATION, "guided_decoding_backend", "xgrammar", unsupported("guided_decoding_backend"))
 row(GENERATION, "user", "alice", logged_user("alice"))
 row(GENERATION, "safety_identifier", "bob", logged_user("bob"))
+row(GENERATION, "return_timeline", False, that(lambda s: "timeline" not in s.json))
+row(GENERATION, "return_timeline", True, refused("return_timeline"))  # not enabled
+TIMELINE_ON = {"enable_request_timeline": True}
+row(
+    OPENAI,
+    "return_timeline",
+    True,
+    on_server(that(lambda s: timeline_of_the_request(s.json["timeline"][0], s)), **TIMELINE_ON),
+)
+row(
+    OPENAI,
+    "return_timeline",
+    True,
+    on_server(
+        that(lambda s: timeline_of_the_request(s.events()[-1]["timeline"][0], s)), **TIMELINE_ON
+    ),
+    stream=True,
+)
+row(
+    GEN,
+    "return_timeline",
+    True,
+    on_server(that(lambda s: timeline_of_the_request(s.json["timeline"], s)), **TIMELINE_ON),
+)
 for name, no_op, other in [
     ("use_beam_search", False, True),
     ("length_penalty", 1.0, 2.0),
@@ -438,12 +478,18 @@ def body_for(route: str, field: str, value: Any, extra: dict) -> dict:
     return {k: v for k, v in body.items() if v is not None}  # None in `extra`: leave out
 
 
-@pytest.fixture
-def app():
+@contextmanager
+def open_app(**settings):
     fake = ScriptedClient(lambda ids, p, k: "hello")
     tools = ToolSettings("pythonic", True, "pythonic")
-    with TestClient(create_app(fake, ServerSettings(tools=tools))) as http:
+    with TestClient(create_app(fake, ServerSettings(tools=tools, **settings))) as http:
         yield http, fake
+
+
+@pytest.fixture
+def app():
+    with open_app() as opened:
+        yield opened
 
 
 CASES = [
@@ -458,8 +504,12 @@ CASES = [
     CASES,
     ids=[f"{r}:{f}={json.dumps(v)[:24]}" for r, f, v, _, _ in CASES],
 )
-def test_each_field_is_honoured_or_refused(app, caplog, route, field, value, check, extra):
-    http, fake = app
+def test_each_field_is_honoured_or_refused(caplog, route, field, value, check, extra):
+    with open_app(**getattr(check, "settings", {})) as (http, fake):
+        _check_row(http, fake, caplog, route, field, value, check, extra)
+
+
+def _check_row(http, fake, caplog, route, field, value, check, extra):
     if field == "parallel_tool_calls":
         fake.reply = lambda ids, p, k: '[get_weather(city="Paris"), get_weather(city="Rome")]'
     elif extra.get("tools"):

@@ -9,6 +9,7 @@ import argparse
 import pytest
 from tiny_models import make_tiny_checkpoint
 
+from inferd import cli
 from inferd.bench.constrained import ConstrainedSystem, parse_spec
 from inferd.bench.latency import latency_batches, run_latency
 from inferd.bench.presets import PRESETS, resolve_workload
@@ -48,6 +49,17 @@ def test_constrained_and_free_run_side_by_side(tmp_path):
     assert [r.system for r in results] == ["inferd+json", "inferd"]
     for r in results:
         assert r.notes == [] and r.metrics.total_output_tokens == 24  # full length, both
+    # One engine serves both: each reports the steps of its own iterations only (2 prompts
+    # prefilled in one step, then 11 decode steps for the other 11 tokens).
+    for r in results:
+        assert [(b.kind, b.steps) for b in r.step_phases] == [("decode", 11), ("prefill", 1)]
     costs = constrained.constraint_costs()
     assert costs.startswith("24 constrained tokens: ") and "µs per token" in costs
     free.llm.shutdown()
+
+
+def test_profile_is_refused_with_structured_outputs_before_loading(capsys, tmp_path):
+    code = cli.main(["bench", "latency", "--preset", "json", "--profile", str(tmp_path),
+                     "--model", str(tmp_path / "no-such-model")])  # fmt: skip
+    assert code != 0
+    assert "--profile traces one run: drop --structured-outputs" in capsys.readouterr().err
