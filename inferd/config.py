@@ -124,6 +124,8 @@ class EngineConfig:
     seed: int = 0
     max_n: int = 128  # largest SamplingParams.n accepted
     max_stop_strings: int = 16
+    max_stop_string_length: int = 512  # characters
+    max_logprobs: int = 20  # largest logprobs / prompt_logprobs (vLLM's --max-logprobs)
     quantization: str | None = None
     kv_cache_dtype: str = "auto"
     num_threads: int | None = None  # CPU intra-op threads; None = torch's default

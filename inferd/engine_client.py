@@ -75,6 +75,20 @@ class TokenizerLike(Protocol):
         template, or the template refuses the messages)."""
         ...
 
+    def chat_prompt(
+        self,
+        messages: list[dict[str, Any]],
+        add_generation_prompt: bool = True,
+        *,
+        split_special_tokens: bool = True,
+        chat_template_kwargs: dict[str, Any] | None = None,
+        **kwargs: Any,
+    ) -> tuple[str, list[int]]:
+        """(prompt text, token ids) of the conversation, special-token strings in user text
+        kept as text unless `split_special_tokens` is False (inferd.tokenizer.Tokenizer's
+        contract); ValueError when it cannot be rendered."""
+        ...
+
 
 @runtime_checkable
 class EngineClient(Protocol):

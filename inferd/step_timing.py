@@ -128,6 +128,14 @@ class StepTiming:
             {k: h.minus(earlier.tokens[k]) for k, h in self.tokens.items()},
         )
 
+    def plus(self, other: StepTiming) -> StepTiming:
+        """Both spans' steps together (e.g. spans of the same engine that are not adjacent)."""
+        return StepTiming(
+            {k: h.plus(other.phases[k]) for k, h in self.phases.items()},
+            {k: h.plus(other.steps[k]) for k, h in self.steps.items()},
+            {k: h.plus(other.tokens[k]) for k, h in self.tokens.items()},
+        )
+
     def breakdown(self, kind: str) -> PhaseBreakdown | None:
         """Means per phase over the steps of `kind`; None when there were none."""
         step = self.steps[kind]

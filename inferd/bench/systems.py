@@ -65,7 +65,9 @@ class InferdSystem:
 
         self.name, self.temperature = name, temperature
         self.profile_dir, self.trace = profile_dir, None
-        self._timing_start = None
+        # Step phases of this system's own measured `generate` calls: one engine may serve two
+        # systems (bench/constrained.py), whose steps must not be mixed.
+        self._measuring, self._spent = False, None
 
         t0 = time.perf_counter()
         self.llm = LLM(**{f.name: getattr(config, f.name) for f in fields(config)})
@@ -92,15 +94,20 @@ class InferdSystem:
     def tokenizer(self):
         return self.llm.engine.tokenizer
 
-    def generate(self, requests: Sequence[BenchRequest]) -> list[RequestTiming]:
+    def sampling_params(self, request: BenchRequest):
         from inferd.sampling_params import SamplingParams
 
-        params = [
-            SamplingParams(temperature=self.temperature, max_tokens=r.output_len, ignore_eos=True)
-            for r in requests
-        ]
+        return SamplingParams(temperature=self.temperature, max_tokens=request.output_len,
+                              ignore_eos=True)  # fmt: skip
+
+    def generate(self, requests: Sequence[BenchRequest]) -> list[RequestTiming]:
+        params = [self.sampling_params(r) for r in requests]
         prompts = [r.prompt_token_ids for r in requests]
+        before = self.llm.step_timing() if self._measuring else None
         outs = self.llm.generate(prompts, params, use_tqdm=False)
+        if before is not None:
+            spent = self.llm.step_timing().minus(before)
+            self._spent = spent if self._spent is None else self._spent.plus(spent)
         timings = []
         for out in outs:
             m = out.metrics
@@ -121,15 +128,18 @@ class InferdSystem:
         return timings
 
     def begin_measured(self) -> None:
-        self._timing_start = self.llm.step_timing()
+        self._measuring, self._spent = True, None
         if self.profile_dir:
             self.llm.start_profile(self.profile_dir)
 
     def end_measured(self) -> list:
-        """Mean step phases since `begin_measured`, per kind of step; stops the trace."""
+        """Mean step phases of the generate calls since `begin_measured`, per kind of step;
+        stops the trace."""
         if self.profile_dir:
             self.trace = self.llm.stop_profile()
-        spent = self.llm.step_timing().minus(self._timing_start)
+        spent, self._measuring = self._spent, False
+        if spent is None:
+            return []
         return [b for b in (spent.breakdown("decode"), spent.breakdown("prefill")) if b]
 
     def _note_speculation(self) -> None:

@@ -85,9 +85,15 @@ def _local_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--compare", help="peers on the same workload: llamacpp,hf, and nospec "
                    "(inferd without --speculative-config) (default: none)")  # fmt: skip
     p.add_argument("--hf-dtype", help="HF peer dtype (default: the dtype inferd runs in)")
+    p.add_argument("--structured-outputs", metavar="JSON",
+                   help="also run every request constrained by this spec (StructuredOutputsParams "
+                        "as JSON, e.g. '{\"regex\": \"[a-z ]+\"}'), same engine, iterations "
+                        "alternating: the ratio is constrained / free tokens/s (default: none; "
+                        "--preset json sets a long JSON string)")  # fmt: skip
     p.add_argument("--profile", metavar="DIR",
                    help="write a torch.profiler trace of inferd's measured run to DIR (not "
-                        "with --compare; default: none; docs/profiling.md)")  # fmt: skip
+                        "with --compare or --structured-outputs; default: none; "
+                        "docs/profiling.md)")  # fmt: skip
     p.add_argument("--temperature", type=_temperature, default=0.0,
                    help="inferd samples at this temperature (unseeded) instead of decoding "
                         "greedily; the llamacpp and hf peers decode greedily only "
@@ -200,6 +206,13 @@ def _run_local(args: argparse.Namespace) -> int:
         raise ValueError("--temperature > 0: the llamacpp and hf peers decode greedily only")
     spec = workload_spec(args)
     env_start = report.environment()
+    structured = _structured_spec(args)
+    if structured is not None and peer_names:
+        raise ValueError("--structured-outputs compares inferd constrained and free; "
+                         "leave out --compare")  # fmt: skip
+    if structured is not None and args.profile:  # both runs share one engine, hence one trace
+        raise ValueError("--profile traces one run: drop --structured-outputs (its constrained "
+                         "and free runs share one engine)")  # fmt: skip
     inferd = InferdSystem(engine_config_from_args(args), temperature=args.temperature,
                           profile_dir=args.profile)  # fmt: skip
     vocab = workload_vocab(inferd.tokenizer)
@@ -224,6 +237,12 @@ def _run_local(args: argparse.Namespace) -> int:
         title += f" [preset {args.preset}]"
     longest = max(r.prompt_len + r.output_len for r in every)
     systems, skipped = [inferd], []
+    if structured is not None:
+        from inferd.bench.constrained import ConstrainedSystem
+
+        # Constrained first: the table's ratio column reads constrained / free.
+        systems.insert(0, ConstrainedSystem(inferd, structured))
+        title += f", constrained by {structured.kind} vs free"
     for name in peer_names:
         peer, why = _load_peer(name, inferd, args, n_ctx=max(512, longest + 16))
         if peer is None:
@@ -246,6 +265,8 @@ def _run_local(args: argparse.Namespace) -> int:
         system.close()
     env_end = report.environment()
     report.print_results(title, results, console, skipped)
+    if structured is not None:
+        console.print(f"  grammar cost: {systems[0].constraint_costs()}")
     console.print(
         f"  machine: {env_end['cpu_count']} CPUs, load average (1 min) "
         f"{_load(env_start)} at start → {_load(env_end)} at end"
@@ -255,6 +276,18 @@ def _run_local(args: argparse.Namespace) -> int:
     if args.plot:
         report.plot(results, args.plot, title)
     return 0
+
+
+def _structured_spec(args: argparse.Namespace):
+    """The spec of --structured-outputs, else the preset's, else None."""
+    from inferd.bench.constrained import parse_spec
+    from inferd.structured_params import StructuredOutputsParams
+
+    if args.structured_outputs:
+        return parse_spec(args.structured_outputs)
+    preset = PRESETS.get(args.preset or "", {})
+    spec = preset.get("structured_outputs")
+    return None if spec is None else StructuredOutputsParams.from_dict(spec)
 
 
 def _load_peer(name: str, inferd, args: argparse.Namespace, n_ctx: int):

@@ -11,6 +11,13 @@ import logging
 import os
 
 from inferd.commands.engine_args import add_engine_arguments, engine_config_from_args, size_arg
+from inferd.commands.serve_features import (
+    add_feature_arguments,
+    check_tool_flags,
+    cors_settings,
+    tool_settings,
+    with_request_limits,
+)
 
 log = logging.getLogger("inferd.serve")
 
@@ -87,6 +94,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help='return a request\'s timeline when it asks ("return_timeline": true); off by '
         "default: its cached-prefix count shows whether others sent the same prompt",
     )
+    add_feature_arguments(parser)
 
 
 def _show_startup_logs() -> None:
@@ -132,7 +140,7 @@ def run(args: argparse.Namespace) -> int:
     from inferd.server.app import DEFAULT_MAX_REQUEST_BYTES, ServerSettings, create_app
     from inferd.tokenizer.chat_template import ChatTemplate, load_chat_template
 
-    # Check the template before the model loads: a typo should not cost a model load.
+    # Check the template and flags before the model loads: a typo should not cost a model load.
     template = load_chat_template(args.chat_template) if args.chat_template else None
     if args.profiler_dir:
         from inferd.profiling.trace import trace_directory
@@ -140,7 +148,9 @@ def run(args: argparse.Namespace) -> int:
         args.profiler_dir = str(trace_directory(args.profiler_dir))  # writable, made absolute
     if template is not None:
         ChatTemplate(template)  # compiles: syntax errors surface now, with their line
-    engine = LLMEngine(engine_config_from_args(args))
+    check_tool_flags(args)
+    cors = cors_settings(args)
+    engine = LLMEngine(with_request_limits(engine_config_from_args(args), args))
     _set_chat_template(engine, template)
     model_arg = args.model or args.model_pos
     settings = ServerSettings(
@@ -149,6 +159,8 @@ def run(args: argparse.Namespace) -> int:
         api_key=args.api_key or None,
         max_request_bytes=args.max_request_bytes or DEFAULT_MAX_REQUEST_BYTES,
         log_requests=not args.disable_log_requests,
+        tools=tool_settings(engine, args),
+        cors=cors,
         profiler_dir=args.profiler_dir,
         enable_request_timeline=args.enable_request_timeline,
     )

@@ -140,6 +140,7 @@ class AsyncEngine:
         Overloaded or EngineDeadError, with nothing left queued."""
         if self._dead_reason is not None or self._loop is None:
             raise EngineDeadError(self._dead_reason or "the engine loop is not running")
+        await self._grammar_compiled(params)
         future = self._loop.create_future()
         self._queues[request_id] = outputs
         self._pending_adds.add(future)
@@ -156,6 +157,25 @@ class AsyncEngine:
             raise
         finally:
             self._pending_adds.discard(future)
+
+    async def _grammar_compiled(self, params: SamplingParams) -> None:
+        """Structured outputs: wait (without blocking the loop thread or the event loop) until
+        the request's grammar is compiled, so that a bad spec is refused by `add_request`, as an
+        InvalidRequest, before anything streams."""
+        compile_grammar = getattr(self.engine, "compile_grammar", None)
+        handle = compile_grammar(params) if compile_grammar is not None else None
+        if handle is None or handle.done():
+            return
+        loop, compiled = self._loop, self._loop.create_future()
+
+        def wake(_) -> None:  # in the compiler's thread
+            try:
+                loop.call_soon_threadsafe(lambda: compiled.done() or compiled.set_result(None))
+            except RuntimeError:  # the event loop closed meanwhile: nobody waits any more
+                pass
+
+        handle.add_done_callback(wake)
+        await compiled
 
     def abort(self, request_id: str) -> None:
         """Stop a request (no-op when it already finished); its queue gets no more outputs."""

@@ -11,8 +11,10 @@ thread (`async_engine.py`). A failure while running a step fails the requests of
 
 from __future__ import annotations
 
+import concurrent.futures
 import hashlib
 import logging
+from concurrent.futures import Future
 from dataclasses import replace
 
 from inferd.config import EngineConfig
@@ -25,6 +27,7 @@ from inferd.engine.sampler import Sampler
 from inferd.engine.scheduler import Scheduler
 from inferd.engine.setup import EngineSetup, describe_model, model_identity, set_up_engine
 from inferd.engine.speculative import Speculation, exact_row_limit
+from inferd.engine.structured_outputs import StructuredOutputs
 from inferd.engine_client import EngineStats, ProfilerStateError, PromptInput, TraceFiles
 from inferd.errors import EngineDeadError, InvalidRequest
 from inferd.outputs import RequestOutput
@@ -57,22 +60,28 @@ class LLMEngine:
         )
         # Salt for prefix-cache hashes: blocks of different weights or dtypes never match.
         hash_root = hashlib.sha256(model_identity(setup, config).encode()).digest()
+        # Structured outputs: grammars compile in a worker thread, on first use.
+        self.grammars = StructuredOutputs(self.tokenizer, self.model_config.vocab_size,
+                                          setup.max_num_seqs)  # fmt: skip
         self.speculation = None
         if spec_config is not None:
             self.speculation = Speculation(spec_config, self.max_model_len,
                                            exact_rows=exact_row_limit(self.runner))  # fmt: skip
         self.scheduler = Scheduler(self.kv, setup.max_num_seqs, setup.max_num_batched_tokens,
                                    self.max_model_len, eos_ids, hash_root,
-                                   self.speculation)  # fmt: skip
+                                   self.speculation, self.grammars)  # fmt: skip
         # The phases of every step (inferd/step_timing.py); a trace, while one runs.
         self.step_timer = StepTimer()
         self.trace = None  # a profiling.trace.TraceSession while a trace runs
         self._ended_trace: TraceFiles | None = None  # a trace that hit its step limit
         self.executor = Executor(self.runner, Sampler(config.seed, setup.device), eos_ids,
-                                 timer=self.step_timer)  # fmt: skip
+                                 grammars=self.grammars, timer=self.step_timer)  # fmt: skip
         self.inputs = InputProcessor(self.tokenizer, self.model_config.vocab_size,
                                      self.max_model_len, config.max_n, config.max_stop_strings,
-                                     setup.device)  # fmt: skip
+                                     setup.device,
+                                     max_stop_string_length=config.max_stop_string_length,
+                                     max_logprobs=config.max_logprobs,
+                                     grammars=self.grammars)  # fmt: skip
         self._pending: list[RequestOutput] = []  # outputs of aborted requests, sent next step
         self.dead: str | None = None  # why the engine can run no more steps
 
@@ -113,11 +122,27 @@ class LLMEngine:
         return self.scheduler.has_unfinished_requests() or bool(self._pending)
 
     # ---- the step ----------------------------------------------------------------------------
+    def compile_grammar(self, params: SamplingParams) -> Future | None:
+        """Start compiling the request's grammar (any thread; never blocks): a future whose
+        result means compiled, or None when the request has none. Awaiting it before
+        `add_request` turns a bad spec into an InvalidRequest before anything streams."""
+        spec = params.structured_outputs
+        return None if spec is None else self.grammars.submit(spec)
+
+    def check_grammar(self, params: SamplingParams, timeout: float | None = None) -> None:
+        """Compile the request's grammar now (blocking): raise its InvalidRequest, if any."""
+        handle = self.compile_grammar(params)
+        if handle is not None:
+            concurrent.futures.wait([handle], timeout)
+            if handle.done():
+                self.grammars.check(handle, params.structured_outputs)
+
     def step(self) -> list[RequestOutput]:
         outputs, self._pending = self._pending, []
         timer = self.step_timer
         timer.start()  # phases begin in the executor and the runner, then "output" below
         scheduled = self.scheduler.schedule()
+        outputs += [request_output(r) for r in self.scheduler.take_failed()]
         if not scheduled.scheduled:
             timer.cancel()
             return outputs
@@ -143,8 +168,10 @@ class LLMEngine:
         return outputs
 
     def shutdown(self) -> None:
-        """Release what outlives the object: tensor-parallel worker processes."""
+        """Release what outlives the object: tensor-parallel worker processes, the grammar
+        compiler's thread."""
         self.executor.shutdown()
+        self.grammars.shutdown()
 
     def stats(self) -> EngineStats:
         return replace(self.scheduler.stats(), step_timing=self.step_timer.snapshot())

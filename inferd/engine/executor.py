@@ -18,7 +18,7 @@ from functools import partial
 import torch
 
 from inferd.engine.runner import SequenceStep
-from inferd.engine.sampler import Sampler, SamplingRow, prompt_logprobs
+from inferd.engine.sampler import Sampler, SampleResult, SamplingRow, prompt_logprobs
 from inferd.engine.speculative import DraftedSample, sample_drafted
 from inferd.engine.step import ModelRunnerOutput, ScheduledSequence, SchedulerOutput
 from inferd.outputs import PositionLogprobs
@@ -27,10 +27,12 @@ from inferd.profiling.step_timer import StepTimer
 
 class Executor:
     def __init__(self, runner, sampler: Sampler, eos_token_ids: tuple[int, ...] = (),
-                 timer: StepTimer | None = None):  # fmt: skip
-        """`timer`: the engine's step timer; the executor marks where "prepare" and "sample"
-        begin, the runner where "forward" does."""
+                 grammars=None, timer: StepTimer | None = None):  # fmt: skip
+        """`grammars`: the engine's StructuredOutputs, which constrains the rows of sequences
+        under a grammar; `timer`: the engine's step timer; the executor marks where "prepare"
+        and "sample" begin, the runner where "forward" does."""
         self.runner, self.sampler, self.eos_token_ids = runner, sampler, eos_token_ids
+        self.grammars = grammars
         self.timer = timer or StepTimer()  # a private one records nothing: no step is started
 
     def execute(self, out: SchedulerOutput) -> ModelRunnerOutput:
@@ -59,6 +61,8 @@ class Executor:
             if not s.needs_logits:
                 continue
             drafts = s.draft_token_ids
+            if drafts and s.seq.matcher is not None:  # see _sample: its mask needs one row
+                raise RuntimeError(f"sequence {s.seq.seq_id} is under a grammar but has drafts")
             for seq in s.samples:
                 samples.append(
                     DraftedSample(first, drafts, partial(self._sampling_row, seq, drafts))
@@ -67,8 +71,17 @@ class Executor:
         if not samples:
             return ModelRunnerOutput([], [], prompt, forward)
         start = time.perf_counter()
-        tokens, logprobs = sample_drafted(self.sampler, logits, samples)
+        tokens, logprobs = sample_drafted(self._sample, logits, samples)
         return ModelRunnerOutput(tokens, logprobs, prompt, forward, time.perf_counter() - start)
+
+    def _sample(self, logits: torch.Tensor, rows: list[SamplingRow]) -> SampleResult:
+        """One sampler call of `sample_drafted`'s rounds: the grammar's mask (or check-first)
+        applies per call, to the rows of sequences under a grammar. NOTE: such sequences get
+        no drafts (speculative.py), so each has exactly one row, in the first round; `logits`
+        is the round's own copy (index_select), which masking changes in place."""
+        if self.grammars is None:
+            return self.sampler(logits, rows)
+        return self.grammars.sample(self.sampler, logits, rows)
 
     def _sampling_row(self, seq, drafts: Sequence[int] = (), j: int = 0) -> SamplingRow:
         """Row j of `seq`: drafts[:j] come before it and count as output (penalties,
@@ -76,7 +89,7 @@ class Executor:
         req = seq.request
         output = seq.output_token_ids + list(drafts[:j]) if j else seq.output_token_ids
         return SamplingRow(req.params, req.prompt_token_ids, output, seq.generator,
-                           self.eos_token_ids)  # fmt: skip
+                           self.eos_token_ids, seq.matcher)  # fmt: skip
 
     def shutdown(self) -> None:
         """Release what outlives the object: tensor-parallel worker processes."""

@@ -35,6 +35,7 @@ from inferd.engine.request import Request, Sequence, SequenceStatus, update_bloc
 from inferd.engine.step import ModelRunnerOutput, ScheduledSequence, SchedulerOutput
 from inferd.engine.stopping import append_token
 from inferd.engine_client import EngineStats
+from inferd.errors import InvalidRequest
 from inferd.outputs import PositionLogprobs
 
 if TYPE_CHECKING:
@@ -63,6 +64,7 @@ class Scheduler:
         eos_token_ids: tuple[int, ...] = (),
         hash_root: bytes = b"",  # salt of the prefix-cache hashes (the model's identity)
         speculation: Speculation | None = None,  # drafts to verify (speculative decoding)
+        grammars=None,  # StructuredOutputs (engine/structured_outputs.py), for constrained requests
     ):
         self.kv = kv
         self.max_num_seqs = max_num_seqs
@@ -75,20 +77,30 @@ class Scheduler:
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
         self.counters = SchedulerCounters()
+        # Structured outputs: requests whose grammar is still compiling wait here, out of the
+        # FCFS queue, so they hold up no one; `failed` are those whose grammar did not compile,
+        # to report with the next step.
+        self.grammars = grammars
+        self.awaiting_grammar: list[Sequence] = []
+        self.failed: list[Request] = []
         # Device work produced outside a step (forks) or left undone by a failed step.
         self._copies: list[tuple[int, int, int]] = []
         self._clears: list[list[int]] = [[] for _ in kv.pools]
 
     # ---- requests ----------------------------------------------------------------------------
     def add_request(self, req: Request) -> None:
-        """Queue a validated request: its first sample waits, the others start with the fork."""
+        """Queue a validated request: its first sample waits, the others start with the fork.
+        A grammar that already failed to compile raises its InvalidRequest, nothing queued."""
+        compiled = req.grammar is None or req.grammar.done()
+        if req.grammar is not None and compiled:
+            self.grammars.attach(req)
         self.requests[req.request_id] = req
         req.metrics.queued_time = time.monotonic()  # timeline: the engine has it now
         req.metrics.max_tokens_param = req.params.max_tokens
         seq = req.sequences[0]
         update_block_hashes(seq, self.kv.block_size, self.hash_root)
         seq.status = SequenceStatus.WAITING
-        self.waiting.append(seq)
+        (self.waiting if compiled else self.awaiting_grammar).append(seq)
 
     def has_unfinished_requests(self) -> bool:
         return bool(self.requests)
@@ -131,7 +143,7 @@ class Scheduler:
             spec = {k: tuple(v) if isinstance(v, list) else v for k, v in counts.items()}
         return EngineStats(
             num_running=len(self.running),
-            num_waiting=len(self.waiting),
+            num_waiting=len(self.waiting) + len(self.awaiting_grammar),
             kv_cache_usage=self.kv.usage,
             num_preemptions=c.num_preemptions,
             prefix_cache_queries=c.prefix_cache_queries,
@@ -144,6 +156,8 @@ class Scheduler:
 
     # ---- the step: what runs ------------------------------------------------------------------
     def schedule(self) -> SchedulerOutput:
+        if self.awaiting_grammar:
+            self._admit_compiled()
         budget = self.max_num_batched_tokens
         chosen: list[tuple[Sequence, int, list[int]]] = []  # (sequence, tokens, drafts)
         preempted: list[Sequence] = []
@@ -236,6 +250,24 @@ class Scheduler:
         self._clears = [[] for _ in self.kv.pools]
         return SchedulerOutput(scheduled, preempted, clears, copies)
 
+    def _admit_compiled(self) -> None:
+        """Requests whose grammar finished compiling join the queue (their samples get their
+        matchers), or fail with the compile error."""
+        for seq in [s for s in self.awaiting_grammar if s.request.grammar.done()]:
+            self.awaiting_grammar.remove(seq)
+            req = seq.request
+            try:
+                self.grammars.attach(req)
+            except InvalidRequest as e:
+                self.failed.append(self._end(req.request_id, "error", f"InvalidRequest: {e}"))
+                continue
+            self.waiting.append(seq)
+
+    def take_failed(self) -> list[Request]:
+        """Requests that ended outside a step (their grammar did not compile), once each."""
+        failed, self.failed = [r for r in self.failed if r is not None], []
+        return failed
+
     def _preempt(self, seq: Sequence) -> None:
         self.running.remove(seq)
         self.kv.free(seq)
@@ -300,6 +332,8 @@ class Scheduler:
         req = seq.request
         for i, token in enumerate(tokens):
             append_token(seq, token, self.eos_token_ids, req.max_tokens, self.max_model_len)
+            if seq.matcher is not None:
+                self.grammars.advance(seq, token)
             update_block_hashes(seq, self.kv.block_size, self.hash_root)
             entry: PositionLogprobs | None = logprobs[i] if logprobs is not None else None
             if entry is not None:
@@ -338,6 +372,8 @@ class Scheduler:
             self.running.remove(seq)
         elif seq in self.waiting:
             self.waiting.remove(seq)
+        elif seq in self.awaiting_grammar:
+            self.awaiting_grammar.remove(seq)
         self.kv.free(seq)
         seq.status = SequenceStatus.FINISHED
         if self.speculation is not None:

@@ -113,8 +113,8 @@ class Speculation:
 
     def _lookup(self, seq: Sequence) -> list[int]:
         req = seq.request
-        if req.params.structured_outputs is not None:
-            return []
+        if seq.matcher is not None or req.params.structured_outputs is not None:
+            return []  # under a grammar: no drafts (the module docstring)
         room = draft_room(seq.num_tokens, seq.num_output_tokens, req.max_tokens,
                           self.max_model_len)  # fmt: skip
         return self.proposer.propose(seq.seq_id, seq.token_ids, room)

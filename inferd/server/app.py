@@ -4,9 +4,9 @@
 
 The server knows the engine only through `inferd.engine_client.EngineClient` (`inferd serve`
 passes an `AsyncEngine`; tests may pass a fake). The client starts with the app (lifespan) and
-stops with it. Middlewares, outermost first: the access log, the API key check, the body-size
-limit, then the internal-error guard; none uses BaseHTTPMiddleware, which would hide client
-disconnects from the routes.
+stops with it. Middlewares, outermost first: CORS, the access log, the API key check, the
+body-size limit, then the internal-error guard; none uses BaseHTTPMiddleware, which would hide
+client disconnects from the routes. `/docs` and `/openapi.json` describe every route and field.
 """
 
 from __future__ import annotations
@@ -21,15 +21,18 @@ from fastapi import FastAPI
 from inferd.engine_client import EngineClient, ProfilingClient
 from inferd.server.access_log import AccessLogMiddleware
 from inferd.server.auth import APIKeyMiddleware
+from inferd.server.cors import CORSSettings, add_cors
 from inferd.server.errors import install_error_handlers
 from inferd.server.limits import BodyLimitMiddleware
 from inferd.server.metrics import ServerMetrics
 from inferd.server.responses import TokenText
+from inferd.server.routes_chat import router as chat_router
 from inferd.server.routes_extra import router as extra_router
 from inferd.server.routes_openai import router as openai_router
 from inferd.server.routes_profile import router as profile_router
 from inferd.server.state import ServerState
 from inferd.server.timeline import log_timeline
+from inferd.server.tool_calls import ToolSettings
 from inferd.version import __version__
 
 log = logging.getLogger(__name__)
@@ -43,6 +46,8 @@ class ServerSettings:
     api_key: str | None = None
     max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES
     log_requests: bool = True  # one access line per request (server/access_log.py)
+    tools: ToolSettings = field(default_factory=ToolSettings)
+    cors: CORSSettings = field(default_factory=CORSSettings)
     profiler_dir: str | None = None  # set: /start_profile and /stop_profile (routes_profile.py)
     enable_request_timeline: bool = False  # honour "return_timeline" (server/timeline.py)
 
@@ -54,7 +59,7 @@ def create_app(client: EngineClient, settings: ServerSettings | None = None) -> 
     metrics = ServerMetrics(names[0], info.max_model_len)
     client.observe_outputs(metrics.observe_output)
     client.observe_outputs(log_timeline)
-    state = ServerState(client, names, metrics, TokenText(client.tokenizer),
+    state = ServerState(client, names, metrics, TokenText(client.tokenizer), tools=settings.tools,
                         request_timeline=settings.enable_request_timeline)  # fmt: skip
     if settings.profiler_dir and not isinstance(client, ProfilingClient):
         raise ValueError("--profiler-dir: this engine client cannot be profiled")
@@ -72,13 +77,14 @@ def create_app(client: EngineClient, settings: ServerSettings | None = None) -> 
         title="inferd",
         version=__version__,
         lifespan=lifespan,
-        docs_url=None,
+        docs_url="/docs",  # Swagger UI, as vLLM serves it
         redoc_url=None,
-        openapi_url=None,
+        openapi_url="/openapi.json",
     )
     app.state.inferd = state
     install_error_handlers(app)
     app.include_router(openai_router)
+    app.include_router(chat_router)
     app.include_router(extra_router)
     if settings.profiler_dir:  # as vLLM: the profiling routes exist only when asked for
         app.state.profiler_dir = settings.profiler_dir
@@ -88,4 +94,7 @@ def create_app(client: EngineClient, settings: ServerSettings | None = None) -> 
         app.add_middleware(APIKeyMiddleware, api_key=settings.api_key)  # outside the body limit
     if settings.log_requests:
         app.add_middleware(AccessLogMiddleware)  # outside the key check: 401s are logged too
+    # Outermost: a browser's preflight is answered before the key check, and every answer
+    # (401s too) carries the CORS headers a browser needs to read it.
+    add_cors(app, settings.cors)
     return app

@@ -13,7 +13,8 @@ from inferd.engine_client import EngineClient, ModelInfo, TokenizerLike
 from inferd.errors import InvalidRequest
 from inferd.server.errors import APIError
 from inferd.server.metrics import ServerMetrics
-from inferd.server.responses import TokenText
+from inferd.server.responses import TokenIdText, TokenText
+from inferd.server.tool_calls import ToolSettings
 
 
 @dataclass
@@ -23,7 +24,12 @@ class ServerState:
     metrics: ServerMetrics
     texts: TokenText
     created: int = field(default_factory=lambda: int(time.time()))
+    tools: ToolSettings = field(default_factory=ToolSettings)
     request_timeline: bool = False  # the server returns a request's timeline when asked
+
+    def token_texts(self, as_token_ids: bool) -> TokenText:
+        """How logprobs name tokens: their text, or "token_id:N" (return_tokens_as_token_ids)."""
+        return TokenIdText(self.texts) if as_token_ids else self.texts
 
     @property
     def model_name(self) -> str:
@@ -68,3 +74,11 @@ class ServerState:
 
 def get_state(request: Request) -> ServerState:
     return request.app.state.inferd
+
+
+def note_user(request: Request, body: Any) -> None:
+    """The end user a request names (`user`, `safety_identifier`) goes into its access-log line:
+    OpenAI asks for these so that an operator can trace abuse to a user."""
+    who = getattr(body, "safety_identifier", None) or getattr(body, "user", None)
+    if who:
+        request.state.inferd_user = who

@@ -157,6 +157,10 @@ class FakeClient:
         def apply_chat_template(messages, add_generation_prompt=True, **kwargs):
             return "hi"
 
+        @staticmethod
+        def chat_prompt(messages, add_generation_prompt=True, **kwargs):
+            return "hi", [1, 2, 3]
+
     def __init__(self) -> None:
         self.tracing = False
         self.observers = []

@@ -44,15 +44,17 @@ ABOVE: dict[str, set[str]] = {
     "profiling": {"layers", "cpu_kernels"},  # step timer, traces: instruments a model
     "spec_decode": set(),
     "engine": {"memory", "tokenizer", "loader", "models", "layers", "attention", "distributed",
-               "cpu_kernels", "profiling", "spec_decode"},
+               "cpu_kernels", "profiling", "spec_decode", "structured"},
     "structured": {"tokenizer", "loader"},
     "tools": {"structured", "tokenizer"},
-    "llm": {"engine", "tokenizer", "loader"},
-    "server": set(),  # the engine only as an EngineClient (inferd/engine_client.py)
+    "llm": {"engine", "tokenizer", "loader", "tools"},
+    # The engine only as an EngineClient (inferd/engine_client.py); request fields → grammar
+    # specs and tool-call parsing are libraries it uses, not the engine.
+    "server": {"structured", "tools"},
     "bench": {"llm"},
     "inferd": {"llm"},  # the package root re-exports the offline API lazily (`_EXPORTS`)
     "commands": {"bench", "server", "llm", "engine", "memory", "loader", "tokenizer",
-                 "distributed", "cpu_kernels", "profiling", "spec_decode"},
+                 "distributed", "cpu_kernels", "profiling", "spec_decode", "tools"},
     "cli": {"commands"},
     "__main__": {"cli"},
 }  # fmt: skip
