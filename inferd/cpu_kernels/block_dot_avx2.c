@@ -4,7 +4,7 @@
  * A 256-bit vector holds one activation block: 32 int8 activations against 32 stored weights
  * (unsigned bytes s = q + zero), each int32 lane collecting four products, which the block's
  * two scales then turn into floats. AVX-VNNI does the four multiply-adds in one instruction
- * (vpdpbusd), starting from -zero * (the four activations' sum). Without it, see dot4. The
+ * (vpdpbusd), starting from -zero * (the four activations' sum). Without it, see products. The
  * 4-bit layout gives both halves of a 64-weight chunk from one 32-byte load (low and high
  * nibbles); the 5-bit one adds a fifth bit per weight from one 64-bit word. */
 #include "block_layout.h"
@@ -80,25 +80,40 @@ static inline __attribute__((always_inline)) __m256 lane_scales(RowPtr p, int64_
                                     _mm256_set_epi32(1, 1, 1, 1, 0, 0, 0, 0));
 }
 
-/* Per int32 lane: c + the four products of stored weights w and activations a.
- * Without AVX-VNNI: vpmaddubsw (u8 x s8, pairs summed into int16) then vpmaddwd (pairs into
- * int32). vpmaddubsw saturates at 32767: 4- and 5-bit weights (s < 32) x |a| <= 127 stay far
- * below, but 8-bit ones (s up to 255) would not. Those are recentred to q = s - 128 in
+#ifndef __AVXVNNI__
+/* Per int32 lane, without AVX-VNNI: gain * the four products of the weights' integers and
+ * activations a. vpmaddubsw (u8 x s8, pairs summed into int16), then vpmaddwd (pairs times gain
+ * into int32). vpmaddubsw saturates at 32767: 4- and 5-bit weights (s < 32) x |a| <= 127 stay
+ * far below, but 8-bit ones (s up to 255) would not. Those are recentred to q = s - 128 in
  * [-128, 127] and multiplied as |q| (unsigned, <= 128) by a with q's sign: a pair is at most
- * 2 * 128 * 127 = 32512, and the zero point is already gone, so c (-128 * sum a) is not added. */
-static inline __attribute__((always_inline)) __m256i dot4(__m256i c, __m256i w, __m256i a,
-                                                          const int bits) {
-#ifdef __AVXVNNI__
-    (void)bits;
-    return _mm256_dpbusd_avx_epi32(c, w, a);
-#else
-    const __m256i ones = _mm256_set1_epi16(1);
+ * 2 * 128 * 127 = 32512, and the zero point is already gone (the caller leaves out c). */
+static inline __attribute__((always_inline)) __m256i products(__m256i w, __m256i a,
+                                                              const int bits, const int gain) {
+    const __m256i g = _mm256_set1_epi16((short)gain);
     if (bits == 8) {
         const __m256i q = _mm256_xor_si256(w, _mm256_set1_epi8((char)0x80));
-        const __m256i prod = _mm256_maddubs_epi16(_mm256_sign_epi8(q, q), _mm256_sign_epi8(a, q));
-        return _mm256_madd_epi16(prod, ones);
+        return _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_sign_epi8(q, q),
+                                                      _mm256_sign_epi8(a, q)), g);
     }
-    return _mm256_add_epi32(c, _mm256_madd_epi16(_mm256_maddubs_epi16(w, a), ones));
+    return _mm256_madd_epi16(_mm256_maddubs_epi16(w, a), g);
+}
+#endif
+
+/* Per int32 lane: c + the four products of stored weights w and activations a (one term), or
+ * c + 256 * (those of a) + (those of a2) (two terms; block_layout.h). */
+static inline __attribute__((always_inline)) __m256i dot4(__m256i c, __m256i w, __m256i a,
+                                                          __m256i a2, const int bits,
+                                                          const int terms) {
+#ifdef __AVXVNNI__
+    (void)bits;
+    if (terms == 1) return _mm256_dpbusd_avx_epi32(c, w, a);
+    const __m256i high = _mm256_dpbusd_avx_epi32(_mm256_setzero_si256(), w, a);
+    return _mm256_add_epi32(_mm256_dpbusd_avx_epi32(c, w, a2),
+                            _mm256_slli_epi32(high, RESIDUAL_SHIFT));
+#else
+    __m256i p = products(w, a, bits, terms == 1 ? 1 : 1 << RESIDUAL_SHIFT);
+    if (terms == 2) p = _mm256_add_epi32(p, products(w, a2, bits, 1));
+    return bits == 8 ? p : _mm256_add_epi32(c, p);
 #endif
 }
 
@@ -112,7 +127,7 @@ static inline float sum8(__m256 v) {
 /* Weights [k, k + 32 * halves) of R rows against M activation rows, into acc [M, R]. */
 static inline __attribute__((always_inline)) void chunk_dot(
     const RowPtr* rp, QuantRows x, int64_t K, int64_t k, int shift, const int halves,
-    const int M, const int R, const int bits, const int half, __m256* acc) {
+    const int M, const int R, const int bits, const int half, const int terms, __m256* acc) {
     const int64_t c = k / 64;
     __m256i packed[4];
     UNROLL
@@ -125,12 +140,14 @@ static inline __attribute__((always_inline)) void chunk_dot(
         UNROLL
         for (int m = 0; m < M; m++) {
             const __m256i a = _mm256_loadu_si256((const __m256i*)(x.xq + m * K + kh));
+            const __m256i a2 = terms == 2
+                ? _mm256_loadu_si256((const __m256i*)(x.xr + m * K + kh)) : a;
             const __m256i cz = _mm256_loadu_si256((const __m256i*)(x.xc + m * (K / 4) + kh / 4));
             const __m256 d = _mm256_broadcast_ss(x.xl + m * (K / 4) + kh / 4);
             UNROLL
             for (int r = 0; r < R; r++) {
                 const __m256i w = half_weights(rp[r], c, h, packed[r], bits);
-                const __m256 p = _mm256_cvtepi32_ps(dot4(cz, w, a, bits));
+                const __m256 p = _mm256_cvtepi32_ps(dot4(cz, w, a, a2, bits, terms));
                 const __m256 s = lane_scales(rp[r], kh, shift, half);
                 acc[m * R + r] = _mm256_fmadd_ps(_mm256_mul_ps(s, d), p, acc[m * R + r]);
             }
@@ -138,11 +155,12 @@ static inline __attribute__((always_inline)) void chunk_dot(
     }
 }
 
-/* R weight rows (n, n+1, ...) against M activation rows; M, R, bits and half are compile-time
- * constants in each instantiation (ROW_DOT), so the accumulators stay in the 16 registers. */
+/* R weight rows (n, n+1, ...) against M activation rows; M, R, bits, half and terms are
+ * compile-time constants in each instantiation (ROW_DOT), so the accumulators stay in the 16
+ * registers. */
 static inline __attribute__((always_inline)) void row_dot_m(
     const BlockMatrix* W, int64_t n, QuantRows x, const int M, const int R, const int bits,
-    const int half, float* out /* [M, R] */) {
+    const int half, const int terms, float* out /* [M, R] */) {
     const int64_t K = W->K;
     const int shift = W->B == 32 ? 5 : 4;
     __m256 acc[4];
@@ -152,38 +170,48 @@ static inline __attribute__((always_inline)) void row_dot_m(
     UNROLL
     for (int r = 0; r < R; r++) rp[r] = row_ptr(W, n + r, bits);
     int64_t k = 0;
-    for (; k + 64 <= K; k += 64) chunk_dot(rp, x, K, k, shift, 2, M, R, bits, half, acc);
-    if (k < K) chunk_dot(rp, x, K, k, shift, 1, M, R, bits, half, acc); /* K % 64 == 32 */
+    for (; k + 64 <= K; k += 64) chunk_dot(rp, x, K, k, shift, 2, M, R, bits, half, terms, acc);
+    if (k < K) chunk_dot(rp, x, K, k, shift, 1, M, R, bits, half, terms, acc); /* K%64 == 32 */
     UNROLL
     for (int i = 0; i < M * R; i++) out[i] = sum8(acc[i]);
 }
 
-#define ROW_DOT(bits, half)                                                                   \
-    static void row_dot_##bits##_##half(const BlockMatrix* W, int64_t n, int64_t R,           \
-                                        QuantRows x, int64_t M, float* out) {                 \
+#define ROW_DOT(bits, half, terms)                                                            \
+    static void row_dot_##bits##_##half##_##terms(const BlockMatrix* W, int64_t n, int64_t R, \
+                                                  QuantRows x, int64_t M, float* out) {       \
         if (R == 1) {                                                                         \
             switch (M) {                                                                      \
-                case 1: row_dot_m(W, n, x, 1, 1, bits, half, out); break;                     \
-                case 2: row_dot_m(W, n, x, 2, 1, bits, half, out); break;                     \
-                case 3: row_dot_m(W, n, x, 3, 1, bits, half, out); break;                     \
-                default: row_dot_m(W, n, x, 4, 1, bits, half, out); break;                    \
+                case 1: row_dot_m(W, n, x, 1, 1, bits, half, terms, out); break;              \
+                case 2: row_dot_m(W, n, x, 2, 1, bits, half, terms, out); break;              \
+                case 3: row_dot_m(W, n, x, 3, 1, bits, half, terms, out); break;              \
+                default: row_dot_m(W, n, x, 4, 1, bits, half, terms, out); break;             \
             }                                                                                 \
             return;                                                                           \
         }                                                                                     \
         switch (M) { /* R == rows_together(M) */                                              \
-            case 1: row_dot_m(W, n, x, 1, 4, bits, half, out); break;                         \
-            default: row_dot_m(W, n, x, 2, 2, bits, half, out); break;                        \
+            case 1: row_dot_m(W, n, x, 1, 4, bits, half, terms, out); break;                  \
+            default: row_dot_m(W, n, x, 2, 2, bits, half, terms, out); break;                 \
         }                                                                                     \
     }
-ROW_DOT(8, 0) ROW_DOT(8, 1) ROW_DOT(5, 0) ROW_DOT(5, 1) ROW_DOT(4, 0) ROW_DOT(4, 1)
+#define ROW_DOTS(terms) ROW_DOT(8, 0, terms) ROW_DOT(8, 1, terms) ROW_DOT(5, 0, terms) \
+    ROW_DOT(5, 1, terms) ROW_DOT(4, 0, terms) ROW_DOT(4, 1, terms)
+ROW_DOTS(1) ROW_DOTS(2)
+#undef ROW_DOTS
 #undef ROW_DOT
 
 RowDot row_dot_for(const BlockMatrix* W) {
     const int h = W->half_scales != 0;
+    if (W->act_terms == 2) {
+        switch (W->bits) {
+            case 4: return h ? row_dot_4_1_2 : row_dot_4_0_2;
+            case 5: return h ? row_dot_5_1_2 : row_dot_5_0_2;
+            default: return h ? row_dot_8_1_2 : row_dot_8_0_2;
+        }
+    }
     switch (W->bits) {
-        case 4: return h ? row_dot_4_1 : row_dot_4_0;
-        case 5: return h ? row_dot_5_1 : row_dot_5_0;
-        default: return h ? row_dot_8_1 : row_dot_8_0;
+        case 4: return h ? row_dot_4_1_1 : row_dot_4_0_1;
+        case 5: return h ? row_dot_5_1_1 : row_dot_5_0_1;
+        default: return h ? row_dot_8_1_1 : row_dot_8_0_1;
     }
 }
 

@@ -48,6 +48,9 @@ static void row_dot(const BlockMatrix* W, int64_t n0, int64_t R, QuantRows x, in
                 for (int64_t m = 0; m < M; m++) {
                     /* the zero point: xc holds -zero * (the sum of each four activations) */
                     int32_t sum = block_sum(stored + b * B, x.xq + m * K + kb, B);
+                    if (x.xr) /* two terms (block_layout.h) */
+                        sum = sum * (1 << RESIDUAL_SHIFT) + block_sum(stored + b * B,
+                                                                      x.xr + m * K + kb, B);
                     for (int64_t l = 0; l < B / 4; l++) sum += x.xc[(m * K + kb) / 4 + l];
                     total[m] += s * x.xl[(m * K + kb) / 4] * (float)sum;
                 }

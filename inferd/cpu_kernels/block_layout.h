@@ -25,6 +25,8 @@
 #else
 #define MAX_ROWS 8
 #endif
+/* Weight rows a thread takes at a time: a multiple of every rows_together() value */
+#define TILE 4
 
 /* Where the `bytes` bytes of chunk c (weights 64c ...) of row n start, in an array holding
  * `bytes` bytes per 64 weights of every row. */
@@ -59,12 +61,18 @@ static inline float scale_at(const BlockMatrix* W, int64_t i) {
 
 /* The activations of a product, quantised by block_gemv.c for every ISA alike: xq [M, K] int8
  * (|xq| <= 127); per group of four (one int32 lane of a dot-product instruction) xl [M, K/4] its
- * block's scale and xc [M, K/4] = -zero * (the sum of the four xq). */
+ * block's scale and xc [M, K/4] = -zero * (the sum of the four xq).
+ * With two terms (W->act_terms == 2) xr [M, K] holds the second int8 term and each activation
+ * is xl * (256 xq + xr): the lanes sum 256 dot(w, xq) + dot(w, xr), xc = -zero * (the four
+ * 256 xq + xr), and xl is the block's scale / 256. With one term xr is NULL. */
 typedef struct {
     const int8_t* xq;
     const int32_t* xc;
     const float* xl;
+    const int8_t* xr;
 } QuantRows;
+
+#define RESIDUAL_SHIFT 8 /* the second term's weight: 1 / 256 of the first's */
 
 /* out [M, R] = the scaled block sums of weight rows n .. n+R-1 against M activation rows
  * (offsets excluded). R is 1 or rows_together(M). */

@@ -30,7 +30,7 @@ class BlockMatrix(ctypes.Structure):
 
     _fields_ = [("q", _P), ("high", _P), ("scale", _P), ("offset", _P), ("N", _I), ("K", _I),
                 ("B", _I), ("bits", _I), ("zero", _I), ("half_scales", _I),
-                ("interleaved", _I)]  # fmt: skip
+                ("interleaved", _I), ("act_terms", _I)]  # fmt: skip
 
 
 def _interleave(rows: torch.Tensor, chunks: int) -> torch.Tensor:
@@ -106,6 +106,7 @@ class BlockPart:
         self.scale = half if torch.equal(half.float(), scale) else scale.contiguous()
         self.offset = None if offset is None else offset.float().contiguous()
         self.shape = (rows, k)
+        self.act_terms = 1
         self._describe()
 
     def _describe(self) -> None:
@@ -115,7 +116,7 @@ class BlockPart:
             self.q.data_ptr(), None if self.high is None else self.high.data_ptr(),
             self.scale.data_ptr(), None if self.offset is None else self.offset.data_ptr(),
             rows, k, self.group, self.bits, self.zero, int(self.scale.dtype == torch.float16),
-            int(self.interleaved),
+            int(self.interleaved), self.act_terms,
         )  # fmt: skip
 
     def stored(self) -> tuple[dict[str, torch.Tensor], dict[str, int]]:
@@ -134,6 +135,7 @@ class BlockPart:
         part.shape = (facts["rows"], facts["cols"])
         part.group, part.bits, part.zero = facts["group"], facts["bits"], facts["zero"]
         part.interleaved = bool(facts["interleaved"])
+        part.act_terms = 1
         part._describe()
         return part
 
@@ -182,6 +184,21 @@ class BlockWeight(nn.Module):
     @property
     def nbytes(self) -> int:
         return sum(p.nbytes for p in self.parts)
+
+    @property
+    def act_terms(self) -> int:
+        return self.parts[0].act_terms
+
+    @act_terms.setter
+    def act_terms(self, terms: int) -> None:
+        """How the C kernel rounds activations: 1 int8 per value (as llama.cpp), or 2 (the
+        second holding the first's rounding residual: 16-bit activations, cpu_kernels/
+        block_gemv.c). Set it before the C decoder copies the parts' descriptions."""
+        if terms not in (1, 2):
+            raise ValueError(f"activation terms must be 1 or 2, got {terms}")
+        for p in self.parts:
+            p.act_terms = terms
+            p._describe()
 
     def dequantized(self, rows: torch.Tensor | None = None) -> torch.Tensor:
         """The float32 weights (of `rows`), bit-identical to the GGUF dequantisation."""

@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from inferd.cpu_info import cpu_has_fast_bf16
+import inferd.cpu_info as cpu_info
 from inferd.layers.block_method import BlockMethod
 from inferd.layers.linear_method import DenseMethod, LinearMethod
 from inferd.layers.quant import INT4_ROW_LIMITS, Fp8Method, Int4Method, Int8Method
@@ -57,10 +57,11 @@ class WeightScheme:
     keep_copy: bool = False  # block layers keep a `dtype` copy for large steps
     quantize: str | None = None  # int8 | int4 | fp8: re-quantise the loaded dense weights
     kernels: ctypes.CDLL | None = field(default=None, compare=False, repr=False)
+    reason: str = field(default="", compare=False)  # why this scheme: a flag, or the machine
 
     @classmethod
-    def dense(cls, dtype: torch.dtype) -> WeightScheme:
-        return cls(str(dtype).removeprefix("torch."), dtype)
+    def dense(cls, dtype: torch.dtype, reason: str = "") -> WeightScheme:
+        return cls(str(dtype).removeprefix("torch."), dtype, reason=reason)
 
     @property
     def activations(self) -> torch.dtype:
@@ -107,6 +108,11 @@ class WeightScheme:
         return self.quantize is None
 
     def describe(self) -> str:
+        """What the weights are and which kernels multiply by them, and why (the start-up line
+        `inferd: weights: ...`)."""
+        return self._what() + (f"; {self.reason}" if self.reason else "")
+
+    def _what(self) -> str:
         if self.blocks:
             rows = BLOCK_ROWS_WITH_COPY if self.keep_copy else BLOCK_ROWS_DEQUANTISING
             large = (f"{_name(self.dtype)} GEMM on a copy made at the first such step"
@@ -170,23 +176,44 @@ def choose_scheme(quantization: str | None, dtype: str, checkpoint_format: str |
     resolved = resolve_dtype(dtype, device)
     if quantization is not None:
         check_quantization(quantization, device)
+        forced = f"chosen by --quantization {quantization}"
         if quantization == "gguf":
             if checkpoint_format not in ("gguf", None):
                 raise ValueError("quantization gguf keeps a GGUF file's own blocks; the model "
                                  "is not a GGUF file")  # fmt: skip
-            return WeightScheme("gguf", resolved, blocks=True, kernels=_kernels_or_reason()[0])
+            return WeightScheme("gguf", resolved, blocks=True, kernels=_kernels_or_reason()[0],
+                                reason=forced)  # fmt: skip
         if dtype != "auto" and resolved != torch.bfloat16:
             raise ValueError(f"quantization {quantization} needs dtype bfloat16 (or auto)")
-        return WeightScheme(quantization, torch.bfloat16, quantize=quantization)
-    if dtype != "auto" or device.type != "cpu" or checkpoint_format != "gguf":
-        return WeightScheme.dense(resolved)
+        return WeightScheme(quantization, torch.bfloat16, quantize=quantization, reason=forced)
+    if dtype != "auto":
+        return WeightScheme.dense(resolved, f"chosen by --dtype {dtype}")
+    if device.type != "cpu":
+        return WeightScheme.dense(resolved, f"the default on {device.type}")
+    if checkpoint_format != "gguf":
+        return WeightScheme.dense(resolved, f"the default for {_checkpoint(checkpoint_format)} "
+                                  f"on {_cpu()}")  # fmt: skip
     if tensor_parallel > 1:  # block layers are not split across ranks
-        return WeightScheme.dense(resolved)
+        return WeightScheme.dense(resolved, "the default with tensor parallelism: GGUF blocks "
+                                  "are not split across ranks")  # fmt: skip
     lib, reason = _kernels_or_reason()
     if lib is None:
         log.warning("inferd's C kernels are unavailable (%s): the GGUF weights are dequantised "
                     "to %s, which is slower", reason, _name(resolved))  # fmt: skip
-        return WeightScheme.dense(resolved)
-    if cpu_has_fast_bf16():
-        return WeightScheme("gguf+bf16", torch.bfloat16, blocks=True, keep_copy=True, kernels=lib)
-    return WeightScheme("gguf+float32", torch.float32, blocks=True, kernels=lib)
+        return WeightScheme.dense(resolved, "the default for a GGUF file without inferd's C "
+                                  "kernels")  # fmt: skip
+    why = f"the default for a GGUF file on {_cpu()}"
+    if cpu_info.default_gguf_weights() == "gguf+bf16":
+        return WeightScheme("gguf+bf16", torch.bfloat16, blocks=True, keep_copy=True, kernels=lib,
+                            reason=why)  # fmt: skip
+    return WeightScheme("gguf+float32", torch.float32, blocks=True, kernels=lib, reason=why)
+
+
+def _checkpoint(checkpoint_format: str | None) -> str:
+    return "an HF checkpoint" if checkpoint_format == "hf" else "this checkpoint"
+
+
+def _cpu() -> str:
+    if cpu_info.cpu_has_fast_bf16():
+        return "a CPU with fast bf16 (avx512_bf16 or AMX)"
+    return "a CPU without fast bf16 (no avx512_bf16 or AMX)"

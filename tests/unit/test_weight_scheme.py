@@ -23,7 +23,7 @@ def machine(monkeypatch):
     """Pretend CPU features and kernel availability."""
 
     def set_up(fast_bf16: bool, kernels: bool = True):
-        monkeypatch.setattr(ws, "cpu_has_fast_bf16", lambda: fast_bf16)
+        monkeypatch.setattr("inferd.cpu_info.cpu_has_fast_bf16", lambda: fast_bf16)
         monkeypatch.setattr("inferd.platform.default_cpu_dtype",
                             lambda: "bfloat16" if fast_bf16 else "float32")  # fmt: skip
         lib = object() if kernels else None
