@@ -80,7 +80,7 @@ static inline __attribute__((always_inline)) __m512 lane_scales(
 }
 
 #ifndef __AVX512VNNI__
-/* Per int32 lane, without VNNI: gain * the four products of the weights' integers and
+/* Per int32 lane, without VNNI: gain * the four products of the weights' integers and int8
  * activations a. vpmaddubsw (u8 x s8, pairs summed into int16), then vpmaddwd (pairs times gain
  * into int32). vpmaddubsw saturates at 32767: 4- and 5-bit weights (s < 32) x |a| <= 127 stay
  * far below, but 8-bit ones (s up to 255) would not. Those are recentred to q = s - 128 in
@@ -99,22 +99,20 @@ static inline __attribute__((always_inline)) __m512i products(__m512i w, __m512i
 }
 #endif
 
-/* Per int32 lane: c + the four products of stored weights w and activations a (one term), or
- * c + 256 * (those of a) + (those of a2) (two terms; block_layout.h). With VNNI one instruction
- * (vpdpbusd) multiplies and adds four, starting from c, which removes the zero point inside the
- * exact integer sum. */
-static inline __attribute__((always_inline)) __m512i dot4(__m512i c, __m512i w, __m512i a,
-                                                          __m512i a2, const int bits,
-                                                          const int terms) {
+/* Per int32 lane: c + the four products of stored weights w and activations 256 a1 + a2
+ * (block_layout.h). With VNNI one instruction (vpdpbusd) multiplies and adds four u8 x s8
+ * products: one for a2 starting from c, which removes the zero point inside the exact integer
+ * sum, one for a1, shifted by 8 bits. */
+static inline __attribute__((always_inline)) __m512i dot4(__m512i c, __m512i w, __m512i a1,
+                                                          __m512i a2, const int bits) {
 #ifdef __AVX512VNNI__
     (void)bits;
-    if (terms == 1) return _mm512_dpbusd_epi32(c, w, a);
-    const __m512i high = _mm512_dpbusd_epi32(_mm512_setzero_si512(), w, a);
+    const __m512i high = _mm512_dpbusd_epi32(_mm512_setzero_si512(), w, a1);
     return _mm512_add_epi32(_mm512_dpbusd_epi32(c, w, a2),
                             _mm512_slli_epi32(high, RESIDUAL_SHIFT));
 #else
-    __m512i p = products(w, a, bits, terms == 1 ? 1 : 1 << RESIDUAL_SHIFT);
-    if (terms == 2) p = _mm512_add_epi32(p, products(w, a2, bits, 1));
+    const __m512i p = _mm512_add_epi32(products(w, a1, bits, 1 << RESIDUAL_SHIFT),
+                                       products(w, a2, bits, 1));
     return bits == 8 ? p : _mm512_add_epi32(c, p);
 #endif
 }
@@ -122,8 +120,7 @@ static inline __attribute__((always_inline)) __m512i dot4(__m512i c, __m512i w, 
 /* Weights [k, k + len) of R rows against M activation rows, into acc [M, R]. */
 static inline __attribute__((always_inline)) void chunk_dot(
     const RowPtr* rp, QuantRows x, int64_t K, int64_t k, const int64_t len, int shift,
-    __m512i expand, const int M, const int R, const int bits, const int half, const int terms,
-    __m512* acc) {
+    __m512i expand, const int M, const int R, const int bits, const int half, __m512* acc) {
     __m512i w[4];
     __m512 s[4];
     UNROLL
@@ -134,19 +131,16 @@ static inline __attribute__((always_inline)) void chunk_dot(
     UNROLL
     for (int m = 0; m < M; m++) {
         const int8_t* xq = x.xq + m * K + k;
+        const int8_t* xr = x.xr + m * K + k;
         const int32_t* xc = x.xc + m * (K / 4) + k / 4;
         const float* xl = x.xl + m * (K / 4) + k / 4;
-        const __m512i a = len == 64 ? _mm512_loadu_si512(xq) : _mm512_maskz_loadu_epi8(~0U, xq);
-        __m512i a2 = a;
-        if (terms == 2) {
-            const int8_t* xr = x.xr + m * K + k;
-            a2 = len == 64 ? _mm512_loadu_si512(xr) : _mm512_maskz_loadu_epi8(~0U, xr);
-        }
+        const __m512i a1 = len == 64 ? _mm512_loadu_si512(xq) : _mm512_maskz_loadu_epi8(~0U, xq);
+        const __m512i a2 = len == 64 ? _mm512_loadu_si512(xr) : _mm512_maskz_loadu_epi8(~0U, xr);
         const __m512i c = len == 64 ? _mm512_loadu_si512(xc) : _mm512_maskz_loadu_epi32(0xFF, xc);
         const __m512 d = len == 64 ? _mm512_loadu_ps(xl) : _mm512_maskz_loadu_ps(0xFF, xl);
         UNROLL
         for (int r = 0; r < R; r++) {
-            const __m512 p = _mm512_cvtepi32_ps(dot4(c, w[r], a, a2, bits, terms));
+            const __m512 p = _mm512_cvtepi32_ps(dot4(c, w[r], a1, a2, bits));
             acc[m * R + r] = _mm512_fmadd_ps(_mm512_mul_ps(s[r], d), p, acc[m * R + r]);
         }
     }
@@ -158,7 +152,7 @@ static inline __attribute__((always_inline)) void chunk_dot(
  * (decode of one sequence) four weight rows share each activation load. */
 static inline __attribute__((always_inline)) void row_dot_m(
     const BlockMatrix* W, int64_t n, QuantRows x, const int M, const int R, const int bits,
-    const int half, const int terms, float* out /* [M, R] */) {
+    const int half, float* out /* [M, R] */) {
     const int64_t K = W->K;
     const int shift = W->B == 32 ? 5 : 4;
     const __m512i expand = W->B == 32
@@ -173,54 +167,44 @@ static inline __attribute__((always_inline)) void row_dot_m(
     /* NOTE: masked loads only for a last half chunk (K % 64 == 32): on an AMD EPYC with
      * AVX-512, masked 512-bit loads in this loop cut the bandwidth from memory to a third. */
     int64_t k = 0;
-    for (; k + 64 <= K; k += 64) chunk_dot(rp, x, K, k, 64, shift, expand, M, R, bits, half, terms, acc);
-    if (k < K) chunk_dot(rp, x, K, k, 32, shift, expand, M, R, bits, half, terms, acc);
+    for (; k + 64 <= K; k += 64) chunk_dot(rp, x, K, k, 64, shift, expand, M, R, bits, half, acc);
+    if (k < K) chunk_dot(rp, x, K, k, 32, shift, expand, M, R, bits, half, acc);
     UNROLL
     for (int i = 0; i < M * R; i++) out[i] = _mm512_reduce_add_ps(acc[i]);
 }
 
-#define ROW_DOT(bits, half, terms)                                                            \
-    static void row_dot_##bits##_##half##_##terms(const BlockMatrix* W, int64_t n, int64_t R, \
-                                                  QuantRows x, int64_t M, float* out) {       \
+#define ROW_DOT(bits, half)                                                                   \
+    static void row_dot_##bits##_##half(const BlockMatrix* W, int64_t n, int64_t R,           \
+                                        QuantRows x, int64_t M, float* out) {                 \
         if (R == 1) {                                                                         \
             switch (M) {                                                                      \
-                case 1: row_dot_m(W, n, x, 1, 1, bits, half, terms, out); break;              \
-                case 2: row_dot_m(W, n, x, 2, 1, bits, half, terms, out); break;              \
-                case 3: row_dot_m(W, n, x, 3, 1, bits, half, terms, out); break;              \
-                case 4: row_dot_m(W, n, x, 4, 1, bits, half, terms, out); break;              \
-                case 5: row_dot_m(W, n, x, 5, 1, bits, half, terms, out); break;              \
-                case 6: row_dot_m(W, n, x, 6, 1, bits, half, terms, out); break;              \
-                case 7: row_dot_m(W, n, x, 7, 1, bits, half, terms, out); break;              \
-                default: row_dot_m(W, n, x, 8, 1, bits, half, terms, out); break;             \
+                case 1: row_dot_m(W, n, x, 1, 1, bits, half, out); break;                     \
+                case 2: row_dot_m(W, n, x, 2, 1, bits, half, out); break;                     \
+                case 3: row_dot_m(W, n, x, 3, 1, bits, half, out); break;                     \
+                case 4: row_dot_m(W, n, x, 4, 1, bits, half, out); break;                     \
+                case 5: row_dot_m(W, n, x, 5, 1, bits, half, out); break;                     \
+                case 6: row_dot_m(W, n, x, 6, 1, bits, half, out); break;                     \
+                case 7: row_dot_m(W, n, x, 7, 1, bits, half, out); break;                     \
+                default: row_dot_m(W, n, x, 8, 1, bits, half, out); break;                    \
             }                                                                                 \
             return;                                                                           \
         }                                                                                     \
         switch (M) { /* R == rows_together(M) */                                              \
-            case 1: row_dot_m(W, n, x, 1, 4, bits, half, terms, out); break;                  \
-            case 2: row_dot_m(W, n, x, 2, 4, bits, half, terms, out); break;                  \
-            case 3: row_dot_m(W, n, x, 3, 2, bits, half, terms, out); break;                  \
-            default: row_dot_m(W, n, x, 4, 2, bits, half, terms, out); break;                 \
+            case 1: row_dot_m(W, n, x, 1, 4, bits, half, out); break;                         \
+            case 2: row_dot_m(W, n, x, 2, 4, bits, half, out); break;                         \
+            case 3: row_dot_m(W, n, x, 3, 2, bits, half, out); break;                         \
+            default: row_dot_m(W, n, x, 4, 2, bits, half, out); break;                        \
         }                                                                                     \
     }
-#define ROW_DOTS(terms) ROW_DOT(8, 0, terms) ROW_DOT(8, 1, terms) ROW_DOT(5, 0, terms) \
-    ROW_DOT(5, 1, terms) ROW_DOT(4, 0, terms) ROW_DOT(4, 1, terms)
-ROW_DOTS(1) ROW_DOTS(2)
-#undef ROW_DOTS
+ROW_DOT(8, 0) ROW_DOT(8, 1) ROW_DOT(5, 0) ROW_DOT(5, 1) ROW_DOT(4, 0) ROW_DOT(4, 1)
 #undef ROW_DOT
 
 RowDot row_dot_for(const BlockMatrix* W) {
     const int h = W->half_scales != 0;
-    if (W->act_terms == 2) {
-        switch (W->bits) {
-            case 4: return h ? row_dot_4_1_2 : row_dot_4_0_2;
-            case 5: return h ? row_dot_5_1_2 : row_dot_5_0_2;
-            default: return h ? row_dot_8_1_2 : row_dot_8_0_2;
-        }
-    }
     switch (W->bits) {
-        case 4: return h ? row_dot_4_1_1 : row_dot_4_0_1;
-        case 5: return h ? row_dot_5_1_1 : row_dot_5_0_1;
-        default: return h ? row_dot_8_1_1 : row_dot_8_0_1;
+        case 4: return h ? row_dot_4_1 : row_dot_4_0;
+        case 5: return h ? row_dot_5_1 : row_dot_5_0;
+        default: return h ? row_dot_8_1 : row_dot_8_0;
     }
 }
 

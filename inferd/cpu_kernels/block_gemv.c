@@ -15,19 +15,18 @@
  * 4i..4i+3 follow each other ([N/4, K/64, 4, chunk bytes]): a decode step reads four rows at
  * once, and this keeps its reads sequential, which the hardware prefetcher needs.
  *
- * Activations: each row of x is quantised to int8 in blocks of 32 (scale d = absmax / 127), as
- * llama.cpp does for the same products. The block dot products are then exact integer sums
- * (AVX-512 VNNI: 64 multiply-adds per instruction), so a product reads little more than the
- * weight bytes: decode on a CPU is bound by memory bandwidth, and this keeps it there.
- * Rounding to int8 moves each activation by up to d / 2, which flips a few percent of a small
- * model's next-token argmaxes. With two terms (W->act_terms == 2) a second int8 holds the
- * rounding residual in steps of d / 256: x = d * (q1 + q2 / 256) to within d / 512, i.e. 16-bit
- * activations. Both terms multiply the same weight bytes (one more integer dot product per
- * 64 weights, which a memory-bound product mostly hides).
+ * Activations: llama.cpp quantises each row of x to int8 in blocks of 32 (scale d = absmax /
+ * 127) for the same products, which moves each activation by up to d / 2: on a small model that
+ * flips a few percent of the next-token argmaxes against float32. Here each activation is two
+ * int8 terms instead, x = (d / 256) * (256 q1 + q2), q2 holding q1's rounding residual: within
+ * d / 512, 16-bit activations. The block dot products are exact integer sums (AVX-512 VNNI: 64
+ * multiply-adds per instruction, two instructions per 64 weights for the two terms, against the
+ * same weight bytes), so a product still reads little more than the weight bytes: decode on a
+ * CPU is bound by memory bandwidth, and this keeps it there.
  *
- *   y[m, n] = sum_b scale[n, b] * dx[m, b*B/32] * dot(s_b - zero, xq_b)
- *           + sum_b offset[n, b] * xsum[m, b]      (dx: activation scales; xsum: exact sums)
- * (two terms: xq_b = 256 q1 + q2 and dx = d / 256, summed in int32 without overflow.)
+ *   y[m, n] = sum_b scale[n, b] * dx[m, b*B/32] * dot(s_b - zero, 256 q1_b + q2_b)
+ *           + sum_b offset[n, b] * xsum[m, b]      (dx: d / 256; xsum: exact float sums)
+ * (|s - zero| <= 255 and |256 q1 + q2| <= 32639: a lane's four products fit in int32.)
  *
  * The inner loop over a row's blocks is written once per ISA (block_dot_avx512.c: AVX-512 with or
  * without VNNI; block_dot_avx2.c: AVX2 with or without AVX-VNNI; block_dot_portable.c: plain C);
@@ -56,14 +55,14 @@ const char* inferd_kernel_isa(void) {
 #endif
 }
 
-/* x [M, K] -> the QuantRows buffers (block_layout.h; xr only with two terms), and xs [M, K/B]
- * the exact float sums per weight block (for the offsets). NOTE: tests/unit/test_gguf_blocks.py
- * repeats this arithmetic in PyTorch bit for bit (f = x * (1 / d); q1 = rint(f);
- * q2 = rint((f - q1) * 256), exact in float32, clamped to +-127 at exact ties). */
+/* x [M, K] -> the QuantRows buffers (block_layout.h), and xs [M, K/B] the exact float sums per
+ * weight block (for the offsets). NOTE: tests/unit/test_gguf_blocks.py repeats this arithmetic
+ * in PyTorch bit for bit: f = x * (1 / d); q1 = rint(f); q2 = rint((f - q1) * 256) (f - q1 is
+ * exact in float32), clamped to +-127 (it reaches 128 only at exact ties). */
 static void quantize_rows(const float* x, int64_t M, int64_t K, int64_t B, int64_t zero,
-                          int64_t terms, int8_t* xq, int8_t* xr, float* xl, int32_t* xc,
+                          int8_t* xq, int8_t* xr, int16_t* xw, float* xl, int32_t* xc,
                           float* xs) {
-    const float step = terms == 2 ? 1.0f / (1 << RESIDUAL_SHIFT) : 1.0f;
+    const float step = (float)(1 << RESIDUAL_SHIFT);
     for (int64_t m = 0; m < M; m++) {
         const float* xrow = x + m * K;
         for (int64_t b = 0; b < K / XBLOCK; b++) {
@@ -72,15 +71,12 @@ static void quantize_rows(const float* x, int64_t M, int64_t K, int64_t B, int64
             for (int j = 0; j < XBLOCK; j++) amax = fmaxf(amax, fabsf(v[j]));
             const float d = amax / 127.0f;
             const float inv = d > 0.0f ? 1.0f / d : 0.0f;
-            for (int j = 0; j < XBLOCK / 4; j++) xl[m * (K / 4) + b * (XBLOCK / 4) + j] = d * step;
+            for (int j = 0; j < XBLOCK / 4; j++) xl[m * (K / 4) + b * (XBLOCK / 4) + j] = d / step;
             for (int j = 0; j < XBLOCK; j++) {
                 const int64_t at = m * K + b * XBLOCK + j;
-                const float f = v[j] * inv, q = rintf(f);
+                const float f = v[j] * inv, q = rintf(f), r = rintf((f - q) * step);
                 xq[at] = (int8_t)q;
-                if (terms == 2) {
-                    const float r = rintf((f - q) * (float)(1 << RESIDUAL_SHIFT));
-                    xr[at] = (int8_t)(r > 127.0f ? 127.0f : r < -127.0f ? -127.0f : r);
-                }
+                xr[at] = (int8_t)(r > 127.0f ? 127.0f : r < -127.0f ? -127.0f : r);
             }
         }
         for (int64_t b = 0; b < K / B; b++) {
@@ -89,11 +85,12 @@ static void quantize_rows(const float* x, int64_t M, int64_t K, int64_t B, int64
             xs[m * (K / B) + b] = s;
         }
         for (int64_t k = 0; k < K; k += 4) {
-            const int8_t* v = xq + m * K + k;
-            int32_t sum = (int32_t)v[0] + v[1] + v[2] + v[3];
-            if (terms == 2) {
-                const int8_t* r = xr + m * K + k;
-                sum = sum * (1 << RESIDUAL_SHIFT) + r[0] + r[1] + r[2] + r[3];
+            int32_t sum = 0;
+            for (int j = 0; j < 4; j++) {
+                const int64_t at = m * K + k + j;
+                const int32_t wide = (int32_t)xq[at] * (1 << RESIDUAL_SHIFT) + xr[at];
+                if (xw) xw[at] = (int16_t)wide;
+                sum += wide;
             }
             xc[m * (K / 4) + k / 4] = (int32_t)(-zero) * sum;
         }
@@ -103,10 +100,14 @@ static void quantize_rows(const float* x, int64_t M, int64_t K, int64_t B, int64
 /* y [M, ldy] (columns 0..N-1) = x [M, K] . w^T. Returns 0, -1 if the layout is not supported
  * (K not a multiple of 32, or of 64 for 4/5 bits; B not 16 or 32), -2 if out of memory. */
 int inferd_block_gemv(const float* x, int64_t M, const BlockMatrix* W, float* y, int64_t ldy) {
-    const int64_t K = W->K, B = W->B, nb = K / B, terms = W->act_terms;
+    const int64_t K = W->K, B = W->B, nb = K / B;
     if (K % XBLOCK || (B != 16 && B != 32) || M < 1 || (W->bits != 8 && K % 64)) return -1;
-    if (terms != 1 && terms != 2) return -1;
-    int8_t* xq = malloc((size_t)(M * K * terms)); /* the second term after the first */
+#ifdef WIDE_ACTIVATIONS
+    const int64_t wide = 1;
+#else
+    const int64_t wide = 0;
+#endif
+    int8_t* xq = malloc((size_t)(M * K * (2 + 2 * wide))); /* q1, q2, then 256 q1 + q2 */
     float* xl = malloc(sizeof(float) * (size_t)(M * K / 4));
     float* xs = malloc(sizeof(float) * (size_t)(M * nb));
     int32_t* xc = malloc(sizeof(int32_t) * (size_t)(M * K / 4));
@@ -114,8 +115,9 @@ int inferd_block_gemv(const float* x, int64_t M, const BlockMatrix* W, float* y,
         free(xq); free(xl); free(xs); free(xc);
         return -2;
     }
-    int8_t* xr = terms == 2 ? xq + M * K : NULL;
-    quantize_rows(x, M, K, B, W->zero, terms, xq, xr, xl, xc, xs);
+    int8_t* xr = xq + M * K;
+    int16_t* xw = wide ? (int16_t*)(xq + 2 * M * K) : NULL;
+    quantize_rows(x, M, K, B, W->zero, xq, xr, xw, xl, xc, xs);
     const RowDot row_dot = row_dot_for(W);
     /* Each thread takes tiles of TILE weight rows and runs every activation row against a tile
      * (MAX_ROWS at a time) before the next tile: the tile comes from memory once and stays in
@@ -129,8 +131,8 @@ int inferd_block_gemv(const float* x, int64_t M, const BlockMatrix* W, float* y,
             const int64_t rows = M - m0 < MAX_ROWS ? M - m0 : MAX_ROWS;
             const int64_t group = rows_together(rows); /* weight rows per kernel call */
             const int64_t R = tile < group ? 1 : group;
-            const QuantRows xm0 = {xq + m0 * K, xc + m0 * (K / 4), xl + m0 * (K / 4),
-                                   xr ? xr + m0 * K : NULL};
+            const QuantRows xm0 = {xq + m0 * K, xr + m0 * K, xw ? xw + m0 * K : NULL,
+                                   xc + m0 * (K / 4), xl + m0 * (K / 4)};
             for (int64_t r0 = 0; r0 < tile; r0 += R) {
                 row_dot(W, n0 + r0, R, xm0, rows, part);
                 for (int64_t r = 0; r < R; r++) {

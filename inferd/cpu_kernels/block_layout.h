@@ -59,20 +59,26 @@ static inline float scale_at(const BlockMatrix* W, int64_t i) {
                           : ((const float*)W->scale)[i];
 }
 
-/* The activations of a product, quantised by block_gemv.c for every ISA alike: xq [M, K] int8
- * (|xq| <= 127); per group of four (one int32 lane of a dot-product instruction) xl [M, K/4] its
- * block's scale and xc [M, K/4] = -zero * (the sum of the four xq).
- * With two terms (W->act_terms == 2) xr [M, K] holds the second int8 term and each activation
- * is xl * (256 xq + xr): the lanes sum 256 dot(w, xq) + dot(w, xr), xc = -zero * (the four
- * 256 xq + xr), and xl is the block's scale / 256. With one term xr is NULL. */
+/* The activations of a product, quantised by block_gemv.c for every ISA alike (it describes
+ * the arithmetic): per block of 32, d = absmax / 127 and each value x = (d / 256) * (256 q1 + q2)
+ * to within d / 512, with q1 and q2 int8, |q1|, |q2| <= 127. Rows of [M, K]:
+ *   xq: q1;  xr: q2;  xw: 256 q1 + q2 as int16 (for the ISAs that multiply 16-bit activations,
+ *   WIDE_ACTIVATIONS; else NULL);
+ *   per group of four (one int32 lane of a dot-product instruction) xl [M, K/4] the block's
+ *   d / 256 and xc [M, K/4] = -zero * (the four 256 q1 + q2), which removes the weights' zero
+ *   point inside the exact integer sums. */
 typedef struct {
     const int8_t* xq;
+    const int8_t* xr;
+    const int16_t* xw;
     const int32_t* xc;
     const float* xl;
-    const int8_t* xr;
 } QuantRows;
 
-#define RESIDUAL_SHIFT 8 /* the second term's weight: 1 / 256 of the first's */
+#define RESIDUAL_SHIFT 8 /* q2 counts in steps of 1 / 256 of q1's */
+#if defined(INFERD_ISA_PORTABLE) || (defined(INFERD_ISA_AVX2) && !defined(__AVXVNNI__))
+#define WIDE_ACTIVATIONS 1 /* the inner loop multiplies int16 activations (some or all types) */
+#endif
 
 /* out [M, R] = the scaled block sums of weight rows n .. n+R-1 against M activation rows
  * (offsets excluded). R is 1 or rows_together(M). */

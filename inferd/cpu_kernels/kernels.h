@@ -12,7 +12,6 @@ typedef struct {
     const float* offset;  /* [N, K / B] or NULL */
     int64_t N, K, B, bits, zero, half_scales;
     int64_t interleaved;  /* q and high hold rows in groups of 4, chunk by chunk (block_gemv.c) */
-    int64_t act_terms;    /* activations as 1 or 2 int8 terms per value (block_gemv.c) */
 } BlockMatrix;
 
 int inferd_block_gemv(const float* x, int64_t M, const BlockMatrix* W, float* y, int64_t ldy);

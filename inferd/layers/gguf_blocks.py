@@ -7,8 +7,9 @@ weights that were already rounded once). q is stored in 4, 5 or 8 bits, whicheve
 needs, and scales in fp16 where that is exact, so a token reads about as many bytes as the GGUF
 file holds (cpu_kernels/block_gemv.c describes the layouts).
 
-`BlockWeight.forward` is the C kernel, which quantises each activation row to int8 per 32 values
-as llama.cpp does and sums exactly in integers (VNNI where the CPU has it). It wins for steps of
+`BlockWeight.forward` is the C kernel, which quantises each activation to two int8 terms per
+block of 32 values (16-bit precision: llama.cpp's one int8 term flips a few percent of a small
+model's argmaxes) and sums exactly in integers (VNNI where the CPU has it). It wins for steps of
 a few rows (bound by reading weights); steps with many rows are bound by arithmetic and go to
 PyTorch's GEMM on `dense()` weights instead: `BlockMethod` (block_method.py) picks per step.
 """
@@ -30,7 +31,7 @@ class BlockMatrix(ctypes.Structure):
 
     _fields_ = [("q", _P), ("high", _P), ("scale", _P), ("offset", _P), ("N", _I), ("K", _I),
                 ("B", _I), ("bits", _I), ("zero", _I), ("half_scales", _I),
-                ("interleaved", _I), ("act_terms", _I)]  # fmt: skip
+                ("interleaved", _I)]  # fmt: skip
 
 
 def _interleave(rows: torch.Tensor, chunks: int) -> torch.Tensor:
@@ -106,7 +107,6 @@ class BlockPart:
         self.scale = half if torch.equal(half.float(), scale) else scale.contiguous()
         self.offset = None if offset is None else offset.float().contiguous()
         self.shape = (rows, k)
-        self.act_terms = 1
         self._describe()
 
     def _describe(self) -> None:
@@ -116,7 +116,7 @@ class BlockPart:
             self.q.data_ptr(), None if self.high is None else self.high.data_ptr(),
             self.scale.data_ptr(), None if self.offset is None else self.offset.data_ptr(),
             rows, k, self.group, self.bits, self.zero, int(self.scale.dtype == torch.float16),
-            int(self.interleaved), self.act_terms,
+            int(self.interleaved),
         )  # fmt: skip
 
     def stored(self) -> tuple[dict[str, torch.Tensor], dict[str, int]]:
@@ -135,7 +135,6 @@ class BlockPart:
         part.shape = (facts["rows"], facts["cols"])
         part.group, part.bits, part.zero = facts["group"], facts["bits"], facts["zero"]
         part.interleaved = bool(facts["interleaved"])
-        part.act_terms = 1
         part._describe()
         return part
 
@@ -184,21 +183,6 @@ class BlockWeight(nn.Module):
     @property
     def nbytes(self) -> int:
         return sum(p.nbytes for p in self.parts)
-
-    @property
-    def act_terms(self) -> int:
-        return self.parts[0].act_terms
-
-    @act_terms.setter
-    def act_terms(self, terms: int) -> None:
-        """How the C kernel rounds activations: 1 int8 per value (as llama.cpp), or 2 (the
-        second holding the first's rounding residual: 16-bit activations, cpu_kernels/
-        block_gemv.c). Set it before the C decoder copies the parts' descriptions."""
-        if terms not in (1, 2):
-            raise ValueError(f"activation terms must be 1 or 2, got {terms}")
-        for p in self.parts:
-            p.act_terms = terms
-            p._describe()
 
     def dequantized(self, rows: torch.Tensor | None = None) -> torch.Tensor:
         """The float32 weights (of `rows`), bit-identical to the GGUF dequantisation."""

@@ -72,28 +72,26 @@ def test_stacking_parts_with_different_groups_keeps_every_weight():
     assert torch.equal(stacked.dequantized(), torch.cat([w.dequantized() for w in weights]))
 
 
-def quantize_like_the_kernel(x: torch.Tensor, terms: int = 1) -> tuple[torch.Tensor, torch.Tensor]:
-    """x [m, k] → (integer activations, their per-32 scales), by block_gemv.c's float32
-    arithmetic: d = absmax / 127, f = x * (1 / d), q1 = round-half-even(f); one term: (q1, d);
-    two: (256 q1 + q2, d / 256) with q2 = round((f - q1) * 256) clamped to ±127 (f - q1 is
-    exact in float32). Same bits, so no rounding can flip."""
+def quantize_like_the_kernel(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """x [m, k] → (16-bit integer activations, their per-32 scales), by block_gemv.c's float32
+    arithmetic: d = absmax / 127, f = x * (1 / d), q1 = round-half-even(f),
+    q2 = round((f - q1) * 256) clamped to ±127 (f - q1 is exact in float32); the activations
+    are 256 q1 + q2 with scale d / 256. Same bits, so no rounding can flip."""
     m, k = x.shape
     xb = x.view(m, k // 32, 32)
     d = xb.abs().amax(-1, keepdim=True) / 127
     inv = torch.where(d > 0, 1 / d, torch.zeros_like(d))
     f = xb * inv
-    q = torch.round(f)
-    if terms == 1:
-        return q.view(m, k), d
-    residual = torch.round((f - q) * 256).clamp(-127, 127)
-    return (q * 256 + residual).view(m, k), d / 256
+    q1 = torch.round(f)
+    q2 = torch.round((f - q1) * 256).clamp(-127, 127)
+    return (q1 * 256 + q2).view(m, k), d / 256
 
 
 def emulate(x: torch.Tensor, w: BlockWeight) -> torch.Tensor:
     """What the kernel computes, in float64: the integer activations times the weights'
     integers with their scales; offsets times the exact float sums."""
     m, k = x.shape
-    q, d = quantize_like_the_kernel(x, w.act_terms)
+    q, d = quantize_like_the_kernel(x)
     xq = (q.view(m, k // 32, 32).double() * d.double()).view(m, k)
     out = []
     for p in w.parts:
@@ -106,13 +104,11 @@ def emulate(x: torch.Tensor, w: BlockWeight) -> torch.Tensor:
 
 
 def rounding_bound(x: torch.Tensor, w: BlockWeight) -> torch.Tensor:
-    """[m, n]: how far rounding the activations can move each output. With one term each
-    activation moves by at most half its block's step d; with two by half the second term's
-    step d / 256, or a whole one where the clamp to ±127 bites (at exact ties): so
-    |y - exact| <= sum_k move_k * |w_nk|."""
-    d = quantize_like_the_kernel(x)[1].double().expand(-1, -1, 32)
-    move = d / 2 if w.act_terms == 1 else d / 256
-    return move.reshape(x.shape) @ w.dequantized().double().abs().t()
+    """[m, n]: how far rounding the activations can move each output. Each moves by at most half
+    the second term's step d / 256 (a whole step where the clamp to ±127 bites, at exact
+    ties): |y - exact| <= sum_k d_k / 256 * |w_nk|."""
+    step = quantize_like_the_kernel(x)[1].double().expand(-1, -1, 32)
+    return step.reshape(x.shape) @ w.dequantized().double().abs().t()
 
 
 @pytest.fixture(scope="module", params=VARIANT_NAMES)
@@ -122,7 +118,6 @@ def kernels(request):
     return lib
 
 
-@pytest.mark.parametrize("terms", [1, 2])
 @pytest.mark.parametrize("group", [16, 32])
 @pytest.mark.parametrize("with_offset", [False, True])
 # 48 outputs: rows in groups of four (interleaved); 22: not, and a last group of two
@@ -131,9 +126,8 @@ def kernels(request):
 @pytest.mark.parametrize(
     "q_range, fp16_scales", [((-128, 128), True), ((-16, 16), False), ((0, 16), True)]
 )  # 8, 5 and 4 bits (96 inputs: 8 bits whatever the range, and a last half chunk)
-def test_block_kernel_matches_its_definition(kernels, terms, group, with_offset, rows,
-                                             in_features, out_features, q_range,
-                                             fp16_scales):  # fmt: skip
+def test_block_kernel_matches_its_definition(kernels, group, with_offset, rows, in_features,
+                                             out_features, q_range, fp16_scales):  # fmt: skip
     torch.manual_seed(rows * in_features + group)
     q = torch.randint(*q_range, (out_features, in_features), dtype=torch.int8)
     scale = torch.rand(out_features, in_features // group) * 0.02
@@ -148,7 +142,6 @@ def test_block_kernel_matches_its_definition(kernels, terms, group, with_offset,
     )
     assert w.parts[0].scale.dtype == (torch.float16 if fp16_scales else torch.float32)
     w.lib = kernels
-    w.act_terms = terms
     x = torch.randn(rows, in_features)
     x[0, :32] = 0  # an all-zero activation block (scale 0)
     x[-1, 32:64] = torch.arange(32) - 15.5  # halves of a step of 1 (the block's largest
@@ -161,30 +154,25 @@ def test_block_kernel_matches_its_definition(kernels, terms, group, with_offset,
     assert ((y.double() - exact).abs() <= rounding_bound(x, w) + slack).all()
 
 
-@pytest.mark.parametrize("terms", [1, 2])
 @pytest.mark.parametrize("q_range", [(-128, 128), (-16, 16), (-8, 8)])  # 8, 5 and 4 bits
-def test_block_kernel_does_not_saturate(kernels, q_range, terms):
-    """The largest products there are: every weight at an end of its range, every activation
-    at +-127 (int16 pair sums of 8-bit weights overflow unless the kernel splits them), and
-    row 0's activations all of its weights' signs (its sum at the largest). With two terms,
-    the second at +-127 too (activations half a step from the largest but one)."""
+@pytest.mark.parametrize("group", [16, 32])
+def test_block_kernel_does_not_saturate(kernels, q_range, group):
+    """The largest products there are: every weight at an end of its range, both activation
+    terms at ±127 (int16 pair sums of 8-bit weights overflow unless the kernel splits them), and
+    row 0's activations all of its weights' signs (its sum at the largest)."""
     torch.manual_seed(1)
     lo, hi = q_range[0], q_range[1] - 1
     q = torch.where(torch.rand(8, 256) < 0.5, lo, hi).to(torch.int8)
-    w = BlockWeight(q, torch.full((8, 8), 0.5), None)
+    w = BlockWeight(q, torch.full((8, 256 // group), 0.5), None)
     w.lib = kernels
-    w.act_terms = terms
     x = torch.where(torch.rand(2, 256) < 0.5, -1.0, 1.0)
     x[0] = torch.sign(q[0].float())
-    if terms == 2:
-        x[:, 1:] *= 126.498 / 127  # 126 and a residual of 0.498 steps (q2 = 127) but for
-        x[:, 0::32] = torch.sign(x[:, 0::32])  # each block's first, which sets the scale
+    x[:, 1:] *= 126.498 / 127  # q1 = 126 and a residual of 0.498 steps (q2 = 127) but for
+    x[:, 0::32] = torch.sign(x[:, 0::32])  # each block's first, which sets the scale
+    assert (quantize_like_the_kernel(x)[0].abs() == 126 * 256 + 127).sum() == 2 * 31 * 8
     torch.testing.assert_close(w(x), emulate(x, w), rtol=1e-6, atol=0)
-    if terms == 2:
-        integers = quantize_like_the_kernel(x, 2)[0].abs()
-        assert (integers == 126 * 256 + 127).sum() == 2 * 31 * 8  # all but the blocks' first
-    else:
-        assert w(x)[0, 0].item() == pytest.approx(0.5 * q[0].int().abs().sum().item())
+    exact = 0.5 * (q[0].double() * x[0].double()).sum().item()
+    assert w(x)[0, 0].item() == pytest.approx(exact, rel=1e-4)  # |row 0| at its largest
 
 
 @pytest.mark.parametrize("ggml_type", [gq.Q8_0, gq.Q5_0, gq.Q4_K, gq.Q6_K], ids=gq.type_name)
