@@ -200,7 +200,7 @@ static inline __attribute__((always_inline)) void row_dot_m(
     const int half, const int wide, float* out /* [M, R] */) {
     const int64_t K = W->K;
     const int shift = W->B == 32 ? 5 : 4;
-    __m256 acc[4];
+    __m256 acc[8];
     UNROLL
     for (int i = 0; i < M * R; i++) acc[i] = _mm256_setzero_ps();
     RowPtr rp[4];
@@ -227,7 +227,9 @@ static inline __attribute__((always_inline)) void row_dot_m(
         }                                                                                     \
         switch (M) { /* R == rows_together(M) */                                              \
             case 1: row_dot_m(W, n, x, 1, 4, bits, half, wide, out); break;                   \
-            default: row_dot_m(W, n, x, 2, 2, bits, half, wide, out); break;                  \
+            case 2: row_dot_m(W, n, x, 2, 4, bits, half, wide, out); break;                   \
+            case 3: row_dot_m(W, n, x, 3, 2, bits, half, wide, out); break;                   \
+            default: row_dot_m(W, n, x, 4, 2, bits, half, wide, out); break;                  \
         }                                                                                     \
     }
 ROW_DOT(row_dot_8_0, 8, 0, 0) ROW_DOT(row_dot_8_1, 8, 1, 0) ROW_DOT(row_dot_5_0, 5, 0, 0)
@@ -251,7 +253,7 @@ RowDot row_dot_for(const BlockMatrix* W) {
 }
 
 /* Four accumulators at most: one activation row with four weight rows, two with two. */
-int64_t rows_together(int64_t M) { return M == 1 ? 4 : M == 2 ? 2 : 1; }
+int64_t rows_together(int64_t M) { return M <= 2 ? 4 : 2; }
 
 void unpack_chunk(const BlockMatrix* W, int64_t n, int64_t c, int64_t len, uint8_t* out) {
     const int bits = (int)W->bits;

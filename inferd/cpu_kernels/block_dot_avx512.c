@@ -181,19 +181,15 @@ static inline __attribute__((always_inline)) void row_dot_m(
                 case 1: row_dot_m(W, n, x, 1, 1, bits, half, out); break;                     \
                 case 2: row_dot_m(W, n, x, 2, 1, bits, half, out); break;                     \
                 case 3: row_dot_m(W, n, x, 3, 1, bits, half, out); break;                     \
-                case 4: row_dot_m(W, n, x, 4, 1, bits, half, out); break;                     \
-                case 5: row_dot_m(W, n, x, 5, 1, bits, half, out); break;                     \
-                case 6: row_dot_m(W, n, x, 6, 1, bits, half, out); break;                     \
-                case 7: row_dot_m(W, n, x, 7, 1, bits, half, out); break;                     \
-                default: row_dot_m(W, n, x, 8, 1, bits, half, out); break;                    \
+                default: row_dot_m(W, n, x, 4, 1, bits, half, out); break;                    \
             }                                                                                 \
             return;                                                                           \
         }                                                                                     \
         switch (M) { /* R == rows_together(M) */                                              \
             case 1: row_dot_m(W, n, x, 1, 4, bits, half, out); break;                         \
             case 2: row_dot_m(W, n, x, 2, 4, bits, half, out); break;                         \
-            case 3: row_dot_m(W, n, x, 3, 2, bits, half, out); break;                         \
-            default: row_dot_m(W, n, x, 4, 2, bits, half, out); break;                        \
+            case 3: row_dot_m(W, n, x, 3, 4, bits, half, out); break;                         \
+            default: row_dot_m(W, n, x, 4, 4, bits, half, out); break;                        \
         }                                                                                     \
     }
 ROW_DOT(8, 0) ROW_DOT(8, 1) ROW_DOT(5, 0) ROW_DOT(5, 1) ROW_DOT(4, 0) ROW_DOT(4, 1)
@@ -208,7 +204,11 @@ RowDot row_dot_for(const BlockMatrix* W) {
     }
 }
 
-int64_t rows_together(int64_t M) { return M <= 2 ? 4 : M <= 4 ? 2 : 1; }
+/* Four weight rows against up to four activation rows: 16 accumulators of the 32 registers. */
+int64_t rows_together(int64_t M) {
+    (void)M;
+    return 4;
+}
 
 void unpack_chunk(const BlockMatrix* W, int64_t n, int64_t c, int64_t len, uint8_t* out) {
     const int bits = (int)W->bits;

@@ -164,10 +164,12 @@ static inline uint16_t float_to_bf16(float f) { /* round to nearest even, as PyT
     return (uint16_t)((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16);
 }
 
-/* out [N, K] = the weights (scale * q + offset), as float32, or bfloat16 with `bf16`: what a
- * step with many rows multiplies by with PyTorch's GEMM. The loops over a row are plain C that
- * the compiler vectorises for the variant's ISA. */
-void inferd_block_dequantize(const BlockMatrix* W, int64_t bf16, void* out) {
+/* out [rows, K] = weight rows first .. first+rows-1 (scale * q + offset), as float32, or
+ * bfloat16 with `bf16`: what a step with many rows multiplies by with PyTorch's GEMM (a slab of
+ * rows at a time where no copy is kept, so the slab is still in cache when the GEMM reads it).
+ * The loops over a row are plain C that the compiler vectorises for the variant's ISA. */
+void inferd_block_dequantize(const BlockMatrix* W, int64_t first, int64_t rows, int64_t bf16,
+                             void* out) {
     const int64_t K = W->K, B = W->B, nb = K / B;
     const float zero = (float)W->zero;
 #pragma omp parallel
@@ -175,7 +177,7 @@ void inferd_block_dequantize(const BlockMatrix* W, int64_t bf16, void* out) {
         float* row = malloc(sizeof(float) * (size_t)K);
         uint8_t stored[64];
 #pragma omp for schedule(static)
-        for (int64_t n = 0; n < W->N; n++) {
+        for (int64_t n = first; n < first + rows; n++) {
             if (!row) continue;
             for (int64_t k = 0; k < K; k += 64) {
                 const int64_t len = K - k >= 64 ? 64 : 32;
@@ -189,10 +191,10 @@ void inferd_block_dequantize(const BlockMatrix* W, int64_t bf16, void* out) {
                 for (int64_t j = 0; j < B; j++) v[j] = s * v[j] + o;
             }
             if (bf16) {
-                uint16_t* o = (uint16_t*)out + n * K;
+                uint16_t* o = (uint16_t*)out + (n - first) * K;
                 for (int64_t k = 0; k < K; k++) o[k] = float_to_bf16(row[k]);
             } else {
-                memcpy((float*)out + n * K, row, sizeof(float) * (size_t)K);
+                memcpy((float*)out + (n - first) * K, row, sizeof(float) * (size_t)K);
             }
         }
         free(row);

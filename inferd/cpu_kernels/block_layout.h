@@ -18,13 +18,12 @@
 #endif
 
 #define XBLOCK 32 /* activation quantisation block */
-/* Rows of x handled per pass over the weights: their accumulators must fit the registers
- * (32 vector registers with AVX-512, 16 with AVX2). */
-#ifdef INFERD_ISA_AVX2
+/* Rows of x handled per pass over a tile of weight rows (block_gemv.c), their accumulators in
+ * registers: AVX-512 takes four weight rows at once (16 accumulators of 32 registers), AVX2
+ * fewer (rows_together). More activation rows are further passes over the tile, in L1 by then:
+ * on an AMD EPYC with AVX-512, passes of 4 took half the time of passes of 8 (with 2 weight
+ * rows) or of single weight rows, for 5 to 16 activation rows. */
 #define MAX_ROWS 4
-#else
-#define MAX_ROWS 8
-#endif
 /* Weight rows a thread takes at a time: a multiple of every rows_together() value */
 #define TILE 4
 

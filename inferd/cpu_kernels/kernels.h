@@ -15,6 +15,8 @@ typedef struct {
 } BlockMatrix;
 
 int inferd_block_gemv(const float* x, int64_t M, const BlockMatrix* W, float* y, int64_t ldy);
+void inferd_block_dequantize(const BlockMatrix* W, int64_t first, int64_t rows, int64_t bf16,
+                             void* out);
 void inferd_rms_norm(const float* x, const float* gain, int64_t rows, int64_t dim, float eps,
                      float* out);
 int inferd_decode_attention(const float* q, const void* k_pool, const void* v_pool,

@@ -36,17 +36,20 @@ log = logging.getLogger(__name__)
 
 QUANTIZATION_METHODS = ("gguf", "int8", "int4", "fp8")
 # Rows up to which a block layer uses the C block kernel, per kind of matrix. The kernel's cost
-# grows with every row (it rounds and scales per block of 32), a GEMM's hardly at all until it
-# is bound by arithmetic. With a bf16 copy for larger steps the GEMM takes over early; without
-# one the alternative is dequantising the whole matrix for the step, so the kernel keeps more.
-# Measured on the embedded model (docs/performance.md): decode steps of up to 6 sequences are
-# faster with blocks, 8 and more with the bf16 copy.
+# grows with every row (it multiplies each row's activations in its own registers), a GEMM's
+# hardly at all until it is bound by arithmetic. With a bf16 copy for larger steps the GEMM
+# takes over early; without one the GEMM also pays for dequantising its weights each step (slab
+# by slab, block_method.py), so the kernel keeps more rows, the LM head the most (its slabs cost
+# most). Measured on the embedded model, whole decode steps of n sequences (docs/performance.md):
+# with AVX-512 VNNI and a bf16 copy, blocks win up to 6 sequences; with the AVX2 kernels and
+# float32 GEMM on dequantised slabs, up to ~24 (the layers' matrices alone: ~16; the head: ~32).
 BLOCK_ROWS_WITH_COPY = {"linear": 6, "head": 6}
-BLOCK_ROWS_DEQUANTISING = {"linear": 16, "head": 16}
+BLOCK_ROWS_DEQUANTISING = {"linear": 16, "head": 32}
 # Decode steps of up to this many sequences run each decoder layer as one C call
-# (inferd/models/cpu_decoder.py), whose block products are the same kernels.
+# (inferd/models/cpu_decoder.py), whose block products are the same kernels (and which saves
+# ~45 PyTorch ops per layer, so it pays for a few more rows than the layers' kernels alone).
 DECODER_ROWS_WITH_COPY = 6
-DECODER_ROWS_DEQUANTISING = 16
+DECODER_ROWS_DEQUANTISING = 24
 
 
 @dataclass(frozen=True)

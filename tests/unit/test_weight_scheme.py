@@ -122,16 +122,42 @@ def test_block_layer_picks_its_kernel_by_rows(c_kernels, keep_copy):
     assert [method.kernel_for(r) for r in (1, limit, limit + 1)] == ["blocks", "blocks", large]
     exact = method.blocks.dequantized()
     x = torch.randn(limit + 5, 64, generator=torch.Generator().manual_seed(3))
-    few = lin(x[:limit])  # block kernel: activations rounded to int8 per 32 values
-    # each activation moves by at most half its block's step (absmax / 127) when rounded
-    half_step = x[:limit].view(limit, 2, 32).abs().amax(-1) / 254
-    bound = (half_step.repeat_interleave(32, 1) @ exact.abs().t()) * 1.001 + 1e-5
+    few = lin(x[:limit])  # block kernel: activations rounded to 16 bits per 32 values
+    # each activation moves by at most a second-term step (absmax / 127 / 256) when rounded
+    step = x[:limit].view(limit, 2, 32).abs().amax(-1) / (127 * 256)
+    bound = (step.repeat_interleave(32, 1) @ exact.abs().t()) * 1.001 + 1e-5
     assert ((few - x[:limit] @ exact.t()).abs() <= bound).all()
     assert method.dense_copy is None  # no large step yet: no copy
     many = lin(x)
     expected = F.linear(x.bfloat16(), exact.bfloat16()).float()
     torch.testing.assert_close(many, expected, rtol=1e-2, atol=1e-2)
     assert (method.dense_copy is not None) == keep_copy  # kept only with keep_copy
+
+
+def test_a_dequantising_large_step_goes_slab_by_slab(c_kernels, monkeypatch):
+    """Without a copy, a large step dequantises a slab of rows at a time (never the whole
+    matrix); the slabs, parts of different layouts included, make the same product."""
+    from inferd.layers import block_method
+
+    scheme = ws.WeightScheme("test", torch.float32, blocks=True, kernels=c_kernels)
+    lin = Linear(64, [200, 56], False, scheme)
+    lin.load_shard("weight", FakeWeight(random_blocks(200, 64, 4)), 0)
+    q, scale, _ = random_blocks(56, 64, 5)
+    lin.load_shard("weight", FakeWeight((q * 4, scale, torch.rand(56, 2))), 1)  # 8 bits, offsets
+    lin.finish_loading()
+    method = lin.quant_method
+    assert len(method.blocks.parts) == 2
+    monkeypatch.setattr(block_method, "SLAB_WEIGHTS", 64 * 64)  # slabs of 64 rows: 4 of them
+    sizes, real_dense = [], method.blocks.dense
+
+    def spy(dtype, rows=slice(None)):
+        sizes.append(rows)
+        return real_dense(dtype, rows)
+
+    monkeypatch.setattr(method.blocks, "dense", spy)
+    x = torch.randn(method.max_rows + 1, 64)
+    torch.testing.assert_close(lin(x), x @ method.blocks.dequantized().t(), rtol=1e-5, atol=1e-5)
+    assert sizes == [slice(0, 64), slice(64, 128), slice(128, 192), slice(192, 256)]
 
 
 def test_a_layer_with_a_dense_shard_stays_dense(c_kernels):
