@@ -45,6 +45,28 @@ def test_default_on_a_gguf_file_keeps_its_blocks(machine):
     assert (scheme.name, scheme.dtype, scheme.keep_copy) == ("gguf+float32", torch.float32, False)
 
 
+def test_the_scheme_says_what_it_is_and_why(machine):
+    machine(fast_bf16=True)
+    line = ws.choose_scheme(None, "auto", "gguf", CPU).describe()
+    assert line.startswith("gguf+bf16: the GGUF blocks with C kernels for steps of up to 6 rows")
+    assert line.endswith("; the default for a GGUF file on a CPU with fast bf16 (avx512_bf16 or "
+                         "AMX)")  # fmt: skip
+    machine(fast_bf16=False)
+    line = ws.choose_scheme(None, "auto", "gguf", CPU).describe()
+    assert "up to 16 rows (32 for the LM head), GEMM on float32 weights dequantised" in line
+    assert line.endswith("on a CPU without fast bf16 (no avx512_bf16 or AMX)")
+    assert ws.choose_scheme("gguf", "auto", "gguf", CPU).describe().endswith(
+        "; chosen by --quantization gguf")  # fmt: skip
+    assert ws.choose_scheme(None, "float32", "gguf", CPU).describe() == (
+        "float32: dense float32 weights; chosen by --dtype float32")  # fmt: skip
+    hf = ws.choose_scheme(None, "auto", "hf", CPU).describe()
+    assert hf.endswith("the default for an HF checkpoint on a CPU without fast bf16 (no "
+                       "avx512_bf16 or AMX)")  # fmt: skip
+    machine(fast_bf16=False, kernels=False)
+    assert ws.choose_scheme(None, "auto", "gguf", CPU).describe().endswith(
+        "the default for a GGUF file without inferd's C kernels")  # fmt: skip
+
+
 def test_flags_force_a_mode(machine):
     machine(fast_bf16=True)
     assert ws.choose_scheme(None, "float32", "gguf", CPU) == ws.WeightScheme.dense(torch.float32)
