@@ -192,3 +192,14 @@ def test_a_layer_with_a_dense_shard_stays_dense(c_kernels):
     assert lin.quant_method.blocks is None and lin.quant_method.kernel_for(1) == "gemm"
     expected = torch.cat([BlockWeight(*blocks).dequantized(), torch.ones(8, 64)])
     torch.testing.assert_close(lin.weight.data, expected)
+
+
+def test_start_up_says_which_weights_run(tmp_path, capsys):
+    from tiny_models import make_tiny_checkpoint
+
+    from inferd import LLM
+
+    folder = make_tiny_checkpoint("llama", tmp_path / "llama")
+    LLM(model=str(folder), dtype="float32", kv_cache_memory=4 << 20, max_model_len=64)
+    lines = capsys.readouterr().err.splitlines()
+    assert "inferd: weights: float32: dense float32 weights; chosen by --dtype float32" in lines
