@@ -53,7 +53,7 @@ def _default_modes(kernels: bool) -> dict[str, str]:
     gguf = f"{dense} weights dequantised from the file (no C kernels)"
     if kernels:
         large = ("bfloat16 GEMM on a copy of the blocks" if default_gguf_weights() == "gguf+bf16"
-                 else "float32 GEMM on weights dequantised per step")  # fmt: skip
+                 else "float32 GEMM on slabs dequantised per step")  # fmt: skip
         gguf = (f"{default_gguf_weights()}: the file's blocks with C kernels for decode steps, "
                 f"{large} for prefill and large batches")  # fmt: skip
     return {"default on this CPU, GGUF file": gguf,

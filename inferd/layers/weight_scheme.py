@@ -10,8 +10,8 @@ machine and the checkpoint (docs/performance.md has the measurements behind it):
   steps of a few rows (decode: bound by reading weights, and the blocks are the fewest bytes),
   and PyTorch's GEMM for larger steps (prefill, big batches: bound by arithmetic) — on a
   bfloat16 copy of the blocks made at the first such step where the CPU has fast bf16
-  (avx512_bf16 / AMX), else on float32 weights dequantised from the blocks for each such step
-  (no float32 copy of a quantised model is ever kept);
+  (avx512_bf16 / AMX), else on float32 weights dequantised from the blocks for each such step,
+  a slab at a time (no float32 copy of a quantised model is ever kept);
 * anything else (an HF folder, a GPU, tensor parallelism, no C compiler): dense weights in
   bfloat16 where the device computes it fast, else float32.
 

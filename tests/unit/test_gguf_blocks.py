@@ -2,9 +2,10 @@
 
 Unpacking is checked bit for bit against the `gguf` package's dequantisation, on random blocks of
 every type. The matrix-vector kernel, in every ISA variant this CPU runs (tests/kernel_variants.py),
-is checked against its definition: the activations quantised to int8 per 32 values exactly as the
-kernel does it, so the integer sums are exact and only float rounding of the scaled sums remains;
-and against the exact float product, within the bound the activation rounding implies.
+is checked against its definition: the activations quantised to two int8 terms per 32 values
+(16-bit) exactly as the kernel does it, so the integer sums are exact and only float rounding of
+the scaled sums remains; and against the exact float product, within the bound the activation
+rounding implies.
 """
 
 from __future__ import annotations
