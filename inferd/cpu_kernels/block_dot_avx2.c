@@ -1,10 +1,11 @@
 /* block_gemv.c's inner loop for AVX2 (+ FMA, F16C), with AVX-VNNI where the build has it
  * (inferd).
  *
- * A 256-bit vector holds one activation block: 32 int8 activations against 32 stored weights
- * (unsigned bytes s = q + zero), each int32 lane collecting four products, which the block's
- * two scales then turn into floats. AVX-VNNI does the four multiply-adds in one instruction
- * (vpdpbusd), starting from -zero * (the four activations' sum). Without it, see products. The
+ * A 256-bit vector holds one activation block: 32 activations (each two int8 terms,
+ * block_layout.h) against 32 stored weights (unsigned bytes s = q + zero), each int32 lane
+ * collecting four products, which the block's two scales then turn into floats. AVX-VNNI does
+ * the four multiply-adds of a term in one instruction (vpdpbusd), starting from -zero * (the
+ * four activations' sum). Without it, see products and, for 8-bit weights, dot_wide. The
  * 4-bit layout gives both halves of a 64-weight chunk from one 32-byte load (low and high
  * nibbles); the 5-bit one adds a fifth bit per weight from one 64-bit word. */
 #include "block_layout.h"

@@ -1,9 +1,10 @@
 /* block_gemv.c's inner loop for AVX-512 (F, BW, VL), with or without VNNI (inferd).
  *
- * 64 weights of a row are one 512-bit vector of unsigned bytes s = q + zero; against 64 int8
- * activations, each int32 lane collects four products. With VNNI one instruction (vpdpbusd)
- * multiplies and adds them, starting from -zero * (the four activations' sum), which removes the
- * zero point inside the exact integer sum. Without VNNI, see products. */
+ * 64 weights of a row are one 512-bit vector of unsigned bytes s = q + zero; against the 64
+ * activations' two int8 terms (block_layout.h), each int32 lane collects four products of each.
+ * With VNNI one instruction (vpdpbusd) multiplies and adds four, the second term's starting from
+ * -zero * (the four activations' sum), which removes the zero point inside the exact integer sum.
+ * Without VNNI, see products. */
 #include "block_layout.h"
 
 #ifdef INFERD_ISA_AVX512
