@@ -133,3 +133,7 @@ class EngineConfig:
     enforce_eager: bool = False  # no CUDA graphs
     tensor_parallel_size: int = 1
     distributed_timeout: float | None = None  # seconds a collective may wait (None: 60)
+    # Speculative decoding by n-gram prompt lookup: vLLM's --speculative-config, as a JSON
+    # string, a dict or an inferd.spec_decode.SpeculativeConfig; None = off. The engine parses
+    # it (inferd/spec_decode/config.py) before it loads anything.
+    speculative_config: Any = None

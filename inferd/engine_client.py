@@ -16,6 +16,7 @@ from typing import Any, Protocol, runtime_checkable
 
 from inferd.outputs import RequestOutput
 from inferd.sampling_params import SamplingParams
+from inferd.step_timing import StepTiming
 
 # A prompt as the engine takes it: text, token ids, or {"prompt": text or None,
 # "prompt_token_ids": ids} when the caller tokenized it already.
@@ -48,6 +49,14 @@ class EngineStats:
     prompt_tokens: int  # prompt tokens computed (cache hits excluded, recompute included)
     generation_tokens: int
     steps: int
+    # Where the steps' time went (inferd/step_timing.py); None from engines that do not time.
+    step_timing: StepTiming | None = None
+    # Speculative decoding, vLLM's spec_decode_* counters (inferd/spec_decode/metrics.py); all
+    # zero without it. Per position j: verifications whose draft j was accepted.
+    spec_decode_num_drafts: int = 0
+    spec_decode_num_draft_tokens: int = 0
+    spec_decode_num_accepted_tokens: int = 0
+    spec_decode_num_accepted_tokens_per_pos: tuple[int, ...] = ()
 
 
 class TokenizerLike(Protocol):
@@ -109,3 +118,31 @@ class EngineClient(Protocol):
     def observe_outputs(self, callback: Callable[[RequestOutput], None]) -> None:
         """Call `callback` on the event loop for every output of every request, in order,
         including those nobody reads any more (for metrics)."""
+
+
+# ---- profiling (optional: a server offers /start_profile only when its client has it) -------
+@dataclass(frozen=True)
+class TraceFiles:
+    """What a stopped trace wrote (inferd/profiling/trace.py)."""
+
+    trace: str  # Chrome trace format JSON (Perfetto, chrome://tracing)
+    ops_table: str  # the profiler's table of the top ops, as text
+    steps: int  # engine steps the trace holds
+    table: str  # the table itself
+
+
+class ProfilerStateError(RuntimeError):
+    """A trace was started while one runs, or stopped while none does."""
+
+
+@runtime_checkable
+class ProfilingClient(Protocol):
+    """An engine client that can trace its engine (AsyncEngine can)."""
+
+    async def start_profile(self, directory: str) -> None:
+        """Start a torch.profiler trace of the engine's steps, written to `directory` when it
+        stops. Raises ProfilerStateError when one runs already, ValueError when the directory
+        cannot be written."""
+
+    async def stop_profile(self) -> TraceFiles:
+        """Stop the trace and write its files; ProfilerStateError when none runs."""

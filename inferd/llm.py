@@ -12,9 +12,11 @@ from collections.abc import Sequence
 
 from inferd.config import EngineConfig
 from inferd.engine.engine import LLMEngine
+from inferd.engine_client import TraceFiles
 from inferd.loader.catalog import with_engine_defaults
 from inferd.outputs import RequestOutput
 from inferd.sampling_params import SamplingParams
+from inferd.step_timing import StepTiming
 from inferd.tokenizer.chat_template import ChatTemplate, load_chat_template
 
 PromptType = str | list[int] | dict
@@ -60,6 +62,23 @@ class LLM:
         KV cache held. Empty without tensor parallelism."""
         reports = getattr(self.engine.runner, "reports", None)
         return reports() if reports is not None else []
+
+    # ---- where the time and memory go (docs/profiling.md) ------------------------------------
+    def start_profile(self, directory: str) -> None:
+        """Trace the engine's steps with torch.profiler until `stop_profile` (vLLM's name)."""
+        self.engine.start_profile(directory)
+
+    def stop_profile(self) -> TraceFiles:
+        """End the trace; its Chrome-trace JSON and top-ops table are written then."""
+        return self.engine.stop_profile()
+
+    def step_timing(self) -> StepTiming:
+        """Cumulative time per step phase (`.minus(earlier)` for a span of work)."""
+        return self.engine.step_timing()
+
+    def kv_cache_bytes(self) -> int:
+        """Bytes of the KV pool this process allocated."""
+        return self.engine.runner.kv_cache_bytes()
 
     def generate(
         self,

@@ -268,8 +268,26 @@ def _render(console, est, checkpoint, source: str, measured) -> None:
         ("smallest tensor-parallel size that fits", str(est.min_tensor_parallel_size or "none")),
     ])
     if measured is not None:
+        _print_snapshots(console, measured)
         _print(console, f"Measured on {measured.device}: {measured.prompt_tokens} prompt "
                f"tokens, {measured.generated_tokens} generated",
                ("what", "predicted", "measured", "why"),
                [(what, _bin(pred), _bin(got), why) for what, pred, got, why in measured.rows])
     # fmt: on
+
+
+def _print_snapshots(console, measured) -> None:
+    """The mini-project's table: memory before loading, after loading, after a generation, and
+    the peak, as the process (CPU) or PyTorch's caching allocator (CUDA) saw it."""
+    snaps = [*measured.snapshots, *([measured.peak] if measured.peak else [])]
+    if measured.device == "cuda":
+        columns = ("when", "allocated", "reserved", "device in use", "note")
+        fields = ("cuda_allocated", "cuda_reserved", "cuda_device_used")
+        note = "allocated: live tensors; reserved: held by PyTorch's caching allocator"
+    else:
+        columns = ("when", "RSS", "anonymous RSS", "heap in use", "heap held", "note")
+        fields = ("rss", "rss_anon", "heap_in_use", "heap_held")
+        note = "heap: glibc malloc, which PyTorch's CPU tensors come from"
+    rows = [(s.label, *(_bin(getattr(s, f)) for f in fields), note if i == 0 else "")
+            for i, s in enumerate(snaps)]  # fmt: skip
+    _print(console, f"Memory over the run ({measured.device})", columns, rows)

@@ -75,6 +75,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         action="store_true",
         help="no access line (method, path, status, latency) per request on stderr",
     )
+    parser.add_argument(
+        "--profiler-dir",
+        default=None,
+        help="offer POST /start_profile and /stop_profile, which write torch.profiler traces "
+        "here (default: no profiling routes; docs/profiling.md)",
+    )
+    parser.add_argument(
+        "--enable-request-timeline",
+        action="store_true",
+        help='return a request\'s timeline when it asks ("return_timeline": true); off by '
+        "default: its cached-prefix count shows whether others sent the same prompt",
+    )
 
 
 def _show_startup_logs() -> None:
@@ -122,6 +134,10 @@ def run(args: argparse.Namespace) -> int:
 
     # Check the template before the model loads: a typo should not cost a model load.
     template = load_chat_template(args.chat_template) if args.chat_template else None
+    if args.profiler_dir:
+        from inferd.profiling.trace import trace_directory
+
+        args.profiler_dir = str(trace_directory(args.profiler_dir))  # writable, made absolute
     if template is not None:
         ChatTemplate(template)  # compiles: syntax errors surface now, with their line
     engine = LLMEngine(engine_config_from_args(args))
@@ -133,6 +149,8 @@ def run(args: argparse.Namespace) -> int:
         api_key=args.api_key or None,
         max_request_bytes=args.max_request_bytes or DEFAULT_MAX_REQUEST_BYTES,
         log_requests=not args.disable_log_requests,
+        profiler_dir=args.profiler_dir,
+        enable_request_timeline=args.enable_request_timeline,
     )
     client = AsyncEngine(engine, args.max_queued_requests, args.stall_timeout)
     app = create_app(client, settings)

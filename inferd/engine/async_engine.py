@@ -23,7 +23,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from inferd.engine_client import EngineStats, ModelInfo, PromptInput, TokenizerLike
+from inferd.engine_client import EngineStats, ModelInfo, PromptInput, TokenizerLike, TraceFiles
 from inferd.errors import EngineDeadError, Overloaded, RequestFailed
 from inferd.outputs import RequestOutput
 from inferd.sampling_params import SamplingParams
@@ -50,6 +50,14 @@ class _Add:
 @dataclass
 class _Abort:
     request_id: str
+
+
+@dataclass
+class _Call:
+    """Run `function(engine)` on the loop thread, between steps; its result settles `future`."""
+
+    function: Callable[[Any], Any]
+    future: asyncio.Future
 
 
 _STOP = object()
@@ -155,6 +163,26 @@ class AsyncEngine:
         if self._dead_reason is None:
             self._commands.put(_Abort(request_id))
 
+    # ---- profiling (inferd.engine_client.ProfilingClient) ------------------------------------
+    async def start_profile(self, directory: str) -> None:
+        """Trace the engine's steps from the next one on (the profiler runs on the loop
+        thread, where the steps run)."""
+        await self._on_loop_thread(lambda engine: engine.start_profile(directory))
+
+    async def stop_profile(self) -> TraceFiles:
+        return await self._on_loop_thread(lambda engine: engine.stop_profile())
+
+    async def _on_loop_thread(self, function: Callable[[Any], Any]) -> Any:
+        if self._dead_reason is not None or self._loop is None:
+            raise EngineDeadError(self._dead_reason or "the engine loop is not running")
+        future = self._loop.create_future()
+        self._pending_adds.add(future)  # failed with the rest if the loop dies
+        try:
+            self._commands.put(_Call(function, future))
+            return await future
+        finally:
+            self._pending_adds.discard(future)
+
     # ---- the loop thread ---------------------------------------------------------------------
     def _run(self) -> None:
         reason = "the engine loop stopped"
@@ -201,6 +229,8 @@ class AsyncEngine:
         for cmd in commands:
             if cmd is _STOP:
                 self._stopping = True
+            elif isinstance(cmd, _Call):
+                self._call(cmd)
             elif isinstance(cmd, _Abort):
                 try:
                     self.engine.abort_request(cmd.request_id)
@@ -209,6 +239,13 @@ class AsyncEngine:
             else:
                 settled.append((cmd.future, self._add(cmd)))
         return settled
+
+    def _call(self, cmd: _Call) -> None:
+        try:
+            result, error = cmd.function(self.engine), None
+        except Exception as e:  # noqa: BLE001 - reported to the caller
+            result, error = None, e
+        self._post(_settle, cmd.future, result, error)
 
     def _add(self, cmd: _Add) -> BaseException | None:
         try:
@@ -290,3 +327,8 @@ class AsyncEngine:
         for q in self._queues.values():
             q.put_nowait(EngineDeadError(reason))
         self._queues.clear()
+
+
+def _settle(future: asyncio.Future, result: Any, error: BaseException | None) -> None:
+    if not future.done():
+        future.set_result(result) if error is None else future.set_exception(error)

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 
 from fastapi import FastAPI
 
-from inferd.engine_client import EngineClient
+from inferd.engine_client import EngineClient, ProfilingClient
 from inferd.server.access_log import AccessLogMiddleware
 from inferd.server.auth import APIKeyMiddleware
 from inferd.server.errors import install_error_handlers
@@ -27,7 +27,9 @@ from inferd.server.metrics import ServerMetrics
 from inferd.server.responses import TokenText
 from inferd.server.routes_extra import router as extra_router
 from inferd.server.routes_openai import router as openai_router
+from inferd.server.routes_profile import router as profile_router
 from inferd.server.state import ServerState
+from inferd.server.timeline import log_timeline
 from inferd.version import __version__
 
 log = logging.getLogger(__name__)
@@ -41,15 +43,21 @@ class ServerSettings:
     api_key: str | None = None
     max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES
     log_requests: bool = True  # one access line per request (server/access_log.py)
+    profiler_dir: str | None = None  # set: /start_profile and /stop_profile (routes_profile.py)
+    enable_request_timeline: bool = False  # honour "return_timeline" (server/timeline.py)
 
 
 def create_app(client: EngineClient, settings: ServerSettings | None = None) -> FastAPI:
     settings = settings or ServerSettings()
     info = client.model_info
     names = list(settings.served_model_names) or [info.name]
-    metrics = ServerMetrics(names[0])
+    metrics = ServerMetrics(names[0], info.max_model_len)
     client.observe_outputs(metrics.observe_output)
-    state = ServerState(client, names, metrics, TokenText(client.tokenizer))
+    client.observe_outputs(log_timeline)
+    state = ServerState(client, names, metrics, TokenText(client.tokenizer),
+                        request_timeline=settings.enable_request_timeline)  # fmt: skip
+    if settings.profiler_dir and not isinstance(client, ProfilingClient):
+        raise ValueError("--profiler-dir: this engine client cannot be profiled")
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -72,6 +80,9 @@ def create_app(client: EngineClient, settings: ServerSettings | None = None) -> 
     install_error_handlers(app)
     app.include_router(openai_router)
     app.include_router(extra_router)
+    if settings.profiler_dir:  # as vLLM: the profiling routes exist only when asked for
+        app.state.profiler_dir = settings.profiler_dir
+        app.include_router(profile_router)
     app.add_middleware(BodyLimitMiddleware, max_bytes=settings.max_request_bytes)
     if settings.api_key:
         app.add_middleware(APIKeyMiddleware, api_key=settings.api_key)  # outside the body limit

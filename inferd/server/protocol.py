@@ -48,6 +48,9 @@ class SamplingFields(Body):
     skip_special_tokens: bool | None = None
     include_stop_str_in_output: bool | None = None
     user: str | None = None
+    # inferd's extension (vLLM style): the request's own timeline in the response
+    # (server/timeline.py), on servers started with --enable-request-timeline.
+    return_timeline: bool = False
 
     def sampling_kwargs(self) -> dict[str, Any]:
         """Fields the client set, under SamplingParams' names (None keeps the default)."""

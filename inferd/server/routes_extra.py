@@ -17,6 +17,7 @@ from inferd.server.responses import new_id
 from inferd.server.routes_openai import CLIENT_GONE
 from inferd.server.serving import ClientDisconnected, RequestGroup, arrival_now, collect
 from inferd.server.state import get_state
+from inferd.server.timeline import timeline_json
 from inferd.version import __version__
 
 router = APIRouter()
@@ -50,6 +51,7 @@ async def generate(body: GenerateRequest, request: Request) -> Any:
     state = get_state(request)
     state.check_model(body.model)
     params = body.sampling_params()
+    timeline = state.check_timeline(body.return_timeline)
     prompts = await state.tokenize(completion_prompts, state.tokenizer, [body.prompt])
     group = RequestGroup(state.client)
     await group.submit(new_id("gen"), prompts, params, arrival)
@@ -58,6 +60,7 @@ async def generate(body: GenerateRequest, request: Request) -> Any:
     except ClientDisconnected:
         return Response(status_code=CLIENT_GONE)
     sample = out.outputs[0]
+    extra = {"timeline": timeline_json(out)} if timeline else {}
     return {
         "text": sample.text,
         "token_ids": list(sample.token_ids),
@@ -66,6 +69,7 @@ async def generate(body: GenerateRequest, request: Request) -> Any:
         "finish_reason": sample.finish_reason,
         "stop_reason": sample.stop_reason,
         "timings": timings(out.metrics, len(sample.token_ids)),
+        **extra,
     }
 
 

@@ -28,6 +28,7 @@ from inferd.server.serving import ClientDisconnected, RequestGroup, arrival_now,
 from inferd.server.sse import sse_response
 from inferd.server.state import ServerState, get_state
 from inferd.server.streaming import stream_events
+from inferd.server.timeline import timeline_json
 
 router = APIRouter()
 CLIENT_GONE = 499  # nginx's code for "client closed request": nobody reads it, logs do
@@ -66,6 +67,7 @@ async def create_completion(body: CompletionRequest, request: Request) -> Respon
     state = get_state(request)
     model = state.check_model(body.model)
     params = body.sampling_params()
+    timeline = state.check_timeline(body.return_timeline)
     prompts = await state.tokenize(completion_prompts, state.tokenizer, body.prompts())
     echo_texts: list[str] = []
     if body.echo:
@@ -114,7 +116,8 @@ async def create_completion(body: CompletionRequest, request: Request) -> Respon
             return choices
 
         usage = bool(body.stream_options and body.stream_options.include_usage)
-        return sse_response(stream_events(group, request, head, chunk, usage))
+        trailer = timelines if timeline else None
+        return sse_response(stream_events(group, request, head, chunk, usage, None, trailer))
 
     try:
         finals = await collect(group, request)
@@ -127,7 +130,8 @@ async def create_completion(body: CompletionRequest, request: Request) -> Respon
         for c in out.outputs
     ]
     choices.sort(key=lambda c: c["index"])
-    return JSONResponse({**head, "choices": choices, "usage": usage_of(outs)})
+    extra = timelines(outs) if timeline else {}
+    return JSONResponse({**head, "choices": choices, "usage": usage_of(outs), **extra})
 
 
 @router.post("/v1/chat/completions")
@@ -136,6 +140,7 @@ async def create_chat_completion(body: ChatCompletionRequest, request: Request) 
     state = get_state(request)
     model = state.check_model(body.model)
     params = body.sampling_params()
+    timeline = state.check_timeline(body.return_timeline)
     prompt = await state.tokenize(
         chat_prompt,
         state.tokenizer,
@@ -187,7 +192,8 @@ async def create_chat_completion(body: ChatCompletionRequest, request: Request) 
             for i in range(params.n)
         ]
         usage = bool(body.stream_options and body.stream_options.include_usage)
-        return sse_response(stream_events(group, request, head, chunk, usage, opening))
+        trailer = timelines if timeline else None
+        return sse_response(stream_events(group, request, head, chunk, usage, opening, trailer))
 
     try:
         finals = await collect(group, request)
@@ -197,4 +203,10 @@ async def create_chat_completion(body: ChatCompletionRequest, request: Request) 
     choices = [chat_choice(c.index, c, top, state.texts) for c in out.outputs]
     choices.sort(key=lambda c: c["index"])
     head = _head(state, request_id, "chat.completion", model)
-    return JSONResponse({**head, "choices": choices, "usage": usage_of([out])})
+    extra = timelines([out]) if timeline else {}
+    return JSONResponse({**head, "choices": choices, "usage": usage_of([out]), **extra})
+
+
+def timelines(outs: list[RequestOutput]) -> dict[str, Any]:
+    """The `timeline` field: one entry per prompt (engine request), in prompt order."""
+    return {"timeline": [timeline_json(o) for o in outs]}

@@ -10,6 +10,7 @@ from typing import Any
 from fastapi import Request
 
 from inferd.engine_client import EngineClient, ModelInfo, TokenizerLike
+from inferd.errors import InvalidRequest
 from inferd.server.errors import APIError
 from inferd.server.metrics import ServerMetrics
 from inferd.server.responses import TokenText
@@ -22,6 +23,7 @@ class ServerState:
     metrics: ServerMetrics
     texts: TokenText
     created: int = field(default_factory=lambda: int(time.time()))
+    request_timeline: bool = False  # the server returns a request's timeline when asked
 
     @property
     def model_name(self) -> str:
@@ -51,6 +53,17 @@ class ServerState:
         """Tokenizer work runs in a worker thread: templates and long prompts take milliseconds
         that other clients' streams should not wait for."""
         return await asyncio.to_thread(function, *args)
+
+    def check_timeline(self, wanted: bool) -> bool:
+        """Whether to return the request's timeline; refused (400) unless the server allows it:
+        the cached-prefix count tells whether others sent the same prompt prefix."""
+        if wanted and not self.request_timeline:
+            raise InvalidRequest(
+                "return_timeline",
+                "return_timeline: this server does not return request timelines (start it "
+                "with --enable-request-timeline)",
+            )
+        return wanted
 
 
 def get_state(request: Request) -> ServerState:

@@ -35,9 +35,11 @@ async def stream_events(
     chunk_choices: ChunkChoices,
     include_usage: bool,
     opening: list[dict[str, Any]] | None = None,
+    trailer: Callable[[list[RequestOutput]], dict[str, Any]] | None = None,
 ) -> AsyncIterator[bytes]:
     """`head` holds the fields every chunk repeats (id, object, created, model, fingerprint);
-    `opening` are choices sent before any token (the chat role chunk)."""
+    `opening` are choices sent before any token (the chat role chunk); `trailer` gives the
+    fields of a last chunk (no choices) from the final outputs, e.g. the requests' timelines."""
     prompt_index = {rid: i for i, rid in enumerate(group.request_ids)}
     finals: dict[str, RequestOutput] = {}
     watcher = asyncio.ensure_future(abort_on_disconnect(group, request))
@@ -50,8 +52,10 @@ async def stream_events(
                 finals[out.request_id] = out
             if choices:
                 yield encode_event({**head, "choices": choices})
+        outs = [finals[r] for r in group.request_ids if r in finals]
+        if trailer is not None:
+            yield encode_event({**head, "choices": [], **trailer(outs)})
         if include_usage:
-            outs = [finals[r] for r in group.request_ids if r in finals]
             yield encode_event({**head, "choices": [], "usage": usage_of(outs)})
         yield DONE
     except Exception as e:  # noqa: BLE001 - the status line is sent: report in the stream

@@ -270,6 +270,21 @@ def test_metrics_counters_advance_by_stats_deltas():
     assert _sample(text, "inferd:prefix_cache_hits_total") == 6
     assert _sample(text, "inferd:num_requests_running") == 1
     assert _sample(text, "inferd:kv_cache_usage_perc") == 0.5
+    assert _sample(text, "inferd:spec_decode_num_drafts_total") == 0  # no speculation
+
+
+def test_speculative_decoding_counters_with_vllm_names_and_positions():
+    from inferd.engine.engine import EngineStats
+
+    m = ServerMetrics("m")
+    m.update_stats(EngineStats(1, 0, 0.1, 0, 0, 0, 10, 5, 3, 2, 8, 5, (2, 2, 1, 0)))
+    text = m.render(EngineStats(1, 0, 0.1, 0, 0, 0, 10, 9, 4, 3, 12, 8, (3, 3, 1, 1))).decode()
+    assert _sample(text, "inferd:spec_decode_num_drafts_total") == 3
+    assert _sample(text, "inferd:spec_decode_num_draft_tokens_total") == 12
+    assert _sample(text, "inferd:spec_decode_num_accepted_tokens_total") == 8
+    per_pos = "inferd:spec_decode_num_accepted_tokens_per_pos_total"
+    assert f'{per_pos}{{model_name="m",position="0"}} 3.0' in text
+    assert f'{per_pos}{{model_name="m",position="3"}} 1.0' in text
 
 
 # ---- auth ---------------------------------------------------------------------------------------
