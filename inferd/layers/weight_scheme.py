@@ -42,14 +42,16 @@ QUANTIZATION_METHODS = ("gguf", "int8", "int4", "fp8")
 # by slab, block_method.py), so the kernel keeps more rows, the LM head the most (its slabs cost
 # most). Measured on the embedded model, whole decode steps of n sequences (docs/performance.md):
 # with AVX-512 VNNI and a bf16 copy, blocks win up to 6 sequences; with the AVX2 kernels and
-# float32 GEMM on dequantised slabs, up to ~24 (the layers' matrices alone: ~16; the head: ~32).
+# float32 GEMM on dequantised slabs, up to ~24 (the layers' matrices alone: ~16; the head: ~40).
 BLOCK_ROWS_WITH_COPY = {"linear": 6, "head": 6}
 BLOCK_ROWS_DEQUANTISING = {"linear": 16, "head": 32}
 # Decode steps of up to this many sequences run each decoder layer as one C call
-# (inferd/models/cpu_decoder.py), whose block products are the same kernels (and which saves
-# ~45 PyTorch ops per layer, so it pays for a few more rows than the layers' kernels alone).
+# (inferd/models/cpu_decoder.py), whose block products are the same kernels. NOTE: no more than
+# the layers' block rows: a step of up to `decoder_rows` rows of any kind (a speculative
+# verification step, inferd/engine/speculative.py) must run on the kernels of a one-row step.
+# (Without a copy, the C layer would still pay for itself up to ~24 sequences.)
 DECODER_ROWS_WITH_COPY = 6
-DECODER_ROWS_DEQUANTISING = 24
+DECODER_ROWS_DEQUANTISING = 16
 
 
 @dataclass(frozen=True)

@@ -45,6 +45,16 @@ def test_default_on_a_gguf_file_keeps_its_blocks(machine):
     assert (scheme.name, scheme.dtype, scheme.keep_copy) == ("gguf+float32", torch.float32, False)
 
 
+@pytest.mark.parametrize("keep_copy", [True, False])
+def test_the_c_decoder_stops_where_the_layers_block_kernels_stop(keep_copy):
+    """A step of up to `decoder_rows` rows of any kind (a speculative verification step) must
+    run on the kernels a one-row step runs (inferd/engine/speculative.py)."""
+    scheme = ws.WeightScheme("test", torch.float32, blocks=True, keep_copy=keep_copy,
+                             kernels=object())  # fmt: skip
+    limits = [scheme.linear_method(kind).max_rows for kind in ("linear", "head", "embedding")]
+    assert 0 < scheme.decoder_rows <= min(limits)
+
+
 def test_the_scheme_says_what_it_is_and_why(machine):
     machine(fast_bf16=True)
     line = ws.choose_scheme(None, "auto", "gguf", CPU).describe()
