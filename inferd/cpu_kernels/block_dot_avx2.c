@@ -118,22 +118,26 @@ static inline __attribute__((always_inline)) __m256i dot4(__m256i c, __m256i w, 
 
 #ifndef __AVXVNNI__
 /* 8-bit weights in blocks of 32 (Q8_0, the usual embedding and LM head), without AVX-VNNI: the
- * recentred weights q = s - 128 widened to int16 once per weight row, times the activations as
- * int16 (xw = 256 a1 + a2) with vpmaddwd: per activation row two multiplies instead of the two
- * terms' six instructions above. Lane i sums weights 2i, 2i+1, 16+2i and 17+2i: one block. */
+ * stored bytes s widened to int16 as they are loaded (vpmovzxbw), times the activations as int16
+ * (xw = 256 a1 + a2) with vpmaddwd, from c, which removes the zero point: as many instructions
+ * as one int8 term took with the sign trick of `products`. Lane i sums weights 2i, 2i+1, 16+2i
+ * and 17+2i: one block, whose correction c spreads over the lanes differently from vpdpbusd's,
+ * which its single scale does not mind. (|s| <= 255 times |xw| <= 32639, four per lane, plus
+ * c: within int32.) */
 typedef struct {
     __m256i lo, hi;
 } Wide;
 
-static inline __attribute__((always_inline)) Wide widen(__m256i w) {
-    const __m256i q = _mm256_xor_si256(w, _mm256_set1_epi8((char)0x80));
-    return (Wide){_mm256_cvtepi8_epi16(_mm256_castsi256_si128(q)),
-                  _mm256_cvtepi8_epi16(_mm256_extracti128_si256(q, 1))};
+static inline __attribute__((always_inline)) Wide widen(const uint8_t* stored) {
+    return (Wide){_mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i*)stored)),
+                  _mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i*)(stored + 16)))};
 }
 
-static inline __attribute__((always_inline)) __m256i dot_wide(Wide w, const int16_t* a) {
+static inline __attribute__((always_inline)) __m256i dot_wide(__m256i c, Wide w,
+                                                              const int16_t* a) {
     const __m256i lo = _mm256_madd_epi16(w.lo, _mm256_loadu_si256((const __m256i*)a));
-    return _mm256_add_epi32(lo, _mm256_madd_epi16(w.hi, _mm256_loadu_si256((const __m256i*)(a + 16))));
+    const __m256i hi = _mm256_madd_epi16(w.hi, _mm256_loadu_si256((const __m256i*)(a + 16)));
+    return _mm256_add_epi32(_mm256_add_epi32(c, lo), hi);
 }
 #endif
 
@@ -162,13 +166,14 @@ static inline __attribute__((always_inline)) void chunk_dot(
         if (wide) {
             Wide w[4];
             UNROLL
-            for (int r = 0; r < R; r++) w[r] = widen(half_weights(rp[r], c, h, packed[r], 8));
+            for (int r = 0; r < R; r++) w[r] = widen(rp[r].q + c * rp[r].q_step + 32 * h);
             UNROLL
             for (int m = 0; m < M; m++) {
+                const __m256i cz = _mm256_loadu_si256((const __m256i*)(x.xc + m * (K / 4) + kh / 4));
                 const __m256 d = _mm256_broadcast_ss(x.xl + m * (K / 4) + kh / 4);
                 UNROLL
                 for (int r = 0; r < R; r++) {
-                    const __m256 p = _mm256_cvtepi32_ps(dot_wide(w[r], x.xw + m * K + kh));
+                    const __m256 p = _mm256_cvtepi32_ps(dot_wide(cz, w[r], x.xw + m * K + kh));
                     const __m256 s = lane_scales(rp[r], kh, 5, half);
                     acc[m * R + r] = _mm256_fmadd_ps(_mm256_mul_ps(s, d), p, acc[m * R + r]);
                 }
