@@ -94,9 +94,10 @@ def measure_memory(
             f"{estimate.kv_cache_dtype}"
         )
     dev, pred = estimate.device, estimate.per_device
+    blocks = estimate.weight_plan is not None and estimate.weight_plan.blocks
     kwargs: dict[str, Any] = dict(
         model=model,
-        dtype=_TORCH_DTYPES[estimate.dtype],
+        dtype="auto" if blocks else _TORCH_DTYPES[estimate.dtype],  # the default keeps blocks
         max_model_len=estimate.max_model_len,
         kv_cache_memory=pred.kv_cache,
         device=dev,
@@ -148,7 +149,8 @@ def measure_memory(
     ).peak_bytes
     m = Measurement(dev, [before, loaded, done], sum(prompt_lens), generated,
                     peak=peak_snapshot(done))  # fmt: skip
-    load_pred = pred.weights + pred.kv_cache
+    # the blocks' bf16 copy comes with the first large step, not at load
+    load_pred = pred.weights - (estimate.weight_plan.copy if blocks else 0) + pred.kv_cache
     if dev == "cuda":
         _gpu_rows(m, before, loaded, done, load_pred, run_acts, pred.overhead.bytes)
     else:
