@@ -30,12 +30,23 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from inferd.cpu_info import cpu_flags
 from inferd.fp8 import FP8, FP8_MAX
 from inferd.layers.linear_method import LinearMethod, dropped
 
 INT4_GROUP = 32
 # Largest step (rows) for which the int4 kernel beats bf16 GEMM, per kind of matrix.
 INT4_ROW_LIMITS = {"linear": 4, "head": 8}
+
+
+def int8_weight_max(device: torch.device) -> int:
+    """Largest int8 weight magnitude `torch._int_mm` sums exactly here. On a CPU without VNNI,
+    oneDNN's AVX2 kernel adds 128 to the activations and multiplies pairs of bytes into int16
+    (vpmaddubsw), which saturates unless 2 · 255 · |w| fits in int16: |w| ≤ 64, one bit less.
+    VNNI (avx512_vnni, avx_vnni, AMX) sums into int32 directly, as GPUs do."""
+    if device.type != "cpu" or cpu_flags() & {"avx512_vnni", "avx_vnni", "amx_int8"}:
+        return 127
+    return 64
 
 
 class Int8Kernel(nn.Module):
@@ -47,9 +58,10 @@ class Int8Kernel(nn.Module):
 
     def __init__(self, w: torch.Tensor):
         super().__init__()
+        top = int8_weight_max(w.device)
         w = w.float()
-        scales = (w.abs().amax(dim=1) / 127).clamp(min=1e-12)
-        q = torch.round(w / scales[:, None]).clamp(-127, 127).to(torch.int8)
+        scales = (w.abs().amax(dim=1) / top).clamp(min=1e-12)
+        q = torch.round(w / scales[:, None]).clamp(-top, top).to(torch.int8)
         self.register_buffer("q", q)  # [out, in]; _int_mm reads its transpose in place
         self.register_buffer("scales", scales)
 

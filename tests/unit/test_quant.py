@@ -86,3 +86,13 @@ def test_fp8_kernel_matches_its_dequantised_matrix():
     # e4m3 has 3 mantissa bits: activations are rounded to ~6% relative, weights likewise.
     torch.testing.assert_close(kernel(x).float(), ref, rtol=0.1, atol=0.05)
     assert (kernel.dequantized().float() - w).abs().max() / w.abs().max() < 0.07
+
+
+def test_int8_weights_keep_to_what_the_cpu_sums_exactly(monkeypatch):
+    import inferd.layers.quant as quant
+
+    w = torch.randn(32, 64)
+    monkeypatch.setattr(quant, "cpu_flags", lambda: frozenset({"avx2", "fma"}))
+    assert Int8Kernel(w).q.abs().max().item() == 64  # no VNNI: int16 pair sums must not saturate
+    monkeypatch.setattr(quant, "cpu_flags", lambda: frozenset({"avx2", "avx_vnni"}))
+    assert Int8Kernel(w).q.abs().max().item() == 127
