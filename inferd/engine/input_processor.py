@@ -70,6 +70,12 @@ class InputProcessor:
                 f"prompt ({len(ids)} tokens) + max_tokens ({max_tokens}) = "
                 f"{len(ids) + max_tokens} exceeds max_model_len ({self.max_model_len})",
             )
+        if params.min_tokens > max_tokens:  # max_tokens unset: the room the context leaves
+            raise ContextTooLong(
+                "min_tokens",
+                f"min_tokens ({params.min_tokens}) exceeds the {max_tokens} tokens the context "
+                f"leaves after the prompt ({len(ids)} tokens, max_model_len {self.max_model_len})",
+            )
         metrics = RequestMetrics(arrival_time=arrival_time or time.monotonic())
         metrics.num_prompt_tokens = len(ids)
         req = Request(request_id, text, ids, params, metrics, max_tokens, forked=params.n == 1,

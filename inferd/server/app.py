@@ -5,8 +5,10 @@
 The server knows the engine only through `inferd.engine_client.EngineClient` (`inferd serve`
 passes an `AsyncEngine`; tests may pass a fake). The client starts with the app (lifespan) and
 stops with it. Middlewares, outermost first: the access log, the API key check, the body-size
-limit, then the internal-error guard; none uses BaseHTTPMiddleware, which would hide client
-disconnects from the routes.
+limit (and the body's Unicode), the release of a request's admission, then the internal-error
+guard; none uses BaseHTTPMiddleware, which would hide client disconnects from the routes.
+Admission (server/admission.py) and the drain on shutdown (server/drain.py) are configured by
+`ServerSettings`.
 """
 
 from __future__ import annotations
@@ -20,14 +22,16 @@ from fastapi import FastAPI
 
 from inferd.engine_client import EngineClient
 from inferd.server.access_log import AccessLogMiddleware
+from inferd.server.admission import Admission, AdmissionLimits
 from inferd.server.auth import APIKeyMiddleware
+from inferd.server.drain import Drain
 from inferd.server.errors import install_error_handlers
 from inferd.server.limits import BodyLimitMiddleware
 from inferd.server.metrics import ServerMetrics
 from inferd.server.responses import TokenText
 from inferd.server.routes_extra import router as extra_router
 from inferd.server.routes_openai import router as openai_router
-from inferd.server.state import ServerState
+from inferd.server.state import ReleaseMiddleware, ServerState
 from inferd.version import __version__
 
 log = logging.getLogger(__name__)
@@ -41,6 +45,13 @@ class ServerSettings:
     api_key: str | None = None
     max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES
     log_requests: bool = True  # one access line per request (server/access_log.py)
+    # Admission control (server/admission.py); None: no limit.
+    seats: int = 1  # the engine's max_num_seqs
+    max_queued_requests: int | None = None
+    max_queued_tokens: int | None = None
+    max_prompts_per_request: int = 256
+    max_bytes_per_token: int | None = None  # a bound from the tokenizer; None: none known
+    shutdown_timeout_s: float = 20.0  # SIGTERM: how long requests in flight may still run
 
 
 def create_app(client: EngineClient, settings: ServerSettings | None = None) -> FastAPI:
@@ -49,7 +60,16 @@ def create_app(client: EngineClient, settings: ServerSettings | None = None) -> 
     names = list(settings.served_model_names) or [info.name]
     metrics = ServerMetrics(names[0])
     client.observe_outputs(metrics.observe_output)
-    state = ServerState(client, names, metrics, TokenText(client.tokenizer))
+    limits = AdmissionLimits(
+        max_model_len=info.max_model_len,
+        seats=settings.seats,
+        max_queued_requests=settings.max_queued_requests,
+        max_queued_tokens=settings.max_queued_tokens,
+        max_prompts_per_request=settings.max_prompts_per_request,
+        max_bytes_per_token=settings.max_bytes_per_token,
+    )
+    admission = Admission(limits)
+    state = ServerState(client, names, metrics, TokenText(client.tokenizer), admission)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -69,9 +89,11 @@ def create_app(client: EngineClient, settings: ServerSettings | None = None) -> 
         openapi_url=None,
     )
     app.state.inferd = state
+    app.state.drain = Drain(admission, settings.shutdown_timeout_s)
     install_error_handlers(app)
     app.include_router(openai_router)
     app.include_router(extra_router)
+    app.add_middleware(ReleaseMiddleware)  # outside the error guard: runs last, whatever happened
     app.add_middleware(BodyLimitMiddleware, max_bytes=settings.max_request_bytes)
     if settings.api_key:
         app.add_middleware(APIKeyMiddleware, api_key=settings.api_key)  # outside the body limit

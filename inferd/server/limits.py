@@ -1,11 +1,20 @@
-"""Request-body size limit (HTTP 413), enforced before any route parses the body.
+"""Request-body size limit (HTTP 413), enforced before any route parses the body, and a check
+that the body's text is valid Unicode (400).
 
 The middleware reads the body itself, refusing at the first byte over the limit (or at once when
 Content-Length already says so), then replays it to the app. After the replay it hands `receive`
 back to the server, so the routes still see the client's disconnect.
+
+JSON lets a string hold a lone UTF-16 surrogate (`"\\ud800"`), and Python's JSON reader also
+accepts CESU-8 bytes for one; either decodes to a string that no tokenizer, log or response can
+encode. The body is scanned once (a regular expression, milliseconds for megabytes), so every
+field of every route is covered, not only the prompt.
 """
 
 from __future__ import annotations
+
+import asyncio
+import re
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
@@ -18,6 +27,42 @@ def _too_large(limit: int) -> APIError:
         f"the request body exceeds the limit of {limit} bytes (--max-request-bytes)",
         code="request_too_large",
     )
+
+
+_RAW_SURROGATE = re.compile(rb"\xed[\xa0-\xbf]")  # UTF-8 bytes of U+D800..U+DFFF (CESU-8)
+_HEX2 = rb"[0-9a-fA-F]{2}"
+# A high surrogate escape not followed by a low one, or a low one not preceded by a high one.
+_LONE_ESCAPE = re.compile(
+    rb"\\u[dD][89abAB]" + _HEX2 + rb"(?!\\u[dD][c-fC-F]" + _HEX2 + rb")"
+    rb"|(?<!\\u[dD][89abAB]" + _HEX2 + rb")\\u[dD][c-fC-F]" + _HEX2
+)
+
+
+_SCAN_CHUNK = 1 << 20
+
+
+def lone_surrogate_at(body: bytes) -> int | None:
+    """Byte offset of the first surrogate in `body` that does not form a valid pair, if any.
+    NOTE: regular-expression passes over 1 MiB slices (each holds Python's lock while it runs,
+    so a thread scanning a large body still lets the event loop run between slices); Python
+    only looks at the rare candidates, to skip an escaped backslash before the text "ud800"."""
+    for chunk_start in range(0, len(body), _SCAN_CHUNK):
+        chunk_end = chunk_start + _SCAN_CHUNK
+        raw = _RAW_SURROGATE.search(body, chunk_start, chunk_end + 1)
+        if raw is not None and raw.start() < chunk_end:
+            chunk_end = raw.start()
+        # NOTE: 12 bytes past the slice let a match that starts in it see its lookahead.
+        for m in _LONE_ESCAPE.finditer(body, chunk_start, chunk_end + 12):
+            start, slashes = m.start(), 0
+            if start >= chunk_end:
+                break
+            while start - slashes > 0 and body[start - slashes - 1] == 0x5C:  # backslashes
+                slashes += 1
+            if slashes % 2 == 0:  # else "\\\\ud800": an escaped backslash, then plain text
+                return start
+        if raw is not None and raw.start() < chunk_start + _SCAN_CHUNK:
+            return raw.start()
+    return None
 
 
 def _content_length(scope: Scope) -> int | None:
@@ -54,6 +99,18 @@ class BodyLimitMiddleware:
             if not message.get("more_body", False):
                 break
         body = b"".join(chunks)
+        at = None
+        if b"\\u" in body or b"\xed" in body:
+            large = len(body) > _SCAN_CHUNK
+            at = (
+                await asyncio.to_thread(lone_surrogate_at, body)
+                if large
+                else lone_surrogate_at(body)
+            )
+        if at is not None:
+            error = APIError(400, f"the request body holds a lone UTF-16 surrogate at byte {at}: "
+                             "text must be valid Unicode (surrogates only in pairs)")  # fmt: skip
+            return await error.response()(scope, receive, send)
         replayed = False
 
         async def replay() -> Message:

@@ -9,13 +9,14 @@ from fastapi import APIRouter, Request, Response
 
 from inferd.errors import InvalidRequest
 from inferd.outputs import RequestMetrics
+from inferd.server.admission import text_bytes
 from inferd.server.errors import SERVER_ERROR, APIError
 from inferd.server.metrics import CONTENT_TYPE
 from inferd.server.prompts import chat_prompt, checked_text, completion_prompts
 from inferd.server.protocol import DetokenizeRequest, GenerateRequest, TokenizeRequest
 from inferd.server.responses import new_id
 from inferd.server.routes_openai import CLIENT_GONE
-from inferd.server.serving import ClientDisconnected, RequestGroup, arrival_now, collect
+from inferd.server.serving import ClientDisconnected, arrival_now, collect
 from inferd.server.state import get_state
 from inferd.version import __version__
 
@@ -50,8 +51,8 @@ async def generate(body: GenerateRequest, request: Request) -> Any:
     state = get_state(request)
     state.check_model(body.model)
     params = body.sampling_params()
-    prompts = await state.tokenize(completion_prompts, state.tokenizer, [body.prompt])
-    group = RequestGroup(state.client)
+    group = state.admit(request, [body.prompt], params.n)  # 400/503 before tokenizing
+    prompts = await group.tokenize(completion_prompts, state.tokenizer, [body.prompt])
     await group.submit(new_id("gen"), prompts, params, arrival)
     try:
         out = (await collect(group, request))[group.request_ids[0]]
@@ -84,7 +85,9 @@ async def tokenize(body: TokenizeRequest, request: Request) -> dict[str, Any]:
             ids = await state.tokenize(tok.encode, rendered["prompt"], True)
     else:
         text = checked_text("prompt", body.prompt)
-        ids = await state.tokenize(tok.encode, text, body.add_special_tokens is not False)
+        nbytes = text_bytes(text)
+        ids = await state.tokenize(tok.encode, text, body.add_special_tokens is not False,
+                                   nbytes=nbytes)  # fmt: skip
     return {"tokens": ids, "count": len(ids), "max_model_len": state.info.max_model_len}
 
 
@@ -103,7 +106,10 @@ async def detokenize(body: DetokenizeRequest, request: Request) -> dict[str, Any
 
 @router.get("/health")
 async def health(request: Request) -> Response:
-    problem = get_state(request).client.health()
+    state = get_state(request)
+    problem = state.client.health()
+    if problem is None and state.admission.draining:
+        problem = "the server is shutting down"
     if problem is not None:
         raise APIError(503, problem, SERVER_ERROR, code="engine_unhealthy")
     return Response(status_code=200)

@@ -14,6 +14,7 @@ from fastapi import APIRouter, Request, Response
 from fastapi.responses import JSONResponse
 
 from inferd.outputs import RequestOutput
+from inferd.server.admission import all_text
 from inferd.server.choices import (
     DeltaTracker,
     Echo,
@@ -24,7 +25,7 @@ from inferd.server.choices import (
 from inferd.server.prompts import chat_prompt, completion_prompts, prompt_text
 from inferd.server.protocol import ChatCompletionRequest, CompletionRequest
 from inferd.server.responses import chat_logprobs, completion_logprobs, new_id, usage_of
-from inferd.server.serving import ClientDisconnected, RequestGroup, arrival_now, collect
+from inferd.server.serving import ClientDisconnected, arrival_now, collect
 from inferd.server.sse import sse_response
 from inferd.server.state import ServerState, get_state
 from inferd.server.streaming import stream_events
@@ -66,13 +67,13 @@ async def create_completion(body: CompletionRequest, request: Request) -> Respon
     state = get_state(request)
     model = state.check_model(body.model)
     params = body.sampling_params()
-    prompts = await state.tokenize(completion_prompts, state.tokenizer, body.prompts())
+    group = state.admit(request, body.prompts(), params.n)  # 400/503 before tokenizing
+    prompts = await group.tokenize(completion_prompts, state.tokenizer, body.prompts())
     echo_texts: list[str] = []
     if body.echo:
         echo_texts = await state.tokenize(
             lambda: [prompt_text(state.tokenizer, p, state.info.vocab_size) for p in prompts]
         )
-    group = RequestGroup(state.client)
     request_id = new_id("cmpl")
     await group.submit(request_id, prompts, params, arrival)
     head = _head(state, request_id, "text_completion", model)
@@ -136,14 +137,15 @@ async def create_chat_completion(body: ChatCompletionRequest, request: Request) 
     state = get_state(request)
     model = state.check_model(body.model)
     params = body.sampling_params()
-    prompt = await state.tokenize(
+    messages = body.template_messages()
+    group = state.admit(request, [all_text(messages)], params.n, "messages")
+    prompt = await group.tokenize(
         chat_prompt,
         state.tokenizer,
-        body.template_messages(),
+        messages,
         body.add_generation_prompt,
         body.chat_template_kwargs,
     )
-    group = RequestGroup(state.client)
     request_id = new_id("chatcmpl")
     await group.submit(request_id, [prompt], params, arrival)
     top = (body.top_logprobs or 0) if body.logprobs else None
