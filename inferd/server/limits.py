@@ -14,6 +14,7 @@ field of every route is covered, not only the prompt.
 from __future__ import annotations
 
 import asyncio
+import json
 import re
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
@@ -65,6 +66,28 @@ def lone_surrogate_at(body: bytes) -> int | None:
     return None
 
 
+def _has_surrogate(value: object) -> bool:
+    if isinstance(value, str):
+        return not value.isascii() and any("\ud800" <= c <= "\udfff" for c in value)
+    if isinstance(value, dict):
+        return any(_has_surrogate(k) or _has_surrogate(v) for k, v in value.items())
+    if isinstance(value, list):
+        return any(_has_surrogate(v) for v in value)
+    return False
+
+
+def field_with_surrogate(body: bytes) -> str | None:
+    """The top-level field of a JSON body that holds a lone surrogate (for the error's
+    `param`); None when the body is no JSON object. Runs only for a body being refused."""
+    try:
+        document = json.loads(body)
+    except ValueError:
+        return None
+    if not isinstance(document, dict):
+        return None
+    return next((k for k, v in document.items() if _has_surrogate(v)), None)
+
+
 def _content_length(scope: Scope) -> int | None:
     for name, value in scope.get("headers", []):
         if name.lower() == b"content-length":
@@ -108,8 +131,11 @@ class BodyLimitMiddleware:
                 else lone_surrogate_at(body)
             )
         if at is not None:
-            error = APIError(400, f"the request body holds a lone UTF-16 surrogate at byte {at}: "
-                             "text must be valid Unicode (surrogates only in pairs)")  # fmt: skip
+            find = field_with_surrogate
+            param = await asyncio.to_thread(find, body) if len(body) > _SCAN_CHUNK else find(body)
+            where = f"{param} holds" if param else f"the request body holds, at byte {at},"
+            error = APIError(400, f"{where} a lone UTF-16 surrogate: text must be valid Unicode "
+                             "(surrogates only in pairs)", param=param)  # fmt: skip
             return await error.response()(scope, receive, send)
         replayed = False
 

@@ -11,8 +11,22 @@ from typing import Any
 from inferd.engine_client import TokenizerLike
 from inferd.errors import InvalidRequest
 
-# Template variables the server sets itself; chat_template_kwargs cannot replace them.
-_RESERVED = frozenset({"messages", "add_generation_prompt"})
+# Names the server passes itself (or the tokenizer's own parameters): chat_template_kwargs
+# cannot set them; a clash would otherwise fail inside the call, as a server error.
+_RESERVED = frozenset({"messages", "add_generation_prompt", "self", "tokenize",
+                       "split_special_tokens", "chat_template_kwargs"})  # fmt: skip
+
+
+def checked_template_kwargs(kwargs: dict[str, Any] | None) -> dict[str, Any]:
+    """`chat_template_kwargs`, unless it names a reserved variable (400)."""
+    for name in kwargs or {}:
+        if name in _RESERVED:
+            raise InvalidRequest(
+                "chat_template_kwargs",
+                f"chat_template_kwargs: {name!r} is reserved "
+                f"(reserved names: {', '.join(sorted(_RESERVED))})",
+            )
+    return dict(kwargs or {})
 
 
 def checked_text(param: str, text: str) -> str:
@@ -61,7 +75,7 @@ def chat_prompt(
     """Render the chat template and tokenize it. A conversation the template cannot render (no
     template: the message names --chat-template; or the template refuses it) is the request's
     `messages` at fault."""
-    extra = {k: v for k, v in (template_kwargs or {}).items() if k not in _RESERVED}
+    extra = checked_template_kwargs(template_kwargs)
     try:
         text = tokenizer.apply_chat_template(messages, add_generation_prompt, **extra)
     except ValueError as e:  # TokenizerLike.apply_chat_template's one way to fail
