@@ -18,7 +18,8 @@ from inferd.outputs import RequestOutput
 from inferd.sampling_params import SamplingParams
 
 # A prompt as the engine takes it: text, token ids, or {"prompt": text or None,
-# "prompt_token_ids": ids} when the caller tokenized it already.
+# "prompt_token_ids": ids} when the caller tokenized it already; a dict may add "cache_salt"
+# (a non-empty string mixed into the prefix-cache hashes, vLLM's field).
 PromptInput = str | list[int] | dict[str, Any]
 
 

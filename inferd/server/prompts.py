@@ -56,6 +56,13 @@ def completion_prompts(
     return out
 
 
+def salted(prompts: list[dict[str, Any]], cache_salt: str | None) -> list[dict[str, Any]]:
+    """The prompts with the request's `cache_salt` (the engine checks it and hashes with it)."""
+    if cache_salt is None:
+        return prompts
+    return [{**p, "cache_salt": cache_salt} for p in prompts]
+
+
 def prompt_text(tokenizer: TokenizerLike, prompt: dict[str, Any], vocab_size: int) -> str:
     """The prompt as text, for `echo` (token-id prompts are decoded)."""
     if prompt["prompt"] is not None:

@@ -48,6 +48,9 @@ class SamplingFields(Body):
     skip_special_tokens: bool | None = None
     include_stop_str_in_output: bool | None = None
     user: str | None = None
+    # vLLM's: mixed into the prefix-cache hashes, so only requests with the same salt share
+    # cached blocks (tenants cannot time each other's prompts). Not a sampling parameter.
+    cache_salt: str | None = None
 
     def sampling_kwargs(self) -> dict[str, Any]:
         """Fields the client set, under SamplingParams' names (None keeps the default)."""

@@ -12,7 +12,7 @@ from inferd.outputs import RequestMetrics
 from inferd.server.admission import text_bytes
 from inferd.server.errors import SERVER_ERROR, APIError
 from inferd.server.metrics import CONTENT_TYPE
-from inferd.server.prompts import chat_prompt, checked_text, completion_prompts
+from inferd.server.prompts import chat_prompt, checked_text, completion_prompts, salted
 from inferd.server.protocol import DetokenizeRequest, GenerateRequest, TokenizeRequest
 from inferd.server.responses import new_id
 from inferd.server.routes_openai import CLIENT_GONE
@@ -53,6 +53,7 @@ async def generate(body: GenerateRequest, request: Request) -> Any:
     params = body.sampling_params()
     group = state.admit(request, [body.prompt], params.n)  # 400/503 before tokenizing
     prompts = await group.tokenize(completion_prompts, state.tokenizer, [body.prompt])
+    prompts = salted(prompts, body.cache_salt)
     await group.submit(new_id("gen"), prompts, params, arrival)
     try:
         out = (await collect(group, request))[group.request_ids[0]]

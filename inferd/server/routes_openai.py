@@ -22,7 +22,7 @@ from inferd.server.choices import (
     completion_choice,
     full_sample,
 )
-from inferd.server.prompts import chat_prompt, completion_prompts, prompt_text
+from inferd.server.prompts import chat_prompt, completion_prompts, prompt_text, salted
 from inferd.server.protocol import ChatCompletionRequest, CompletionRequest
 from inferd.server.responses import chat_logprobs, completion_logprobs, new_id, usage_of
 from inferd.server.serving import ClientDisconnected, arrival_now, collect
@@ -69,6 +69,7 @@ async def create_completion(body: CompletionRequest, request: Request) -> Respon
     params = body.sampling_params()
     group = state.admit(request, body.prompts(), params.n)  # 400/503 before tokenizing
     prompts = await group.tokenize(completion_prompts, state.tokenizer, body.prompts())
+    prompts = salted(prompts, body.cache_salt)
     echo_texts: list[str] = []
     if body.echo:
         echo_texts = await state.tokenize(
@@ -147,7 +148,7 @@ async def create_chat_completion(body: ChatCompletionRequest, request: Request) 
         body.chat_template_kwargs,
     )
     request_id = new_id("chatcmpl")
-    await group.submit(request_id, [prompt], params, arrival)
+    await group.submit(request_id, salted([prompt], body.cache_salt), params, arrival)
     top = (body.top_logprobs or 0) if body.logprobs else None
 
     if body.stream:
