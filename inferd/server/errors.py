@@ -222,7 +222,10 @@ def install_error_handlers(app: FastAPI) -> None:
     async def _http(request: Request, exc: StarletteHTTPException) -> JSONResponse:
         message = exc.detail if isinstance(exc.detail, str) else "request failed"
         if message == "There was an error parsing the body":  # FastAPI's, for non-UTF-8 bytes
-            message = "the request body is not valid JSON text (it must be UTF-8)"
+            message = (
+                "the request body is not JSON that can be read: not UTF-8, nested too deep, "
+                "or a number too long"
+            )
         if exc.status_code == 404:
             message = f"no route {request.method} {request.url.path}"
         type_ = INVALID_REQUEST if exc.status_code < 500 else SERVER_ERROR

@@ -9,6 +9,11 @@ JSON lets a string hold a lone UTF-16 surrogate (`"\\ud800"`), and Python's JSON
 accepts CESU-8 bytes for one; either decodes to a string that no tokenizer, log or response can
 encode. The body is scanned once (a regular expression, milliseconds for megabytes), so every
 field of every route is covered, not only the prompt.
+
+A large completions body is also checked against admission's per-request bounds
+(server/admission.py) in a worker thread before the route's validation runs on the event loop:
+validating `[[2, 818]] * 100000` as a request model costs the loop a tenth of a second or more,
+refusing it for its 100,000 prompts costs the loop nothing.
 """
 
 from __future__ import annotations
@@ -19,7 +24,11 @@ import re
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from inferd.server.errors import APIError
+from inferd.errors import InvalidRequest
+from inferd.server.errors import APIError, error_status
+
+PRECHECK_BYTES = 64 << 10  # completions bodies above this are checked before validation
+PRECHECKED_PATHS = frozenset({"/v1/completions", "/generate"})
 
 
 def _too_large(limit: int) -> APIError:
@@ -88,6 +97,28 @@ def field_with_surrogate(body: bytes) -> str | None:
     return next((k for k, v in document.items() if _has_surrogate(v)), None)
 
 
+def precheck_prompts(body: bytes, admission) -> APIError | None:  # noqa: ANN001
+    """The 400 a completions body gets from admission's per-request bounds (prompt count,
+    prompt sizes), found without validating the whole body; None when it passes or is not
+    shaped so (the route's validation then says what is wrong)."""
+    try:
+        prompt = json.loads(body).get("prompt")
+    except (ValueError, AttributeError, RecursionError):
+        return None
+    if isinstance(prompt, str) or (isinstance(prompt, list) and prompt and
+                                   all(isinstance(t, int) for t in prompt)):  # fmt: skip
+        prompts = [prompt]
+    elif isinstance(prompt, list) and all(isinstance(p, str | list) for p in prompt):
+        prompts = prompt
+    else:
+        return None
+    try:
+        admission.check_request(prompts)
+    except InvalidRequest as e:
+        return error_status(e)
+    return None
+
+
 def _content_length(scope: Scope) -> int | None:
     for name, value in scope.get("headers", []):
         if name.lower() == b"content-length":
@@ -137,6 +168,11 @@ class BodyLimitMiddleware:
             error = APIError(400, f"{where} a lone UTF-16 surrogate: text must be valid Unicode "
                              "(surrogates only in pairs)", param=param)  # fmt: skip
             return await error.response()(scope, receive, send)
+        state = getattr(getattr(scope.get("app"), "state", None), "inferd", None)
+        if len(body) > PRECHECK_BYTES and scope.get("path") in PRECHECKED_PATHS and state:
+            error = await asyncio.to_thread(precheck_prompts, body, state.admission)
+            if error is not None:
+                return await error.response()(scope, receive, send)
         replayed = False
 
         async def replay() -> Message:
