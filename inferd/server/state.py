@@ -11,7 +11,7 @@ from typing import Any
 from fastapi import Request
 
 from inferd.engine_client import EngineClient, ModelInfo, TokenizerLike
-from inferd.server.admission import Admission, AdmissionLimits, text_bytes
+from inferd.server.admission import Admission, text_bytes
 from inferd.server.errors import APIError, ErrorLog
 from inferd.server.metrics import ServerMetrics
 from inferd.server.responses import TokenText
@@ -29,14 +29,10 @@ class ServerState:
     model_names: list[str]  # the first is the one reported in responses
     metrics: ServerMetrics
     texts: TokenText
-    admission: Admission = field(default=None)  # type: ignore[assignment]
+    admission: Admission
     errors: ErrorLog = field(default_factory=ErrorLog)
     created: int = field(default_factory=lambda: int(time.time()))
     _large_inputs: asyncio.Semaphore | None = None
-
-    def __post_init__(self) -> None:
-        if self.admission is None:
-            self.admission = Admission(AdmissionLimits(self.client.model_info.max_model_len))
 
     @property
     def model_name(self) -> str:
