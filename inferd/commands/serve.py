@@ -30,6 +30,16 @@ def _positive(kind: type):
     return parse
 
 
+def _non_negative(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(f"expected a number of seconds, got {text!r}") from e
+    if not value >= 0:
+        raise argparse.ArgumentTypeError(f"expected a number of seconds >= 0, got {text!r}")
+    return value
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_engine_arguments(parser, model_positional=True)
     parser.add_argument("--host", default="127.0.0.1", help="address to bind (default: loopback)")
@@ -88,7 +98,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--shutdown-timeout",
-        type=float,
+        type=_non_negative,
         default=20.0,
         help="on SIGTERM/SIGINT: refuse new requests (503) and let those in flight run this "
         "many seconds before ending them (streams get an error event and [DONE])",
