@@ -60,8 +60,8 @@ class ServerState:
 
     async def tokenize(self, function: Any, *args: Any, nbytes: int = 0) -> Any:
         """Tokenizer work runs in a worker thread (the tokenizer releases Python's lock for
-        large texts, see inferd/tokenizer/tokenizer.py); inputs of `nbytes` over
-        LARGE_INPUT_BYTES wait for each other."""
+        long texts: `encode_unlocked` in inferd/tokenizer/text_guard.py); inputs of `nbytes`
+        over LARGE_INPUT_BYTES wait for each other."""
         if nbytes <= LARGE_INPUT_BYTES:
             return await asyncio.to_thread(function, *args)
         if self._large_inputs is None:
