@@ -94,8 +94,27 @@ def test_sigterm_drains_then_ends_what_is_left():
         server.stop()
 
 
+def _entries_in_use() -> list[Path]:
+    """The converted weights, tokenizer and kernel library a server on the embedded model
+    loads from the cache (other tests leave other entries beside them)."""
+    from inferd.cpu_kernels.build import current_kernels
+    from inferd.loader import gguf_cache
+    from inferd.loader.default_model import default_model_path
+    from inferd.loader.gguf_file import GGUFFile
+    from inferd.tokenizer.gguf_vocab import GGUFVocab
+
+    model = default_model_path()
+    gguf = GGUFFile(model)
+    vocab = GGUFVocab.from_metadata(gguf.metadata, gguf.architecture)
+    return [
+        weight_cache.entry_path(model, gguf_cache.MODE, 0, 1),
+        cache.cache_dir() / "tokenizers" / f"{vocab.cache_key()}.json",
+        current_kernels().path,
+    ]
+
+
 def _damaged_copy(source: Path, target: Path) -> list[Path]:
-    """A copy of the warm cache with one file of each kind damaged; those files."""
+    """A copy of the warm cache with the entries a server loads damaged; those files."""
     for kind in ("kernels", "tokenizers", "weights"):
         shutil.copytree(source / kind, target / kind)
     (target / "models").mkdir()
@@ -104,14 +123,12 @@ def _damaged_copy(source: Path, target: Path) -> list[Path]:
             (target / "models" / path.name).symlink_to(path.resolve())
         else:
             shutil.copy2(path, target / "models" / path.name)
-    weights = max((target / "weights").glob("*.safetensors"), key=lambda p: p.stat().st_size)
+    weights, tokenizer, kernels = (target / p.relative_to(source) for p in _entries_in_use())
     with open(weights, "r+b") as f:  # the issue's case: 64 MiB of random bytes
         f.seek(1 << 20)
         f.write(os.urandom(64 << 20))
-    tokenizer = next(p for p in (target / "tokenizers").glob("*.json"))
     with open(tokenizer, "r+b") as f:
         f.truncate(f.seek(0, 2) // 2)
-    kernels = next((target / "kernels").glob("*.so"))
     with open(kernels, "r+b") as f:  # a broken ELF header
         f.write(b"\0" * 64)
     return [weights, tokenizer, kernels]
