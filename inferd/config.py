@@ -124,6 +124,8 @@ class EngineConfig:
     seed: int = 0
     max_n: int = 128  # largest SamplingParams.n accepted
     max_stop_strings: int = 16
+    max_stop_string_length: int = 512  # characters
+    max_logprobs: int = 20  # largest logprobs / prompt_logprobs (vLLM's --max-logprobs)
     quantization: str | None = None
     kv_cache_dtype: str = "auto"
     num_threads: int | None = None  # CPU intra-op threads; None = torch's default
@@ -133,3 +135,7 @@ class EngineConfig:
     enforce_eager: bool = False  # no CUDA graphs
     tensor_parallel_size: int = 1
     distributed_timeout: float | None = None  # seconds a collective may wait (None: 60)
+    # Speculative decoding by n-gram prompt lookup: vLLM's --speculative-config, as a JSON
+    # string, a dict or an inferd.spec_decode.SpeculativeConfig; None = off. The engine parses
+    # it (inferd/spec_decode/config.py) before it loads anything.
+    speculative_config: Any = None

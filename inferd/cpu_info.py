@@ -1,9 +1,19 @@
 """Facts about the CPU that choose defaults and kernels (no torch import: config-only tools and
-`inferd doctor` use it too)."""
+`inferd doctor` use it too).
+
+`INFERD_CPU_FEATURES_OFF` makes inferd treat features as absent (space- or comma-separated
+names as /proc/cpuinfo spells them, shell-style patterns allowed): every choice inferd makes
+from the CPU's features (kernel variant, bf16 or not, the default weights) then is the one it
+makes on a CPU without them, e.g. `'avx512* amx* avx_vnni'` for an AVX2-only machine. For tests
+and measurements; PyTorch's own kernels still use the CPU as it is (ATEN_CPU_CAPABILITY,
+ONEDNN_MAX_CPU_ISA and MKL_ENABLE_INSTRUCTIONS restrict those).
+"""
 
 from __future__ import annotations
 
+import fnmatch
 import functools
+import os
 import platform
 
 # The features that matter to inferd's kernels and dtypes, as /proc/cpuinfo spells them.
@@ -31,10 +41,20 @@ def _field(names: tuple[str, ...]) -> str:
     return ""
 
 
+FEATURES_OFF_ENV = "INFERD_CPU_FEATURES_OFF"
+
+
+def features_off() -> tuple[str, ...]:
+    """The patterns INFERD_CPU_FEATURES_OFF names (empty: none)."""
+    return tuple(os.environ.get(FEATURES_OFF_ENV, "").replace(",", " ").split())
+
+
 def cpu_flags() -> frozenset[str]:
-    """The CPU's feature flags as the kernel reports them (empty where /proc/cpuinfo is not
-    readable: nothing is assumed then)."""
-    return frozenset(_field(("flags", "Features")).split())
+    """The CPU's feature flags as the kernel reports them, less those INFERD_CPU_FEATURES_OFF
+    turns off (empty where /proc/cpuinfo is not readable: nothing is assumed then)."""
+    flags = _field(("flags", "Features")).split()
+    off = features_off()
+    return frozenset(f for f in flags if not any(fnmatch.fnmatchcase(f, p) for p in off))
 
 
 def cpu_model() -> str:
@@ -57,3 +77,11 @@ def default_cpu_dtype() -> str:
     """What dtype=auto means on this CPU: bfloat16 where it is fast (its agreement with
     float32 is checked by tests/parity/test_quantization_accuracy.py), else float32."""
     return "bfloat16" if cpu_has_fast_bf16() else "float32"
+
+
+def default_gguf_weights() -> str:
+    """What the default mode holds for a GGUF file on this CPU where inferd's C kernels run
+    (inferd/layers/weight_scheme.py; `inferd memory` and `inferd doctor` say the same):
+    `gguf+bf16` (the file's blocks, and a bf16 copy for large steps) where bf16 is fast, else
+    `gguf+float32` (the blocks only)."""
+    return "gguf+bf16" if cpu_has_fast_bf16() else "gguf+float32"

@@ -16,6 +16,7 @@ from typing import Any, Protocol, runtime_checkable
 
 from inferd.outputs import RequestOutput
 from inferd.sampling_params import SamplingParams
+from inferd.step_timing import StepTiming
 
 # A prompt as the engine takes it: text, token ids, or {"prompt": text or None,
 # "prompt_token_ids": ids} when the caller tokenized it already; a dict may add "cache_salt"
@@ -49,6 +50,14 @@ class EngineStats:
     prompt_tokens: int  # prompt tokens computed (cache hits excluded, recompute included)
     generation_tokens: int
     steps: int
+    # Where the steps' time went (inferd/step_timing.py); None from engines that do not time.
+    step_timing: StepTiming | None = None
+    # Speculative decoding, vLLM's spec_decode_* counters (inferd/spec_decode/metrics.py); all
+    # zero without it. Per position j: verifications whose draft j was accepted.
+    spec_decode_num_drafts: int = 0
+    spec_decode_num_draft_tokens: int = 0
+    spec_decode_num_accepted_tokens: int = 0
+    spec_decode_num_accepted_tokens_per_pos: tuple[int, ...] = ()
 
 
 class TokenizerLike(Protocol):
@@ -65,6 +74,20 @@ class TokenizerLike(Protocol):
     ) -> str:
         """The rendered conversation; raises ValueError when it cannot be rendered (no
         template, or the template refuses the messages)."""
+        ...
+
+    def chat_prompt(
+        self,
+        messages: list[dict[str, Any]],
+        add_generation_prompt: bool = True,
+        *,
+        split_special_tokens: bool = True,
+        chat_template_kwargs: dict[str, Any] | None = None,
+        **kwargs: Any,
+    ) -> tuple[str, list[int]]:
+        """(prompt text, token ids) of the conversation, special-token strings in user text
+        kept as text unless `split_special_tokens` is False (inferd.tokenizer.Tokenizer's
+        contract); ValueError when it cannot be rendered."""
         ...
 
 
@@ -110,3 +133,31 @@ class EngineClient(Protocol):
     def observe_outputs(self, callback: Callable[[RequestOutput], None]) -> None:
         """Call `callback` on the event loop for every output of every request, in order,
         including those nobody reads any more (for metrics)."""
+
+
+# ---- profiling (optional: a server offers /start_profile only when its client has it) -------
+@dataclass(frozen=True)
+class TraceFiles:
+    """What a stopped trace wrote (inferd/profiling/trace.py)."""
+
+    trace: str  # Chrome trace format JSON (Perfetto, chrome://tracing)
+    ops_table: str  # the profiler's table of the top ops, as text
+    steps: int  # engine steps the trace holds
+    table: str  # the table itself
+
+
+class ProfilerStateError(RuntimeError):
+    """A trace was started while one runs, or stopped while none does."""
+
+
+@runtime_checkable
+class ProfilingClient(Protocol):
+    """An engine client that can trace its engine (AsyncEngine can)."""
+
+    async def start_profile(self, directory: str) -> None:
+        """Start a torch.profiler trace of the engine's steps, written to `directory` when it
+        stops. Raises ProfilerStateError when one runs already, ValueError when the directory
+        cannot be written."""
+
+    async def stop_profile(self) -> TraceFiles:
+        """Stop the trace and write its files; ProfilerStateError when none runs."""

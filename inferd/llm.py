@@ -12,10 +12,13 @@ from collections.abc import Sequence
 
 from inferd.config import EngineConfig
 from inferd.engine.engine import LLMEngine
+from inferd.engine_client import TraceFiles
 from inferd.loader.catalog import with_engine_defaults
 from inferd.outputs import RequestOutput
 from inferd.sampling_params import SamplingParams
+from inferd.step_timing import StepTiming
 from inferd.tokenizer.chat_template import ChatTemplate, load_chat_template
+from inferd.tools.templates import prepare_messages
 
 PromptType = str | list[int] | dict
 
@@ -61,6 +64,23 @@ class LLM:
         reports = getattr(self.engine.runner, "reports", None)
         return reports() if reports is not None else []
 
+    # ---- where the time and memory go (docs/profiling.md) ------------------------------------
+    def start_profile(self, directory: str) -> None:
+        """Trace the engine's steps with torch.profiler until `stop_profile` (vLLM's name)."""
+        self.engine.start_profile(directory)
+
+    def stop_profile(self) -> TraceFiles:
+        """End the trace; its Chrome-trace JSON and top-ops table are written then."""
+        return self.engine.stop_profile()
+
+    def step_timing(self) -> StepTiming:
+        """Cumulative time per step phase (`.minus(earlier)` for a span of work)."""
+        return self.engine.step_timing()
+
+    def kv_cache_bytes(self) -> int:
+        """Bytes of the KV pool this process allocated."""
+        return self.engine.runner.kv_cache_bytes()
+
     def generate(
         self,
         prompts: PromptType | Sequence[PromptType],
@@ -85,6 +105,8 @@ class LLM:
                     f"got {len(params)} SamplingParams for {len(prompts)} prompts; pass one, "
                     "or one per prompt"
                 )
+        for p in params:  # a bad grammar fails here, before anything is queued
+            self.engine.check_grammar(p)
         ids = []
         try:
             for prompt, p in zip(prompts, params):
@@ -105,19 +127,31 @@ class LLM:
         use_tqdm: bool = True,
         chat_template: str | None = None,
         add_generation_prompt: bool = True,
+        continue_final_message: bool = False,
+        tools: list[dict] | None = None,
+        chat_template_kwargs: dict | None = None,
+        split_special_tokens: bool = True,
     ) -> list[RequestOutput]:
-        """Render each conversation with the chat template, then generate."""
+        """Render each conversation with the chat template, then generate. Special-token
+        strings typed into messages stay text (`split_special_tokens=False` lets a trusted
+        caller write them); `tools` (OpenAI's shape) go to the template, which must show them;
+        `continue_final_message` continues the final (assistant) message instead of starting
+        a new turn."""
         conversations = [messages] if messages and isinstance(messages[0], dict) else messages
         tok = self.engine.tokenizer
         template = ChatTemplate(load_chat_template(chat_template)) if chat_template else None
+        extra = {} if tools is None else {"tools": tools}
         prompts = []
         for conv in conversations:
-            if template is not None:
-                text = template.render(conv, add_generation_prompt, **tok.special_tokens)
-            else:
-                text = tok.apply_chat_template(conv, add_generation_prompt)
-            # NOTE: the template writes BOS itself, so no special tokens are added here.
-            ids = tok.encode(text, add_special_tokens=False)
+            text, ids = tok.chat_prompt(
+                prepare_messages(conv) if tools is not None else conv,
+                add_generation_prompt,
+                split_special_tokens=split_special_tokens,
+                chat_template_kwargs=chat_template_kwargs,
+                continue_final_message=continue_final_message,
+                chat_template=template,
+                **extra,
+            )
             prompts.append({"prompt": text, "prompt_token_ids": ids})
         return self.generate(prompts, sampling_params, use_tqdm)
 

@@ -22,9 +22,11 @@ PositionLogprobs = dict[int, Logprob]
 
 @dataclass
 class RequestMetrics:
-    """Timestamps (time.monotonic seconds) of a request's life, for TTFT/ITL/E2E metrics."""
+    """Timestamps (time.monotonic seconds, one process's clock) of a request's life: its
+    timeline, and the intervals vLLM's request metrics are made of (queue, prefill, decode,
+    inference, end to end)."""
 
-    arrival_time: float
+    arrival_time: float  # the server (or offline API) received it
     first_scheduled_time: float | None = None
     first_token_time: float | None = None
     last_token_time: float | None = None
@@ -33,6 +35,11 @@ class RequestMetrics:
     num_cached_tokens: int = 0  # prompt tokens served from the prefix cache
     num_generation_tokens: int = 0
     num_preemptions: int = 0
+    queued_time: float | None = None  # the engine accepted it into the scheduler's queue
+    # When a sequence of the request was preempted. NOTE: a tuple, replaced on each change,
+    # so a shallow copy of these metrics (the server's snapshot) never changes under a reader.
+    preemption_times: tuple[float, ...] = ()
+    max_tokens_param: int | None = None  # max_tokens as the request gave it (None: not given)
 
     @property
     def time_to_first_token(self) -> float | None:
@@ -42,15 +49,50 @@ class RequestMetrics:
 
     @property
     def queue_time(self) -> float | None:
+        """vLLM's queue interval: queued (else arrival) → first scheduled."""
         if self.first_scheduled_time is None:
             return None
-        return self.first_scheduled_time - self.arrival_time
+        start = self.queued_time if self.queued_time is not None else self.arrival_time
+        return self.first_scheduled_time - start
+
+    @property
+    def prefill_time(self) -> float | None:
+        """First scheduled → first token."""
+        return _span(self.first_scheduled_time, self.first_token_time)
+
+    @property
+    def decode_time(self) -> float | None:
+        """First token → last token."""
+        return _span(self.first_token_time, self.last_token_time)
+
+    @property
+    def inference_time(self) -> float | None:
+        """First scheduled → last token: running, preemptions included."""
+        return _span(self.first_scheduled_time, self.last_token_time)
 
     @property
     def e2e_latency(self) -> float | None:
         if self.finished_time is None:
             return None
         return self.finished_time - self.arrival_time
+
+    def timeline(self) -> list[tuple[str, float]]:
+        """The request's events in order, as (event, seconds since arrival): arrived, queued,
+        scheduled, first_token, preempted (each time), finished."""
+        events = [
+            ("arrived", self.arrival_time),
+            ("queued", self.queued_time),
+            ("scheduled", self.first_scheduled_time),
+            ("first_token", self.first_token_time),
+            *(("preempted", t) for t in self.preemption_times),
+            ("finished", self.finished_time),
+        ]
+        timed = [(name, t - self.arrival_time) for name, t in events if t is not None]
+        return sorted(timed, key=lambda e: e[1])
+
+
+def _span(start: float | None, end: float | None) -> float | None:
+    return None if start is None or end is None else end - start
 
 
 @dataclass

@@ -19,7 +19,8 @@ from typing import Any
 from inferd.errors import InvalidRequest
 from inferd.structured_params import StructuredOutputsParams
 
-MAX_LOGPROBS = 20  # the OpenAI API's limit for top_logprobs
+MAX_LOGPROBS = 20  # the OpenAI API's limit for top_logprobs: the default engine limit
+MAX_STOP_STRING_LENGTH = 512  # characters: the default engine limit
 MAX_LOGIT_BIAS = 100.0  # the OpenAI API's range for logit_bias values
 # Below this temperature, dividing the logits would overflow into a one-hot distribution anyway,
 # so the sampler takes the argmax (vLLM uses the same threshold).
@@ -86,6 +87,9 @@ class SamplingParams:
     prompt_logprobs: int | None = None
     skip_special_tokens: bool = True
     logit_bias: dict[int, float] | None = None  # token id → added to its logit
+    allowed_token_ids: list[int] | None = None  # only these may be sampled (vLLM's name)
+    # Keep only the last k prompt tokens (-1: as many as max_model_len allows), as vLLM does.
+    truncate_prompt_tokens: int | None = None
     # The reply must match a JSON schema / regex / choice / grammar (a dict is converted).
     structured_outputs: StructuredOutputsParams | None = None
 
@@ -121,19 +125,24 @@ class SamplingParams:
             )
         for name in ("logprobs", "prompt_logprobs"):
             if getattr(self, name) is not None:
-                value = _check_int(
-                    name,
-                    getattr(self, name),
-                    lambda v: 0 <= v <= MAX_LOGPROBS,
-                    f"None or an integer in [0, {MAX_LOGPROBS}]",
-                )
+                # The upper bound is the engine's (--max-logprobs): checked in `verify`.
+                value = _check_int(name, getattr(self, name), lambda v: v >= 0,
+                                   "None or an integer >= 0")  # fmt: skip
                 setattr(self, name, value)
         if self.seed is not None:
             self.seed = _check_int("seed", self.seed, lambda v: True, "None or an integer")
         self.stop = self._normalize_stop(self.stop)
         self.stop_token_ids = self._normalize_stop_token_ids(self.stop_token_ids)
         self.logit_bias = self._normalize_logit_bias(self.logit_bias)
+        self.allowed_token_ids = self._normalize_allowed(self.allowed_token_ids)
+        if self.truncate_prompt_tokens is not None:
+            self.truncate_prompt_tokens = _check_int(
+                "truncate_prompt_tokens", self.truncate_prompt_tokens,
+                lambda v: v >= 1 or v == -1, "None, -1 or an integer >= 1",
+            )  # fmt: skip
         self.structured_outputs = self._normalize_structured_outputs(self.structured_outputs)
+        if self.structured_outputs is not None:
+            self._check_structured_combinations()
 
     @staticmethod
     def _normalize_stop(stop: Any) -> list[str]:
@@ -176,6 +185,32 @@ class SamplingParams:
         return out
 
     @staticmethod
+    def _normalize_allowed(ids: Any) -> list[int] | None:
+        if ids is None:
+            return None
+        if not isinstance(ids, list | tuple) or not ids or not all(_is_int(t) for t in ids):
+            message = f"allowed_token_ids must be a non-empty list of token ids, got {ids!r}"
+            raise InvalidRequest("allowed_token_ids", message)
+        return sorted({int(t) for t in ids})
+
+    def _check_structured_combinations(self) -> None:
+        """A grammar decides when the reply ends (only EOS is allowed once it is complete) and
+        which tokens may come: knobs that would contradict it are refused rather than
+        producing a reply outside the grammar or a row with nothing left to sample."""
+        for name, used in (
+            ("ignore_eos", self.ignore_eos),
+            ("min_tokens", self.min_tokens > 0),
+            ("allowed_token_ids", self.allowed_token_ids is not None),
+        ):
+            if used:
+                raise InvalidRequest(
+                    name,
+                    f"{name} cannot be combined with structured outputs "
+                    f"({self.structured_outputs.field_name()}): the grammar decides which tokens "
+                    "may come and when the reply ends",
+                )
+
+    @staticmethod
     def _normalize_structured_outputs(spec: Any) -> StructuredOutputsParams | None:
         if spec is None or isinstance(spec, StructuredOutputsParams):
             return spec
@@ -187,7 +222,14 @@ class SamplingParams:
             f"got {type(spec).__name__}",
         )
 
-    def verify(self, vocab_size: int | None, max_n: int = 128, max_stop_strings: int = 16) -> None:
+    def verify(
+        self,
+        vocab_size: int | None,
+        max_n: int = 128,
+        max_stop_strings: int = 16,
+        max_stop_string_length: int = MAX_STOP_STRING_LENGTH,
+        max_logprobs: int = MAX_LOGPROBS,
+    ) -> None:
         """Checks that depend on the model and the engine's limits; raises InvalidRequest."""
         if self.n > max_n:
             raise InvalidRequest("n", f"n must be <= {max_n}, got {self.n}")
@@ -195,8 +237,22 @@ class SamplingParams:
             raise InvalidRequest(
                 "stop", f"stop must hold at most {max_stop_strings} strings, got {len(self.stop)}"
             )
+        longest = max(self.stop, key=len, default="")
+        if len(longest) > max_stop_string_length:
+            raise InvalidRequest(
+                "stop",
+                f"stop strings must be at most {max_stop_string_length} characters long, "
+                f"got one of {len(longest)}",
+            )
+        for name in ("logprobs", "prompt_logprobs"):
+            value = getattr(self, name)
+            if value is not None and value > max_logprobs:
+                raise InvalidRequest(
+                    name, f"{name} must be <= {max_logprobs} (--max-logprobs), got {value}"
+                )
         ids = [("stop_token_ids", t) for t in self.stop_token_ids]
         ids += [("logit_bias", t) for t in self.logit_bias or ()]
+        ids += [("allowed_token_ids", t) for t in self.allowed_token_ids or ()]
         for name, token in ids:
             if token < 0 or (vocab_size is not None and token >= vocab_size):
                 allowed = ">= 0" if vocab_size is None else f"in [0, {vocab_size})"

@@ -3,8 +3,9 @@
 Exactly one kind per request: a JSON schema (`json`), any JSON object (`json_object`), a regular
 expression (`regex`), one of a list of strings (`choice`), or a context-free grammar (`grammar`,
 in Lark or GBNF syntax). Everything checkable without compiling is checked here, when the object
-is built, and raises ValueError naming the field; a spec that fails to compile (a schema keyword
-llguidance cannot honour, a regex syntax error) raises `InvalidGrammarError` from the compiler.
+is built, and raises InvalidRequest (a ValueError) naming the field; a spec that fails to compile
+(a schema keyword llguidance cannot honour, a regex syntax error) raises `InvalidGrammarError`
+(an InvalidRequest too) from the compiler.
 Like sampling_params.py, this module imports neither torch nor llguidance, so the HTTP layer can
 validate requests without them.
 """
@@ -16,14 +17,19 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
+from inferd.errors import InvalidRequest
+
 # The spec kinds, in the order vLLM lists them; `kind` returns one of these.
 KINDS = ("json", "regex", "choice", "grammar", "json_object")
 _FIELD = "structured_outputs"
 
 
-class InvalidGrammarError(ValueError):
+class InvalidGrammarError(InvalidRequest):
     """A structured-output spec that cannot be compiled: the server answers HTTP 400 with the
-    message, which names the field and the problem."""
+    message, which names the field and the problem; `param` is that field."""
+
+    def __init__(self, message: str, param: str | None = None):
+        super().__init__(param, message)
 
 
 @dataclass(frozen=True)
@@ -44,27 +50,27 @@ class StructuredOutputsParams:
     def __post_init__(self) -> None:
         given = [k for k in KINDS if getattr(self, k) not in (None, False)]
         if len(given) != 1:
-            raise ValueError(
+            raise InvalidRequest(
+                self.origin,
                 f"{self.origin} must set exactly one of {', '.join(KINDS)}; "
-                f"got {', '.join(given) if given else 'none'}"
+                f"got {', '.join(given) if given else 'none'}",
             )
         for flag in ("disable_any_whitespace", "disable_additional_properties"):
             if not isinstance(getattr(self, flag), bool):
                 value = getattr(self, flag)
-                raise ValueError(f"{self.origin}.{flag} must be a boolean, got {value!r}")
+                name = f"{self.origin}.{flag}"
+                raise InvalidRequest(name, f"{name} must be a boolean, got {value!r}")
         if self.json_object is not None and not isinstance(self.json_object, bool):
-            raise ValueError(
-                f"{self.field_name('json_object')} must be a boolean, got {self.json_object!r}"
-            )
+            name = self.field_name("json_object")
+            raise InvalidRequest(name, f"{name} must be a boolean, got {self.json_object!r}")
         if self.json is not None:
             # Stored as a dict: one canonical form for the cache key and the compiler.
             object.__setattr__(self, "json", _schema_dict(self.json, self.field_name("json")))
         for name in ("regex", "grammar"):
             value = getattr(self, name)
             if value is not None and (not isinstance(value, str) or not value.strip()):
-                raise ValueError(
-                    f"{self.field_name(name)} must be a non-empty string, got {value!r}"
-                )
+                field = self.field_name(name)
+                raise InvalidRequest(field, f"{field} must be a non-empty string, got {value!r}")
         if self.choice is not None:
             object.__setattr__(self, "choice", _choices(self.choice, self.field_name("choice")))
 
@@ -97,13 +103,14 @@ class StructuredOutputsParams:
         if isinstance(value, StructuredOutputsParams):
             return value
         if not isinstance(value, dict):
-            raise ValueError(f"{_FIELD} must be an object, got {type(value).__name__}")
+            raise InvalidRequest(_FIELD, f"{_FIELD} must be an object, got {type(value).__name__}")
         known = {f.name for f in dataclasses.fields(cls)} - {"origin"}
         unknown = sorted(set(value) - known)
         if unknown:
             supported = ", ".join(sorted(known))
-            raise ValueError(
-                f"unsupported parameter: {_FIELD}.{unknown[0]} (supported: {supported})"
+            raise InvalidRequest(
+                f"{_FIELD}.{unknown[0]}",
+                f"unsupported parameter: {_FIELD}.{unknown[0]} (supported: {supported})",
             )
         return cls(**value)
 
@@ -113,20 +120,21 @@ def _schema_dict(schema: Any, name: str) -> dict[str, Any]:
         try:
             schema = json.loads(schema)
         except ValueError as e:
-            raise ValueError(f"{name} is not valid JSON: {e}") from e
+            raise InvalidRequest(name, f"{name} is not valid JSON: {e}") from e
     # JSON Schema allows `true` (anything) too, but a reply constrained to "anything" is what an
     # unconstrained request already gets; a dict keeps the compiler's input one shape.
     if not isinstance(schema, dict):
-        raise ValueError(
-            f"{name} must be a JSON schema object (or its JSON text), got {type(schema).__name__}"
+        raise InvalidRequest(
+            name,
+            f"{name} must be a JSON schema object (or its JSON text), got {type(schema).__name__}",
         )
     return schema
 
 
 def _choices(choices: Any, name: str) -> list[str]:
     if not isinstance(choices, list | tuple) or not choices:
-        raise ValueError(f"{name} must be a non-empty list of strings, got {choices!r}")
+        raise InvalidRequest(name, f"{name} must be a non-empty list of strings, got {choices!r}")
     for c in choices:
         if not isinstance(c, str) or not c:
-            raise ValueError(f"{name} entries must be non-empty strings, got {c!r}")
+            raise InvalidRequest(name, f"{name} entries must be non-empty strings, got {c!r}")
     return list(choices)

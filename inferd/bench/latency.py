@@ -22,7 +22,7 @@ from inferd.bench.metrics import (
     count_mismatches,
     summarize,
 )
-from inferd.bench.systems import System
+from inferd.bench.systems import System, begin_measured, step_breakdown
 from inferd.bench.workload import BenchRequest, WorkloadSpec, make_requests
 
 
@@ -68,6 +68,7 @@ def run_latency(
     timings: list[list[RequestTiming]] = [[] for _ in systems]
     prefill: list[list[float]] = [[] for _ in systems]
     output: list[list[float]] = [[] for _ in systems]
+    begin_measured(systems)
     for batch in batches:
         for i, system in enumerate(systems):
             t0 = time.perf_counter()
@@ -79,6 +80,7 @@ def run_latency(
             if rate is not None:
                 prefill[i].append(rate)
     wanted = [r.output_len for batch in batches for r in batch]
+    phases = [step_breakdown(system) for system in systems]
     return [
         SystemResult(
             system=system.name,
@@ -90,6 +92,7 @@ def run_latency(
             prefill_throughput=float(np.median(prefill[i])) if prefill[i] else None,
             iteration_output_throughput=float(np.median(output[i])),
             notes=count_mismatches(timings[i], wanted),
+            step_phases=phases[i],
         )
         for i, system in enumerate(systems)
     ]

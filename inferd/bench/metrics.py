@@ -189,6 +189,9 @@ class SystemResult:
     # figure, one iteration slowed by a neighbour's job does not move it.
     iteration_output_throughput: float | None = None
     notes: list[str] = field(default_factory=list)
+    # inferd: mean time per step phase over the measured part, per kind of step
+    # (inferd/step_timing.py PhaseBreakdown); empty for peers.
+    step_phases: list = field(default_factory=list)
 
     def to_dict(self) -> dict:
         return {
@@ -200,6 +203,7 @@ class SystemResult:
             "load_seconds": self.load_seconds,
             "info": self.info,
             "notes": self.notes,
+            "step_phases": [b.to_dict() for b in self.step_phases],
         }
 
 

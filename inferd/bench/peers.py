@@ -25,6 +25,8 @@ PEER_NAMES = {
     "llama_cpp": "llamacpp",
     "hf": "hf",
     "transformers": "hf",
+    # inferd itself without --speculative-config (the speculative decoding speed-up in one run)
+    "nospec": "nospec",
 }
 
 
@@ -41,7 +43,7 @@ def parse_peers(text: str | None) -> list[str]:
         if not part:
             continue
         if part not in PEER_NAMES:
-            raise ValueError(f"--compare accepts llamacpp and hf, got {part!r}")
+            raise ValueError(f"--compare accepts llamacpp, hf and nospec, got {part!r}")
         if PEER_NAMES[part] not in names:
             names.append(PEER_NAMES[part])
     return names

@@ -18,6 +18,20 @@ PRESETS: dict[str, dict] = {
     # Copy-heavy, one stream: fix the typos of a ~256-token text; the 192-token answer copies it
     # (where n-gram speculative decoding pays; run it with `bench latency`).
     "copy": dict(num_prompts=1, input_len=(256, 256), output_len=(192, 192), dataset="copy"),
+    # Structured outputs, one stream: `single`, run constrained to a JSON object holding one long
+    # string (inferd/bench/constrained.py) and free, alternating (run it with `bench latency`).
+    "json": dict(
+        num_prompts=1,
+        input_len=(128, 128),
+        output_len=(128, 128),
+        structured_outputs={
+            "json": {
+                "type": "object",
+                "required": ["answer"],
+                "properties": {"answer": {"type": "string", "minLength": 4096}},
+            }
+        },
+    ),
 }
 DEFAULT_LEN = 128
 

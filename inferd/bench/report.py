@@ -126,6 +126,8 @@ def print_results(
         console.print(f"  {r.system}: {escape(details)}")
         for note in r.notes:
             console.print(f"  [bold red]{r.system}: {escape(note)}[/]")
+        for line in phase_lines(r):
+            console.print(f"  {escape(line)}")
     for line in skipped:
         console.print(f"  [yellow]{escape(line)}[/]")
     for peer, ratios in comparison_ratios(results).items():
@@ -136,6 +138,25 @@ def print_results(
         ]
         if parts:
             console.print(f"  [bold]{base} / {peer}[/]: " + "; ".join(parts))
+
+
+def phase_lines(result: SystemResult) -> list[str]:
+    """One line per kind of step: mean step time, each phase's mean and share, and the share
+    spent outside the model's forward (the engine's Python overhead)."""
+
+    def ms(seconds: float) -> str:
+        return f"{1000 * seconds:.3g} ms" if seconds < 0.1 else f"{1000 * seconds:,.0f} ms"
+
+    lines = []
+    for b in result.step_phases:
+        phases = ", ".join(
+            f"{name} {ms(s)} ({s / b.step_seconds:.1%})" for name, s in b.phase_seconds.items()
+        )
+        lines.append(
+            f"{result.system} {b.kind} steps: {b.steps} of {b.tokens_per_step:.3g} tokens, "
+            f"{ms(b.step_seconds)} each = {phases}; outside the forward {b.outside_forward:.1%}"
+        )
+    return lines
 
 
 def print_startup(results: Sequence[StartupResult], console: Console) -> None:

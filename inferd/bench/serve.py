@@ -13,7 +13,8 @@ import asyncio
 import json
 import math
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 
 import numpy as np
 
@@ -181,3 +182,24 @@ def run_serve(
     errors = sorted({t.error for t in timings if t.error})
     result.notes += [f"failed: {e}" for e in errors[:3]]
     return result
+
+
+@contextmanager
+def server_trace(base_url: str, timeout: float = 600.0) -> Iterator[dict]:
+    """A trace of the run on the server (vLLM's `benchmark_serving --profile`): /start_profile
+    before, /stop_profile after. Yields a dict that holds, after the run, what the stop answered
+    (inferd: the trace's paths on the server)."""
+    import httpx
+
+    started = httpx.post(base_url.rstrip("/") + "/start_profile", timeout=timeout)
+    if started.status_code == 404:
+        raise ValueError(f"--profile: {base_url} has no /start_profile (start the server with "
+                         "--profiler-dir DIR)")  # fmt: skip
+    started.raise_for_status()
+    files: dict = {}
+    try:
+        yield files
+    finally:
+        stopped = httpx.post(base_url.rstrip("/") + "/stop_profile", timeout=timeout)
+        if stopped.status_code == 200 and stopped.content:
+            files.update(stopped.json())  # vLLM answers with an empty body

@@ -20,7 +20,7 @@ from inferd.bench.metrics import (
     compute_metrics,
     count_mismatches,
 )
-from inferd.bench.systems import System, warm_up
+from inferd.bench.systems import System, begin_measured, step_breakdown, warm_up
 from inferd.bench.workload import BenchRequest, WorkloadSpec, make_requests
 
 
@@ -51,12 +51,14 @@ def run_throughput(
         warm_up(system, some_id)
     seconds = [0.0 for _ in systems]
     timings: list[list[RequestTiming]] = [[] for _ in systems]
+    begin_measured(systems)
     for requests in rounds:
         for i, system in enumerate(systems):
             t0 = time.perf_counter()
             timings[i] += system.generate(requests)
             seconds[i] += time.perf_counter() - t0
     wanted = [r.output_len for requests in rounds for r in requests]
+    phases = [step_breakdown(system) for system in systems]
     return [
         SystemResult(
             system=system.name,
@@ -64,6 +66,7 @@ def run_throughput(
             load_seconds=system.load_seconds,
             info=dict(system.info),
             notes=count_mismatches(timings[i], wanted),
+            step_phases=phases[i],
         )
         for i, system in enumerate(systems)
     ]

@@ -1,13 +1,18 @@
-"""`inferd bench throughput | latency | serve | startup`: measure inferd with vLLM's metric
+r"""`inferd bench throughput | latency | serve | startup`: measure inferd with vLLM's metric
 definitions, and with `--compare llamacpp,hf` the peers on the same workload in the same run.
 
     inferd bench throughput --preset throughput32 --compare llamacpp
     inferd bench latency --preset single --compare llamacpp,hf --json out.json --plot out.png
     inferd bench serve --base-url http://127.0.0.1:8000 --request-rate 4 --num-prompts 64
     inferd bench startup --compare llamacpp
+    inferd bench latency --preset copy --compare nospec --speculative-config \
+        '{"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 4,
+          "prompt_lookup_min": 2}'
 
 Tables go to stdout (stderr when `--json -` puts the JSON there); a peer that is not installed
 is skipped with a message. Ratios are inferd / peer, measured minutes apart on the same machine.
+`--compare nospec` is inferd without its --speculative-config, loaded beside it: the ratio is the
+speed-up of speculative decoding.
 """
 
 from __future__ import annotations
@@ -26,6 +31,16 @@ def _positive_int(text: str) -> int:
     if not text.isdigit() or int(text) < 1:
         raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
     return int(text)
+
+
+def _temperature(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not (math.isfinite(value) and value >= 0):  # SamplingParams' own rule
+        raise argparse.ArgumentTypeError(f"expected a finite number >= 0, got {text!r}")
+    return value
 
 
 def _percentiles(text: str) -> list[float]:
@@ -67,8 +82,22 @@ def _workload_arguments(p: argparse.ArgumentParser, prompts_flag: str = "--num-p
 
 def _local_arguments(p: argparse.ArgumentParser) -> None:
     add_engine_arguments(p)  # its --seed seeds the workload too, as vLLM's benchmarks do
-    p.add_argument("--compare", help="peers on the same workload: llamacpp,hf (default: none)")
+    p.add_argument("--compare", help="peers on the same workload: llamacpp,hf, and nospec "
+                   "(inferd without --speculative-config) (default: none)")  # fmt: skip
     p.add_argument("--hf-dtype", help="HF peer dtype (default: the dtype inferd runs in)")
+    p.add_argument("--structured-outputs", metavar="JSON",
+                   help="also run every request constrained by this spec (StructuredOutputsParams "
+                        "as JSON, e.g. '{\"regex\": \"[a-z ]+\"}'), same engine, iterations "
+                        "alternating: the ratio is constrained / free tokens/s (default: none; "
+                        "--preset json sets a long JSON string)")  # fmt: skip
+    p.add_argument("--profile", metavar="DIR",
+                   help="write a torch.profiler trace of inferd's measured run to DIR (not "
+                        "with --compare or --structured-outputs; default: none; "
+                        "docs/profiling.md)")  # fmt: skip
+    p.add_argument("--temperature", type=_temperature, default=0.0,
+                   help="inferd samples at this temperature (unseeded) instead of decoding "
+                        "greedily; the llamacpp and hf peers decode greedily only "
+                        "(default 0)")  # fmt: skip
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -101,6 +130,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--seed", type=int, default=0, help="seed of the workload")
     p.add_argument("--timeout", type=float, default=600.0, help="seconds per request")
+    p.add_argument("--profile", action="store_true",
+                   help="trace the run on the server: /start_profile before, /stop_profile "
+                        "after (the server needs --profiler-dir; vLLM's flag)")  # fmt: skip
     p = sub.add_parser("startup", help="process start → first token, fresh processes")
     add_engine_arguments(p)
     p.add_argument(
@@ -162,9 +194,27 @@ def _run_local(args: argparse.Namespace) -> int:
 
     console = _console(args)
     peer_names = parse_peers(args.compare)
+    if args.profile:
+        from inferd.profiling.trace import trace_directory
+
+        if peer_names:  # one process-wide profiler would record the peers' work too
+            raise ValueError("--profile traces inferd alone: drop --compare")
+        trace_directory(args.profile)  # unwritable: fail before loading the model
+    if "nospec" in peer_names and args.speculative_config is None:
+        raise ValueError("--compare nospec needs --speculative-config (it measures its speed-up)")
+    if args.temperature > 0 and set(peer_names) - {"nospec"}:
+        raise ValueError("--temperature > 0: the llamacpp and hf peers decode greedily only")
     spec = workload_spec(args)
     env_start = report.environment()
-    inferd = InferdSystem(engine_config_from_args(args))
+    structured = _structured_spec(args)
+    if structured is not None and peer_names:
+        raise ValueError("--structured-outputs compares inferd constrained and free; "
+                         "leave out --compare")  # fmt: skip
+    if structured is not None and args.profile:  # both runs share one engine, hence one trace
+        raise ValueError("--profile traces one run: drop --structured-outputs (its constrained "
+                         "and free runs share one engine)")  # fmt: skip
+    inferd = InferdSystem(engine_config_from_args(args), temperature=args.temperature,
+                          profile_dir=args.profile)  # fmt: skip
     vocab = workload_vocab(inferd.tokenizer)
     if args.mode == "latency":
         warm, batches = latency.latency_batches(
@@ -187,6 +237,12 @@ def _run_local(args: argparse.Namespace) -> int:
         title += f" [preset {args.preset}]"
     longest = max(r.prompt_len + r.output_len for r in every)
     systems, skipped = [inferd], []
+    if structured is not None:
+        from inferd.bench.constrained import ConstrainedSystem
+
+        # Constrained first: the table's ratio column reads constrained / free.
+        systems.insert(0, ConstrainedSystem(inferd, structured))
+        title += f", constrained by {structured.kind} vs free"
     for name in peer_names:
         peer, why = _load_peer(name, inferd, args, n_ctx=max(512, longest + 16))
         if peer is None:
@@ -202,10 +258,15 @@ def _run_local(args: argparse.Namespace) -> int:
     else:
         results = throughput.run_throughput(systems, rounds, args.percentiles)
     console.print(f"[dim]measured in {time.perf_counter() - t0:.1f} s[/]")
+    if inferd.trace is not None:
+        console.print(f"  trace of {inferd.trace.steps} steps: {escape(inferd.trace.trace)}; "
+                      f"top ops: {escape(inferd.trace.ops_table)}")  # fmt: skip
     for system in systems:
         system.close()
     env_end = report.environment()
     report.print_results(title, results, console, skipped)
+    if structured is not None:
+        console.print(f"  grammar cost: {systems[0].constraint_costs()}")
     console.print(
         f"  machine: {env_end['cpu_count']} CPUs, load average (1 min) "
         f"{_load(env_start)} at start → {_load(env_end)} at end"
@@ -217,9 +278,28 @@ def _run_local(args: argparse.Namespace) -> int:
     return 0
 
 
+def _structured_spec(args: argparse.Namespace):
+    """The spec of --structured-outputs, else the preset's, else None."""
+    from inferd.bench.constrained import parse_spec
+    from inferd.structured_params import StructuredOutputsParams
+
+    if args.structured_outputs:
+        return parse_spec(args.structured_outputs)
+    preset = PRESETS.get(args.preset or "", {})
+    spec = preset.get("structured_outputs")
+    return None if spec is None else StructuredOutputsParams.from_dict(spec)
+
+
 def _load_peer(name: str, inferd, args: argparse.Namespace, n_ctx: int):
     """(peer, None), or (None, why) when it cannot run here."""
+    from dataclasses import replace
+
     from inferd.bench.peers import PeerUnavailable, load_peer
+    from inferd.bench.systems import InferdSystem
+
+    if name == "nospec":
+        config = replace(engine_config_from_args(args), speculative_config=None)
+        return InferdSystem(config, "inferd, no speculation", args.temperature), None
 
     try:
         dtype = args.hf_dtype or inferd.info["dtype"]
@@ -237,7 +317,11 @@ def _document(args, spec, env_start, env_end, results, skipped) -> dict:
         "benchmark": args.mode,
         "preset": args.preset,
         "workload": spec.to_dict(),
-        "settings": {k: v for k, v in vars(args).items() if not k.startswith("_")},
+        "settings": {
+            k: v.to_dict() if hasattr(v, "to_dict") else v
+            for k, v in vars(args).items()
+            if not k.startswith("_")
+        },  # fmt: skip
         "environment": {"start": env_start, "end": env_end},
         "results": [r.to_dict() for r in results],
         "ratios": comparison_ratios(results),
@@ -250,8 +334,10 @@ def _load(env: dict) -> str:
 
 
 def _run_serve(args: argparse.Namespace) -> int:
+    from contextlib import nullcontext
+
     from inferd.bench import report
-    from inferd.bench.serve import run_serve
+    from inferd.bench.serve import run_serve, server_trace
     from inferd.bench.workload import make_requests, workload_vocab
     from inferd.loader import open_checkpoint
     from inferd.tokenizer import checkpoint_tokenizer
@@ -261,16 +347,12 @@ def _run_serve(args: argparse.Namespace) -> int:
     tokenizer = checkpoint_tokenizer(open_checkpoint(args.tokenizer))
     requests = make_requests(spec, workload_vocab(tokenizer), tokenizer)
     env_start = report.environment()
-    result = run_serve(
-        args.base_url,
-        requests,
-        model=args.served_model_name,
-        request_rate=args.request_rate,
-        max_concurrency=args.max_concurrency,
-        seed=args.seed,
-        timeout=args.timeout,
-        percentiles=args.percentiles,
-    )
+    trace = server_trace(args.base_url) if args.profile else nullcontext({})
+    with trace as files:
+        result = run_serve(args.base_url, requests, model=args.served_model_name,
+                           request_rate=args.request_rate, max_concurrency=args.max_concurrency,
+                           seed=args.seed, timeout=args.timeout,
+                           percentiles=args.percentiles)  # fmt: skip
     env_end = report.environment()
     title = (
         f"serve: {spec.num_prompts} requests at {result.info['request_rate']}, prompts "
@@ -278,6 +360,8 @@ def _run_serve(args: argparse.Namespace) -> int:
     )
     report.print_results(title, [result], console)
     console.print(f"  client machine load average (1 min) {_load(env_start)} → {_load(env_end)}")
+    if files.get("trace"):
+        console.print(f"  the server's trace: {files['trace']} (top ops: {files['ops_table']})")
     if args.json:
         report.write_json(args.json, _document(args, spec, env_start, env_end, [result], []))
     if args.plot:
@@ -294,6 +378,10 @@ def _engine_flags(args: argparse.Namespace) -> list[str]:
         default = {"dtype": "auto", "kv_cache_dtype": "auto"}.get(name)
         if value is not None and value != default:
             flags += [f"--{name.replace('_', '-')}", str(value)]
+    if args.speculative_config is not None:
+        import json
+
+        flags += ["--speculative-config", json.dumps(args.speculative_config.to_dict())]
     return flags
 
 

@@ -3,7 +3,7 @@
     inferd cache                        # every entry with its size (models, weights, ...)
     inferd cache --prune                # converted weights the current defaults do not load
     inferd cache --remove smollm2-135m-instruct   # a model and its converted copies
-    inferd cache --remove weights       # one kind: models, weights, tokenizers, kernels
+    inferd cache --remove weights       # one kind: models, weights, tokenizers, kernels, ...
     inferd cache --all                  # everything inferd wrote there
 
 Nothing asks for confirmation (scripts use these flags). Everything here is rebuilt on demand,
@@ -25,6 +25,7 @@ KINDS = {
     "weights": "converted weights for a fast start (rebuilt on the next start)",
     "tokenizers": "tokenizers built from GGUF vocabularies (rebuilt on use)",
     "kernels": "compiled CPU kernels (compiled again on use)",
+    "structured": "vocabularies as the grammar engine reads them (rebuilt on use)",
 }
 
 

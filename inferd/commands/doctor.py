@@ -39,7 +39,25 @@ def _kernel_facts() -> dict[str, object]:
         facts["kernel library"] = str(kernels.path)
     except (build.KernelsUnavailable, ValueError) as e:
         facts["cpu kernels"] = f"none ({e}); PyTorch ops serve instead"
+        kernels = None
+    facts.update(_default_modes(kernels is not None))
     return facts
+
+
+def _default_modes(kernels: bool) -> dict[str, str]:
+    """What `inferd generate` / `serve` / `LLM()` with no mode flags hold on this CPU
+    (inferd/layers/weight_scheme.py decides the same at load; docs/performance.md)."""
+    from inferd.cpu_info import default_cpu_dtype, default_gguf_weights
+
+    dense = default_cpu_dtype()
+    gguf = f"{dense} weights dequantised from the file (no C kernels)"
+    if kernels:
+        large = ("bfloat16 GEMM on a copy of the blocks" if default_gguf_weights() == "gguf+bf16"
+                 else "float32 GEMM on slabs dequantised per step")  # fmt: skip
+        gguf = (f"{default_gguf_weights()}: the file's blocks with C kernels for decode steps, "
+                f"{large} for prefill and large batches")  # fmt: skip
+    return {"default on this CPU, GGUF file": gguf,
+            "default on this CPU, HF folder": f"{dense} weights"}  # fmt: skip
 
 
 def _torch_facts() -> dict[str, object]:
@@ -66,7 +84,14 @@ def _torch_facts() -> dict[str, object]:
 def collect() -> dict[str, object]:
     """The facts, in the order they print."""
     from inferd.cache import cache_dir
-    from inferd.cpu_info import NOTABLE_FEATURES, cpu_flags, cpu_model, default_cpu_dtype, machine
+    from inferd.cpu_info import (
+        FEATURES_OFF_ENV,
+        NOTABLE_FEATURES,
+        cpu_flags,
+        cpu_model,
+        features_off,
+        machine,
+    )
     from inferd.version import __version__
 
     flags = cpu_flags()
@@ -75,7 +100,7 @@ def collect() -> dict[str, object]:
         "python": f"{platform.python_version()} on {platform.platform()}",
         "cpu": f"{cpu_model()} ({machine()})",
         "cpu features": " ".join(f for f in NOTABLE_FEATURES if f in flags) or "(none found)",
-        "default dtype on this CPU": default_cpu_dtype(),
+        FEATURES_OFF_ENV: " ".join(features_off()) or "(unset)",
         "cache": str(cache_dir()),
     }
     facts.update(_kernel_facts())

@@ -28,6 +28,16 @@ def _positive_int(text: str) -> int:
     return value
 
 
+def speculative_config_arg(text: str):
+    """argparse type: vLLM's --speculative-config JSON, checked (inferd/spec_decode/config.py)."""
+    from inferd.spec_decode import SpeculativeConfig
+
+    try:
+        return SpeculativeConfig.parse(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from e
+
+
 def add_engine_arguments(parser: argparse.ArgumentParser, model_positional: bool = False) -> None:
     if model_positional:
         parser.add_argument("model_pos", nargs="?", metavar="MODEL",
@@ -106,6 +116,11 @@ def add_engine_arguments(parser: argparse.ArgumentParser, model_positional: bool
         default=None,
         help="seconds a tensor-parallel collective may wait (default 60)",
     )
+    parser.add_argument("--speculative-config", type=speculative_config_arg, default=None,
+                        metavar="JSON",
+                        help='speculative decoding by n-gram prompt lookup, e.g. \'{"method": '
+                             '"ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 4, '
+                             '"prompt_lookup_min": 2}\' (default: off)')  # fmt: skip
 
 
 def engine_config_from_args(args: argparse.Namespace):
@@ -136,6 +151,7 @@ def engine_config_from_args(args: argparse.Namespace):
         enforce_eager=args.enforce_eager,
         tensor_parallel_size=args.tensor_parallel_size,
         distributed_timeout=args.distributed_timeout,
+        speculative_config=args.speculative_config,
     )
     from inferd.loader.catalog import with_engine_defaults
 

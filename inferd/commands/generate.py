@@ -25,6 +25,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("prompt", help="the prompt text ('-' reads it from stdin)")
     add_engine_arguments(parser)
     add_sampling_arguments(parser, GENERATE_FALLBACK)
+    parser.add_argument(
+        "--profile",
+        metavar="DIR",
+        default=None,
+        help="write a torch.profiler trace of the generation (and its top-ops table) to DIR "
+        "(default: none; docs/profiling.md)",
+    )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -33,8 +40,14 @@ def run(args: argparse.Namespace) -> int:
 
     prompt = sys.stdin.read() if args.prompt == "-" else args.prompt
     sampling_params_from_args(args)  # bad flags fail here, before the model loads
+    if args.profile:
+        from inferd.profiling.trace import trace_directory
+
+        trace_directory(args.profile)  # an unwritable directory fails before the model loads
     engine = LLMEngine(engine_config_from_args(args))
     params = sampling_params_from_args(args, model_sampling_defaults(engine))
+    if args.profile:
+        engine.start_profile(args.profile)
     ready = time.monotonic()
     engine.add_request("cli", prompt, params, stream=True)
     sent, first_token_at, out = 0, None, None
@@ -48,6 +61,8 @@ def run(args: argparse.Namespace) -> int:
             if first_token_at is None and out.outputs[0].token_ids:
                 first_token_at = time.monotonic()
     sys.stdout.write("\n")
+    if args.profile:
+        report_trace(engine.stop_profile(), args.quiet)
     if out is not None and out.error:
         raise RuntimeError(out.error)
     if not args.quiet and out is not None:
@@ -58,7 +73,28 @@ def run(args: argparse.Namespace) -> int:
         print(
             f"[inferd] ready in {ready - start:.2f} s, first token at "
             f"{(first_token_at or ready) - start:.2f} s, {len(out.prompt_token_ids)} prompt + "
-            f"{n} generated tokens{rate}, finish: {out.outputs[0].finish_reason}",
+            f"{n} generated tokens{rate}, finish: {out.outputs[0].finish_reason}"
+            f"{_speculation_summary(engine)}",
             file=sys.stderr,
         )
     return 0
+
+
+def report_trace(files, quiet: bool, rows: int = 15) -> None:
+    """Where a trace went, and (unless quiet) the head of its top-ops table, on stderr."""
+    print(f"[inferd] trace of {files.steps} steps: {files.trace}", file=sys.stderr)
+    print(f"[inferd] top ops: {files.ops_table}", file=sys.stderr)
+    if not quiet:
+        lines = files.table.splitlines()
+        print("\n".join(lines[: rows + 3] + lines[-2:]), file=sys.stderr)
+
+
+def _speculation_summary(engine) -> str:
+    """`, speculative decoding: ...` with --speculative-config, else empty."""
+    if engine.speculation is None:
+        return ""
+    m = engine.speculation.metrics
+    if m.num_drafts == 0:
+        return ", speculative decoding: no drafts"
+    return (f", speculative decoding: {m.acceptance_rate:.0%} of {m.num_draft_tokens} draft "
+            f"tokens accepted, {m.mean_acceptance_length:.2f} tokens per verification")  # fmt: skip

@@ -94,6 +94,11 @@ def run(args: argparse.Namespace) -> int:
 
         device = "cuda" if torch.cuda.is_available() else "cpu"
     checkpoint = open_checkpoint(model)
+    block_kernels = False  # the default mode keeps a GGUF file's blocks where the kernels run
+    if device == "cpu" and args.dtype == "auto" and checkpoint.format == "gguf":
+        from inferd.cpu_kernels import kernels_available
+
+        block_kernels = kernels_available()
     memory, source = args.device_memory, "--device-memory"
     if memory is None:
         memory, source = local_device_memory(device), f"this machine's {device} memory"
@@ -110,6 +115,7 @@ def run(args: argparse.Namespace) -> int:
         attention_backend=args.attention_backend,
         checkpoint=checkpoint_weights(checkpoint),
         name=checkpoint.display_name,
+        block_kernels=block_kernels,
     )
     measured = None
     if args.measure:
@@ -165,7 +171,7 @@ def _render(console, est, checkpoint, source: str, measured) -> None:
     tp, layers, acts = est.tensor_parallel_size, cfg.num_layers, dev.activations
     console.print(Text(f"{est.name} ({checkpoint.format}: {checkpoint.path})", style="bold"))
     console.print(
-        f"plan: {est.device}, weights {est.dtype}, KV cache {est.kv_cache_dtype}, "
+        f"plan: {est.device}, weights {est.weight_plan.scheme}, KV cache {est.kv_cache_dtype}, "
         f"C={est.concurrency} requests × L={est.max_model_len} tokens, step budget "
         f"{est.max_num_batched_tokens} tokens, TP={tp}, {est.attention_backend} attention",
         markup=False,
@@ -193,9 +199,14 @@ def _render(console, est, checkpoint, source: str, measured) -> None:
                      "heads, MLP and vocabulary split; norms replicated"))
     _print(console, "Parameters", ("part", "count", "how"), rows)
 
+    plan = est.weight_plan
+    in_use = "" if plan.blocks else est.dtype
     rows = [("bf16/fp16" if prec == "bf16" else prec, *_gb(n),
-             "<- in use" if est.dtype in (prec, "fp16" if prec == "bf16" else "")else "")
+             "<- in use" if in_use and in_use in (prec, "fp16" if prec == "bf16" else "") else "")
             for prec, n in est.weights_by_precision.items() if prec != "fp16"]
+    if plan.blocks:
+        rows.append((f"{plan.scheme} (the default)", *_gb(plan.total), "<- in use: "
+                     f"{plan.note}: {_bin(plan.held)} + {_bin(plan.copy)}"))
     if ck is not None:
         shares = sorted(ck.by_type.items(), key=lambda kv: -kv[1][0])
         types = ", ".join(f"{k} {v[0] / ck.stored_params:.0%}" for k, v in shares)
@@ -239,7 +250,8 @@ def _render(console, est, checkpoint, source: str, measured) -> None:
 
     left = est.device_memory - dev.total
     _print(console, f"Per device ({est.device}, TP={tp})", ("part", "bytes", "note"), [
-        ("weights", _bin(dev.weights), f"{est.params_per_device:,} × {est.dtype}"),
+        ("weights", _bin(dev.weights), f"{plan.scheme}: GGUF blocks" + " + bf16 copy" *
+         (plan.copy > 0) if plan.blocks else f"{est.params_per_device:,} × {est.dtype}"),
         ("KV cache", _bin(dev.kv_cache), "the engine's pool above"),
         ("activations", _bin(acts.peak_bytes), "peak of a step"),
         ("runtime overhead", _bin(dev.overhead.bytes), dev.overhead.why),
@@ -256,8 +268,26 @@ def _render(console, est, checkpoint, source: str, measured) -> None:
         ("smallest tensor-parallel size that fits", str(est.min_tensor_parallel_size or "none")),
     ])
     if measured is not None:
+        _print_snapshots(console, measured)
         _print(console, f"Measured on {measured.device}: {measured.prompt_tokens} prompt "
                f"tokens, {measured.generated_tokens} generated",
                ("what", "predicted", "measured", "why"),
                [(what, _bin(pred), _bin(got), why) for what, pred, got, why in measured.rows])
     # fmt: on
+
+
+def _print_snapshots(console, measured) -> None:
+    """The mini-project's table: memory before loading, after loading, after a generation, and
+    the peak, as the process (CPU) or PyTorch's caching allocator (CUDA) saw it."""
+    snaps = [*measured.snapshots, *([measured.peak] if measured.peak else [])]
+    if measured.device == "cuda":
+        columns = ("when", "allocated", "reserved", "device in use", "note")
+        fields = ("cuda_allocated", "cuda_reserved", "cuda_device_used")
+        note = "allocated: live tensors; reserved: held by PyTorch's caching allocator"
+    else:
+        columns = ("when", "RSS", "anonymous RSS", "heap in use", "heap held", "note")
+        fields = ("rss", "rss_anon", "heap_in_use", "heap_held")
+        note = "heap: glibc malloc, which PyTorch's CPU tensors come from"
+    rows = [(s.label, *(_bin(getattr(s, f)) for f in fields), note if i == 0 else "")
+            for i, s in enumerate(snaps)]  # fmt: skip
+    _print(console, f"Memory over the run ({measured.device})", columns, rows)

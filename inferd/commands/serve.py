@@ -11,6 +11,13 @@ import logging
 import os
 
 from inferd.commands.engine_args import add_engine_arguments, engine_config_from_args, size_arg
+from inferd.commands.serve_features import (
+    add_feature_arguments,
+    check_tool_flags,
+    cors_settings,
+    tool_settings,
+    with_request_limits,
+)
 
 log = logging.getLogger("inferd.serve")
 
@@ -68,7 +75,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         type=_positive(int),
         default=None,
         help="answer 503 (Retry-After) when this many requests already wait for a sequence "
-        "slot; requests that can start at once never count (default: no limit)",
+        "slot; requests that can start at once never count, one with n samples counts n "
+        "(default: no limit)",
     )
     parser.add_argument(
         "--max-queued-tokens",
@@ -108,6 +116,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         action="store_true",
         help="no access line (method, path, status, latency) per request on stderr",
     )
+    parser.add_argument(
+        "--profiler-dir",
+        default=None,
+        help="offer POST /start_profile and /stop_profile, which write torch.profiler traces "
+        "here (default: no profiling routes; docs/profiling.md)",
+    )
+    parser.add_argument(
+        "--enable-request-timeline",
+        action="store_true",
+        help='return a request\'s timeline when it asks ("return_timeline": true); off by '
+        "default: its cached-prefix count shows whether others sent the same prompt",
+    )
+    add_feature_arguments(parser)
 
 
 def _show_startup_logs() -> None:
@@ -155,11 +176,17 @@ def run(args: argparse.Namespace) -> int:
     from inferd.tokenizer.byte_bound import max_bytes_per_token
     from inferd.tokenizer.chat_template import ChatTemplate, load_chat_template
 
-    # Check the template before the model loads: a typo should not cost a model load.
+    # Check the template and flags before the model loads: a typo should not cost a model load.
     template = load_chat_template(args.chat_template) if args.chat_template else None
+    if args.profiler_dir:
+        from inferd.profiling.trace import trace_directory
+
+        args.profiler_dir = str(trace_directory(args.profiler_dir))  # writable, made absolute
     if template is not None:
         ChatTemplate(template)  # compiles: syntax errors surface now, with their line
-    engine = LLMEngine(engine_config_from_args(args))
+    check_tool_flags(args)
+    cors = cors_settings(args)
+    engine = LLMEngine(with_request_limits(engine_config_from_args(args), args))
     _set_chat_template(engine, template)
     model_arg = args.model or args.model_pos
     max_queued_tokens = max(args.max_queued_tokens, engine.max_model_len)
@@ -172,6 +199,10 @@ def run(args: argparse.Namespace) -> int:
         api_key=args.api_key or None,
         max_request_bytes=args.max_request_bytes or DEFAULT_MAX_REQUEST_BYTES,
         log_requests=not args.disable_log_requests,
+        tools=tool_settings(engine, args),
+        cors=cors,
+        profiler_dir=args.profiler_dir,
+        enable_request_timeline=args.enable_request_timeline,
         seats=engine.setup.max_num_seqs,
         max_queued_requests=args.max_queued_requests,
         max_queued_tokens=max_queued_tokens,

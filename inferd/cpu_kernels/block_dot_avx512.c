@@ -1,9 +1,10 @@
 /* block_gemv.c's inner loop for AVX-512 (F, BW, VL), with or without VNNI (inferd).
  *
- * 64 weights of a row are one 512-bit vector of unsigned bytes s = q + zero; against 64 int8
- * activations, each int32 lane collects four products. With VNNI one instruction (vpdpbusd)
- * multiplies and adds them, starting from -zero * (the four activations' sum), which removes the
- * zero point inside the exact integer sum. Without VNNI, see dot4. */
+ * 64 weights of a row are one 512-bit vector of unsigned bytes s = q + zero; against the 64
+ * activations' two int8 terms (block_layout.h), each int32 lane collects four products of each.
+ * With VNNI one instruction (vpdpbusd) multiplies and adds four, the second term's starting from
+ * -zero * (the four activations' sum), which removes the zero point inside the exact integer sum.
+ * Without VNNI, see products. */
 #include "block_layout.h"
 
 #ifdef INFERD_ISA_AVX512
@@ -79,26 +80,41 @@ static inline __attribute__((always_inline)) __m512 lane_scales(
     return _mm512_permutexvar_ps(expand, _mm512_castps128_ps512(s));
 }
 
-/* Per int32 lane: c + the four products of stored weights w and activations a.
- * Without VNNI: vpmaddubsw (u8 x s8, pairs summed into int16) then vpmaddwd (pairs into int32).
- * vpmaddubsw saturates at 32767: 4- and 5-bit weights (s < 32) x |a| <= 127 stay far below, but
- * 8-bit ones (s up to 255) would not. Those are recentred to q = s - 128 in [-128, 127] and
- * multiplied as |q| (unsigned, <= 128) by a with q's sign: a pair is at most 2 * 128 * 127 =
- * 32512, and the zero point is already gone, so c (-128 * sum a) is not added. */
-static inline __attribute__((always_inline)) __m512i dot4(__m512i c, __m512i w, __m512i a,
-                                                          const int bits) {
-#ifdef __AVX512VNNI__
-    (void)bits;
-    return _mm512_dpbusd_epi32(c, w, a);
-#else
-    const __m512i ones = _mm512_set1_epi16(1);
+#ifndef __AVX512VNNI__
+/* Per int32 lane, without VNNI: gain * the four products of the weights' integers and int8
+ * activations a. vpmaddubsw (u8 x s8, pairs summed into int16), then vpmaddwd (pairs times gain
+ * into int32). vpmaddubsw saturates at 32767: 4- and 5-bit weights (s < 32) x |a| <= 127 stay
+ * far below, but 8-bit ones (s up to 255) would not. Those are recentred to q = s - 128 in
+ * [-128, 127] and multiplied as |q| (unsigned, <= 128) by a with q's sign: a pair is at most
+ * 2 * 128 * 127 = 32512, and the zero point is already gone (the caller leaves out c). */
+static inline __attribute__((always_inline)) __m512i products(__m512i w, __m512i a,
+                                                              const int bits, const int gain) {
+    const __m512i g = _mm512_set1_epi16((short)gain);
     if (bits == 8) {
         const __m512i q = _mm512_xor_si512(w, _mm512_set1_epi8((char)0x80));
         const __m512i signed_a =
             _mm512_mask_sub_epi8(a, _mm512_movepi8_mask(q), _mm512_setzero_si512(), a);
-        return _mm512_madd_epi16(_mm512_maddubs_epi16(_mm512_abs_epi8(q), signed_a), ones);
+        return _mm512_madd_epi16(_mm512_maddubs_epi16(_mm512_abs_epi8(q), signed_a), g);
     }
-    return _mm512_add_epi32(c, _mm512_madd_epi16(_mm512_maddubs_epi16(w, a), ones));
+    return _mm512_madd_epi16(_mm512_maddubs_epi16(w, a), g);
+}
+#endif
+
+/* Per int32 lane: c + the four products of stored weights w and activations 256 a1 + a2
+ * (block_layout.h). With VNNI one instruction (vpdpbusd) multiplies and adds four u8 x s8
+ * products: one for a2 starting from c, which removes the zero point inside the exact integer
+ * sum, one for a1, shifted by 8 bits. */
+static inline __attribute__((always_inline)) __m512i dot4(__m512i c, __m512i w, __m512i a1,
+                                                          __m512i a2, const int bits) {
+#ifdef __AVX512VNNI__
+    (void)bits;
+    const __m512i high = _mm512_dpbusd_epi32(_mm512_setzero_si512(), w, a1);
+    return _mm512_add_epi32(_mm512_dpbusd_epi32(c, w, a2),
+                            _mm512_slli_epi32(high, RESIDUAL_SHIFT));
+#else
+    const __m512i p = _mm512_add_epi32(products(w, a1, bits, 1 << RESIDUAL_SHIFT),
+                                       products(w, a2, bits, 1));
+    return bits == 8 ? p : _mm512_add_epi32(c, p);
 #endif
 }
 
@@ -116,14 +132,16 @@ static inline __attribute__((always_inline)) void chunk_dot(
     UNROLL
     for (int m = 0; m < M; m++) {
         const int8_t* xq = x.xq + m * K + k;
+        const int8_t* xr = x.xr + m * K + k;
         const int32_t* xc = x.xc + m * (K / 4) + k / 4;
         const float* xl = x.xl + m * (K / 4) + k / 4;
-        const __m512i a = len == 64 ? _mm512_loadu_si512(xq) : _mm512_maskz_loadu_epi8(~0U, xq);
+        const __m512i a1 = len == 64 ? _mm512_loadu_si512(xq) : _mm512_maskz_loadu_epi8(~0U, xq);
+        const __m512i a2 = len == 64 ? _mm512_loadu_si512(xr) : _mm512_maskz_loadu_epi8(~0U, xr);
         const __m512i c = len == 64 ? _mm512_loadu_si512(xc) : _mm512_maskz_loadu_epi32(0xFF, xc);
         const __m512 d = len == 64 ? _mm512_loadu_ps(xl) : _mm512_maskz_loadu_ps(0xFF, xl);
         UNROLL
         for (int r = 0; r < R; r++) {
-            const __m512 p = _mm512_cvtepi32_ps(dot4(c, w[r], a, bits));
+            const __m512 p = _mm512_cvtepi32_ps(dot4(c, w[r], a1, a2, bits));
             acc[m * R + r] = _mm512_fmadd_ps(_mm512_mul_ps(s[r], d), p, acc[m * R + r]);
         }
     }
@@ -164,19 +182,15 @@ static inline __attribute__((always_inline)) void row_dot_m(
                 case 1: row_dot_m(W, n, x, 1, 1, bits, half, out); break;                     \
                 case 2: row_dot_m(W, n, x, 2, 1, bits, half, out); break;                     \
                 case 3: row_dot_m(W, n, x, 3, 1, bits, half, out); break;                     \
-                case 4: row_dot_m(W, n, x, 4, 1, bits, half, out); break;                     \
-                case 5: row_dot_m(W, n, x, 5, 1, bits, half, out); break;                     \
-                case 6: row_dot_m(W, n, x, 6, 1, bits, half, out); break;                     \
-                case 7: row_dot_m(W, n, x, 7, 1, bits, half, out); break;                     \
-                default: row_dot_m(W, n, x, 8, 1, bits, half, out); break;                    \
+                default: row_dot_m(W, n, x, 4, 1, bits, half, out); break;                    \
             }                                                                                 \
             return;                                                                           \
         }                                                                                     \
         switch (M) { /* R == rows_together(M) */                                              \
             case 1: row_dot_m(W, n, x, 1, 4, bits, half, out); break;                         \
             case 2: row_dot_m(W, n, x, 2, 4, bits, half, out); break;                         \
-            case 3: row_dot_m(W, n, x, 3, 2, bits, half, out); break;                         \
-            default: row_dot_m(W, n, x, 4, 2, bits, half, out); break;                        \
+            case 3: row_dot_m(W, n, x, 3, 4, bits, half, out); break;                         \
+            default: row_dot_m(W, n, x, 4, 4, bits, half, out); break;                        \
         }                                                                                     \
     }
 ROW_DOT(8, 0) ROW_DOT(8, 1) ROW_DOT(5, 0) ROW_DOT(5, 1) ROW_DOT(4, 0) ROW_DOT(4, 1)
@@ -191,7 +205,11 @@ RowDot row_dot_for(const BlockMatrix* W) {
     }
 }
 
-int64_t rows_together(int64_t M) { return M <= 2 ? 4 : M <= 4 ? 2 : 1; }
+/* Four weight rows against up to four activation rows: 16 accumulators of the 32 registers. */
+int64_t rows_together(int64_t M) {
+    (void)M;
+    return 4;
+}
 
 void unpack_chunk(const BlockMatrix* W, int64_t n, int64_t c, int64_t len, uint8_t* out) {
     const int bits = (int)W->bits;

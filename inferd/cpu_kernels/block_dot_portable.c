@@ -21,8 +21,9 @@ void unpack_chunk(const BlockMatrix* W, int64_t n, int64_t c, int64_t len, uint8
     }
 }
 
-/* sum_j w[j] * a[j] over one block: a loop the compiler vectorises for the baseline ISA */
-static inline int32_t block_sum(const uint8_t* w, const int8_t* a, int64_t B) {
+/* sum_j (w[j] - zero) * a[j] over one block, a the 16-bit activations (block_layout.h); the
+ * zero point comes from xc. A loop the compiler vectorises for the baseline ISA. */
+static inline int32_t block_sum(const uint8_t* w, const int16_t* a, int64_t B) {
     int32_t sum = 0;
     for (int64_t j = 0; j < B; j++) sum += (int32_t)w[j] * a[j];
     return sum;
@@ -47,7 +48,7 @@ static void row_dot(const BlockMatrix* W, int64_t n0, int64_t R, QuantRows x, in
                 const float s = scale_at(W, n * (K / B) + kb / B);
                 for (int64_t m = 0; m < M; m++) {
                     /* the zero point: xc holds -zero * (the sum of each four activations) */
-                    int32_t sum = block_sum(stored + b * B, x.xq + m * K + kb, B);
+                    int32_t sum = block_sum(stored + b * B, x.xw + m * K + kb, B);
                     for (int64_t l = 0; l < B / 4; l++) sum += x.xc[(m * K + kb) / 4 + l];
                     total[m] += s * x.xl[(m * K + kb) / 4] * (float)sum;
                 }

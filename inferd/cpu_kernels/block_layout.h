@@ -18,13 +18,14 @@
 #endif
 
 #define XBLOCK 32 /* activation quantisation block */
-/* Rows of x handled per pass over the weights: their accumulators must fit the registers
- * (32 vector registers with AVX-512, 16 with AVX2). */
-#ifdef INFERD_ISA_AVX2
+/* Rows of x handled per pass over a tile of weight rows (block_gemv.c), their accumulators in
+ * registers: AVX-512 takes four weight rows at once (16 accumulators of 32 registers), AVX2
+ * fewer (rows_together). More activation rows are further passes over the tile, in L1 by then:
+ * on an AMD EPYC with AVX-512, passes of 4 took half the time of passes of 8 (with 2 weight
+ * rows) or of single weight rows, for 5 to 16 activation rows. */
 #define MAX_ROWS 4
-#else
-#define MAX_ROWS 8
-#endif
+/* Weight rows a thread takes at a time: a multiple of every rows_together() value */
+#define TILE 4
 
 /* Where the `bytes` bytes of chunk c (weights 64c ...) of row n start, in an array holding
  * `bytes` bytes per 64 weights of every row. */
@@ -57,14 +58,26 @@ static inline float scale_at(const BlockMatrix* W, int64_t i) {
                           : ((const float*)W->scale)[i];
 }
 
-/* The activations of a product, quantised by block_gemv.c for every ISA alike: xq [M, K] int8
- * (|xq| <= 127); per group of four (one int32 lane of a dot-product instruction) xl [M, K/4] its
- * block's scale and xc [M, K/4] = -zero * (the sum of the four xq). */
+/* The activations of a product, quantised by block_gemv.c for every ISA alike (it describes
+ * the arithmetic): per block of 32, d = absmax / 127 and each value x = (d / 256) * (256 q1 + q2)
+ * to within d / 512, with q1 and q2 int8, |q1|, |q2| <= 127. Rows of [M, K]:
+ *   xq: q1;  xr: q2;  xw: 256 q1 + q2 as int16 (for the ISAs that multiply 16-bit activations,
+ *   WIDE_ACTIVATIONS; else NULL);
+ *   per group of four (one int32 lane of a dot-product instruction) xl [M, K/4] the block's
+ *   d / 256 and xc [M, K/4] = -zero * (the four 256 q1 + q2), which removes the weights' zero
+ *   point inside the exact integer sums. */
 typedef struct {
     const int8_t* xq;
+    const int8_t* xr;
+    const int16_t* xw;
     const int32_t* xc;
     const float* xl;
 } QuantRows;
+
+#define RESIDUAL_SHIFT 8 /* q2 counts in steps of 1 / 256 of q1's */
+#if defined(INFERD_ISA_PORTABLE) || (defined(INFERD_ISA_AVX2) && !defined(__AVXVNNI__))
+#define WIDE_ACTIVATIONS 1 /* the inner loop multiplies int16 activations (some or all types) */
+#endif
 
 /* out [M, R] = the scaled block sums of weight rows n .. n+R-1 against M activation rows
  * (offsets excluded). R is 1 or rows_together(M). */

@@ -3,8 +3,8 @@
  * pool (no gather into a padded copy). PyTorch needs about ten ops per layer for the same (block
  * gather, two batched matmuls, mask, softmax): ~150 us for one sequence of 200 tokens.
  *
- * Work is split over (sequence, KV head) and, when that gives fewer tasks than threads (one
- * sequence, one KV head: Gemma 3 270M), over ranges of keys too; each range keeps its own
+ * Work is split over (sequence, KV head) and over as many ranges of keys as there are threads
+ * (one sequence, one KV head: Gemma 3 270M still feeds every thread); each range keeps its own
  * running max and sum (the online softmax), merged at the end. Products in float32 (a bf16
  * cache row is widened once per key, for all the query heads that read it). */
 #include <math.h>
@@ -110,9 +110,12 @@ int inferd_decode_attention(const float* q, const void* k_pool, const void* v_po
 #ifdef _OPENMP
     threads = omp_get_max_threads();
 #endif
-    /* Split keys into ranges when (sequence, KV head) pairs alone cannot feed the threads. */
+    /* Keys in `threads` ranges for every (sequence, KV head) pair, however many pairs there
+     * are: the ranges feed the threads for one sequence, and a sequence's result does not depend
+     * on the rest of the batch (the same bits alone, in a batch, or as one of the rows of a
+     * speculative verification step; int8 activations downstream would amplify any change). */
     const int64_t pairs = n * KV;
-    int64_t splits = pairs >= threads ? 1 : (threads + pairs - 1) / pairs;
+    const int64_t splits = threads;
     const int64_t tasks = pairs * splits;
     const int64_t max_keys = width * bs;
     /* per task: max and sum per head, then the unnormalised outputs */

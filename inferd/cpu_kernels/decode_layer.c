@@ -9,7 +9,7 @@
  *   m = (act(x W_gate) * x W_up) W_down;  Gemma: h += norm(m);  Llama: h += m
  *
  * All in float32; the norms follow rms_norm.c. Sizes come from the layer description below,
- * which Python fills once per layer (inferd/layers/fused_decode.py). */
+ * which Python fills once per layer (inferd/models/cpu_decoder.py). */
 #include <math.h>
 #include <stdint.h>
 #include <stdlib.h>

@@ -1,5 +1,5 @@
 /* What the C kernels share (inferd). The structs are mirrored by ctypes classes in
- * inferd/layers/gguf_blocks.py and inferd/layers/fused_decode.py: keep them in step. */
+ * inferd/layers/gguf_blocks.py and inferd/models/cpu_decoder.py: keep them in step. */
 #ifndef INFERD_KERNELS_H
 #define INFERD_KERNELS_H
 #include <stdint.h>
@@ -15,6 +15,8 @@ typedef struct {
 } BlockMatrix;
 
 int inferd_block_gemv(const float* x, int64_t M, const BlockMatrix* W, float* y, int64_t ldy);
+void inferd_block_dequantize(const BlockMatrix* W, int64_t first, int64_t rows, int64_t bf16,
+                             void* out);
 void inferd_rms_norm(const float* x, const float* gain, int64_t rows, int64_t dim, float eps,
                      float* out);
 int inferd_decode_attention(const float* q, const void* k_pool, const void* v_pool,

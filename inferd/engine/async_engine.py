@@ -31,7 +31,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from inferd.engine_client import EngineStats, ModelInfo, PromptInput, TokenizerLike
+from inferd.engine_client import EngineStats, ModelInfo, PromptInput, TokenizerLike, TraceFiles
 from inferd.errors import EngineDeadError, RequestFailed
 from inferd.outputs import RequestOutput
 from inferd.sampling_params import SamplingParams
@@ -68,6 +68,14 @@ class _Add:
 @dataclass
 class _Abort:
     request_id: str
+
+
+@dataclass
+class _Call:
+    """Run `function(engine)` on the loop thread, between steps; its result settles `future`."""
+
+    function: Callable[[Any], Any]
+    future: asyncio.Future
 
 
 _STOP = object()
@@ -157,10 +165,12 @@ class AsyncEngine:
         outputs: asyncio.Queue,
         arrival_time: float | None = None,
     ) -> None:
-        """Queue a request; its outputs (or an exception) go to `outputs`. Raises InvalidRequest,
-        Overloaded or EngineDeadError, with nothing left queued."""
+        """Queue a request; its outputs (or an exception) go to `outputs`. Raises InvalidRequest
+        or EngineDeadError, with nothing left queued (the server's admission decides about
+        overload before this: inferd/server/admission.py)."""
         if self._dead_reason is not None or self._loop is None:
             raise EngineDeadError(self._dead_reason or "the engine loop is not running")
+        await self._grammar_compiled(params)
         future = self._loop.create_future()
         self._queues[request_id] = outputs
         self._pending_adds.add(future)
@@ -178,11 +188,50 @@ class AsyncEngine:
         finally:
             self._pending_adds.discard(future)
 
+    async def _grammar_compiled(self, params: SamplingParams) -> None:
+        """Structured outputs: wait (without blocking the loop thread or the event loop) until
+        the request's grammar is compiled, so that a bad spec is refused by `add_request`, as an
+        InvalidRequest, before anything streams."""
+        compile_grammar = getattr(self.engine, "compile_grammar", None)
+        handle = compile_grammar(params) if compile_grammar is not None else None
+        if handle is None or handle.done():
+            return
+        loop, compiled = self._loop, self._loop.create_future()
+
+        def wake(_) -> None:  # in the compiler's thread
+            try:
+                loop.call_soon_threadsafe(lambda: compiled.done() or compiled.set_result(None))
+            except RuntimeError:  # the event loop closed meanwhile: nobody waits any more
+                pass
+
+        handle.add_done_callback(wake)
+        await compiled
+
     def abort(self, request_id: str) -> None:
         """Stop a request (no-op when it already finished); its queue gets no more outputs."""
         self._queues.pop(request_id, None)
         if self._dead_reason is None:
             self._commands.put(_Abort(request_id))
+
+    # ---- profiling (inferd.engine_client.ProfilingClient) ------------------------------------
+    async def start_profile(self, directory: str) -> None:
+        """Trace the engine's steps from the next one on (the profiler runs on the loop
+        thread, where the steps run)."""
+        await self._on_loop_thread(lambda engine: engine.start_profile(directory))
+
+    async def stop_profile(self) -> TraceFiles:
+        return await self._on_loop_thread(lambda engine: engine.stop_profile())
+
+    async def _on_loop_thread(self, function: Callable[[Any], Any]) -> Any:
+        if self._dead_reason is not None or self._loop is None:
+            raise EngineDeadError(self._dead_reason or "the engine loop is not running")
+        future = self._loop.create_future()
+        self._pending_adds.add(future)  # failed with the rest if the loop dies
+        try:
+            self._commands.put(_Call(function, future))
+            return await future
+        finally:
+            self._pending_adds.discard(future)
 
     # ---- the loop thread ---------------------------------------------------------------------
     def _run(self) -> None:
@@ -239,6 +288,8 @@ class AsyncEngine:
         for cmd in commands:
             if cmd is _STOP:
                 self._stopping = True
+            elif isinstance(cmd, _Call):
+                self._call(cmd)
             elif isinstance(cmd, _Abort):
                 try:
                     self.engine.abort_request(cmd.request_id)
@@ -247,6 +298,13 @@ class AsyncEngine:
             else:
                 settled.append((cmd.future, self._add(cmd)))
         return settled
+
+    def _call(self, cmd: _Call) -> None:
+        try:
+            result, error = cmd.function(self.engine), None
+        except Exception as e:  # noqa: BLE001 - reported to the caller
+            result, error = None, e
+        self._post(_settle, cmd.future, result, error)
 
     def _add(self, cmd: _Add) -> BaseException | None:
         try:
@@ -295,8 +353,15 @@ class AsyncEngine:
     def _note_speed(self, seconds: float) -> None:
         """Remember the step's seconds per token (loop thread; read by health())."""
         before, after = self._stats, self.engine.stats()
-        tokens = (after.prompt_tokens - before.prompt_tokens) + (
-            after.generation_tokens - before.generation_tokens
+        # Computed rows: prompt and generated tokens, plus the speculative drafts the step
+        # verified and rejected (accepted ones are among the generated).
+        rejected = (after.spec_decode_num_draft_tokens - before.spec_decode_num_draft_tokens) - (
+            after.spec_decode_num_accepted_tokens - before.spec_decode_num_accepted_tokens
+        )
+        tokens = (
+            (after.prompt_tokens - before.prompt_tokens)
+            + (after.generation_tokens - before.generation_tokens)
+            + max(0, rejected)
         )
         if tokens > 0:
             self._seconds_per_token.append(seconds / tokens)
@@ -339,3 +404,8 @@ class AsyncEngine:
         for q in self._queues.values():
             q.put_nowait(EngineDeadError(reason))
         self._queues.clear()
+
+
+def _settle(future: asyncio.Future, result: Any, error: BaseException | None) -> None:
+    if not future.done():
+        future.set_result(result) if error is None else future.set_exception(error)

@@ -14,15 +14,19 @@ from inferd.engine.sampler import make_generator
 from inferd.engine_client import PromptInput
 from inferd.errors import ContextTooLong, InvalidRequest
 from inferd.outputs import RequestMetrics
-from inferd.sampling_params import SamplingParams
+from inferd.sampling_params import MAX_LOGPROBS, MAX_STOP_STRING_LENGTH, SamplingParams
 from inferd.tokenizer import IncrementalDetokenizer
 
 
 class InputProcessor:
     def __init__(self, tokenizer, vocab_size: int, max_model_len: int, max_n: int,
-                 max_stop_strings: int, device: torch.device):  # fmt: skip
+                 max_stop_strings: int, device: torch.device, *,
+                 max_stop_string_length: int = MAX_STOP_STRING_LENGTH,
+                 max_logprobs: int = MAX_LOGPROBS, grammars=None):  # fmt: skip
         self.tokenizer, self.vocab_size, self.max_model_len = tokenizer, vocab_size, max_model_len
         self.max_n, self.max_stop_strings, self.device = max_n, max_stop_strings, device
+        self.max_stop_string_length, self.max_logprobs = max_stop_string_length, max_logprobs
+        self.grammars = grammars  # StructuredOutputs: compiles the request's grammar
         self._seq_ids = itertools.count()
 
     def tokenize_prompt(self, prompt: PromptInput) -> tuple[str | None, list[int]]:
@@ -55,7 +59,13 @@ class InputProcessor:
             raise InvalidRequest(
                 "prompt", f"prompt token id {bad!r} is outside the vocabulary [0, {vocab})"
             )
-        params.verify(vocab, self.max_n, self.max_stop_strings)
+        params.verify(vocab, self.max_n, self.max_stop_strings, self.max_stop_string_length,
+                      self.max_logprobs)  # fmt: skip
+        if params.truncate_prompt_tokens is not None:
+            keep = params.truncate_prompt_tokens
+            keep = self.max_model_len if keep == -1 else keep
+            if len(ids) > keep:  # the prompt's text no longer describes it
+                text, ids = None, ids[-keep:]
         room = self.max_model_len - len(ids)
         if room < 1:
             raise ContextTooLong(
@@ -87,6 +97,10 @@ class InputProcessor:
         req.sequences, req.forks = samples[:1], samples[1:]
         if params.prompt_logprobs is not None:
             req.prompt_logprobs = [None]  # nothing predicts the first prompt token
+        if params.structured_outputs is not None:
+            if self.grammars is None:
+                raise InvalidRequest("structured_outputs", "this engine has no grammar support")
+            req.grammar = self.grammars.submit(params.structured_outputs)
         return req
 
     def _new_sequence(self, req: Request, index: int) -> Sequence:

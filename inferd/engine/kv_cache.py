@@ -209,6 +209,15 @@ class KVCacheManager:
         seq.block_tables = []
         seq.registered_blocks = 0
 
+    def release_tail(self, seq: Sequence) -> None:
+        """Give back the blocks past those the sequence's tokens need: after a speculative step
+        they held only rejected drafts (never registered: they were never fully computed)."""
+        keep = self.max_blocks_needed(seq.num_tokens)
+        for pool, table in zip(self.pools, seq.block_tables):
+            if len(table) > keep:
+                pool.release(table[keep:][::-1])  # tail first, as `free` does
+                del table[keep:]
+
     def cache_computed_blocks(self, seq: Sequence) -> None:
         """Name the full blocks `seq` has computed so later prompts can find them."""
         if not self.enable_prefix_caching:

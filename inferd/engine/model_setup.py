@@ -13,6 +13,7 @@ from inferd.distributed.state import SINGLE, TPGroup
 from inferd.layers.weight_scheme import WeightScheme, choose_scheme
 from inferd.loader import Checkpoint, load_model, open_checkpoint
 from inferd.platform import keep_freed_memory_in_heap, resolve_dtype
+from inferd.progress import say
 
 log = logging.getLogger(__name__)
 
@@ -99,5 +100,7 @@ def load_rank_model(config: EngineConfig, device: torch.device, tp: TPGroup = SI
         raise ValueError("an fp8 KV cache needs --attention-backend torch or cpu (the Triton "
                          "kernels read bf16/fp16/fp32 caches)")  # fmt: skip
     model = load_model(checkpoint, dtype, device, config.quantization, tp, scheme=scheme)
+    if tp.rank == 0:  # the mode and why, said once at start-up like the kernels' line
+        say(f"weights: {scheme.describe()}")
     log.info("weights: %s; attention: %s", scheme.describe(), backend.name)
     return model, dtype, kv_dtype, backend

@@ -20,7 +20,7 @@ import enum
 import hashlib
 from array import array
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     import torch
@@ -55,6 +55,8 @@ class Sequence:
     logprobs: list[PositionLogprobs] = field(default_factory=list)
     detokenizer: IncrementalDetokenizer | None = None
     text: str = ""  # output text so far (stop strings removed)
+    # Structured outputs: this sample's grammar state (a GrammarMatcher), None when free.
+    matcher: Any = None
 
     @property
     def num_tokens(self) -> int:
@@ -94,6 +96,9 @@ class Request:
     # A tenant's secret mixed into its prefix-cache hashes (vLLM's `cache_salt`): requests with
     # different salts never share cached blocks, so one cannot time another's prompts.
     cache_salt: str | None = None
+    # Structured outputs: the grammar's compilation (a Future), until the scheduler attaches
+    # a matcher to every sample; None when the reply is free.
+    grammar: Any = None
 
     @property
     def finished(self) -> bool:

@@ -3,7 +3,9 @@ and the step's `AttentionBatch`, has the attention backend build its metadata fr
 runs the model and returns the logits of the positions to sample.
 
 Only the last new token of a sequence that needs sampling goes through the LM head: on Gemma 3
-270M the head is most of the per-token work, so prompt positions skip it.
+270M the head is most of the per-token work, so prompt positions skip it. A speculative
+verification step (`SequenceStep.verify`: the last token and its drafts) needs the logits of
+every one of its tokens, and runs each token as a decode row of its own (`build_batch`).
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from inferd.attention.backend import (
 )
 from inferd.attention.torch_backend import TorchAttentionBackend
 from inferd.models.base import CausalLM
+from inferd.profiling.step_timer import StepTimer
 
 
 @dataclass
@@ -31,6 +34,16 @@ class SequenceStep:
     block_tables: list[list[int]]  # one block table per KV group
     needs_logits: bool = True  # False for a prefill chunk that does not reach the prompt's end
     all_logits: bool = False  # also return logits of every new token (prompt logprobs)
+    # Speculative verification: the last token and its drafts. Every token gets a logits row
+    # (in `execute`'s result, in order), and each is computed as a decode row of its own.
+    verify: bool = False
+
+    @property
+    def num_logits(self) -> int:
+        """Rows this step contributes to the logits `execute` returns."""
+        if not self.needs_logits:
+            return 0
+        return len(self.token_ids) if self.verify else 1
 
 
 class ModelRunner:
@@ -65,7 +78,16 @@ class ModelRunner:
         return sum(t.numel() * t.element_size() for group in self.kv_caches for t in group)
 
     def build_batch(self, steps: list[SequenceStep]) -> tuple[torch.Tensor, AttentionBatch]:
-        """(input ids, the step's layout) of the scheduled sequences."""
+        """(input ids, the step's layout) of the scheduled sequences.
+
+        A verification step's tokens enter the layout as one-token sequences sharing the
+        block table, token j seeing the context up to itself: causal attention over the same
+        keys, as the chunk it also is. NOTE: that is what makes a verification step as cheap
+        as a decode step of that many rows: decode attention reads the cache in place and the
+        C decoder layer (models/cpu_decoder.py) serves pure decode steps only. Attention
+        stores every new key before any query attends, so row j finds rows < j in the cache.
+        """
+        steps = [row for s in steps for row in _decode_rows(s)]
         bs = self.block_size
         ids: list[int] = []
         positions: list[int] = []
@@ -113,21 +135,25 @@ class ModelRunner:
 
     @torch.inference_mode()
     def execute_with_prompt_logits(
-        self, steps: list[SequenceStep]
+        self, steps: list[SequenceStep], timer: StepTimer | None = None
     ) -> tuple[torch.Tensor, dict[int, torch.Tensor]]:
-        """Also returns, for steps with `all_logits`, the logits of all their new tokens."""
+        """Also returns, for steps with `all_logits`, the logits of all their new tokens.
+        `timer` (the engine's StepTimer) learns where the forward begins."""
         if self.graphs is not None and self.graphs.can_run(steps):
+            if timer is not None:
+                timer.begin("forward")  # the graph copies its inputs itself
             return self.graphs.run(steps), {}
         input_ids, batch = self.build_batch(steps)
         ctx = ForwardContext.for_step(batch, self.kv_caches, self.backend)
+        if timer is not None:
+            timer.begin("forward")
         hidden = self.model(input_ids, batch.positions, ctx)
         last, offset, every = [], 0, {}
         for i, s in enumerate(steps):
             if s.all_logits:
                 every[i] = self.model.compute_logits(hidden[offset : offset + len(s.token_ids)])
             offset += len(s.token_ids)
-            if s.needs_logits:
-                last.append(offset - 1)
+            last.extend(range(offset - s.num_logits, offset))
         if not last:
             return hidden.new_empty((0, self.model.config.vocab_size), dtype=torch.float32), every
         index = torch.tensor(last, dtype=torch.int64, device=hidden.device)
@@ -140,11 +166,23 @@ class ModelRunner:
             if ids:
                 index = torch.tensor(ids, device=self.device)
                 for cache in self.kv_caches[group]:
-                    # through a byte view: fp8 has no index_fill on CPU, and 0 is 0 in bytes
-                    cache.view(torch.uint8).index_fill_(1, index, 0)
+                    # fp8 has no index_fill on CPU: its caches go through a byte view (0 is 0 in
+                    # bytes). Others fill in their own dtype: byte-wise filling is far slower.
+                    target = cache.view(torch.uint8) if cache.element_size() == 1 else cache
+                    target.index_fill_(1, index, 0)
 
     def copy_blocks(self, copies: list[tuple[int, int, int]]) -> None:
         """Copy whole KV blocks (group, src, dst) in every layer of the group (fork)."""
         for group, src, dst in copies:
             for cache in self.kv_caches[group]:
                 cache[:, dst].copy_(cache[:, src])
+
+
+def _decode_rows(s: SequenceStep) -> list[SequenceStep]:
+    """A verification step as one-token steps (see `build_batch`); any other step as is."""
+    if not s.verify or len(s.token_ids) == 1:
+        return [s]
+    return [
+        SequenceStep([t], s.num_computed + j, s.block_tables, s.needs_logits)
+        for j, t in enumerate(s.token_ids)
+    ]

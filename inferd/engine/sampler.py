@@ -1,8 +1,10 @@
 """Batched sampling: a step's float32 logits [B, V] become one token per row.
 
-Each row follows its own SamplingParams, in this order (the first four are in penalties.py,
-which documents which tokens each penalty counts):
+Each row follows its own SamplingParams, in this order (steps 1-4 are in penalties.py, which
+documents which tokens each penalty counts):
 
+ 0. allowed_token_ids: every other token at -inf (applied after steps 1-4, so no bias or
+    penalty can bring a token outside the list back)
  1. logit_bias (added)            2. min_tokens (stop / EOS ids at -inf until reached)
  3. repetition_penalty (prompt and output tokens)
  4. frequency / presence penalties (output tokens only)
@@ -17,7 +19,9 @@ which documents which tokens each penalty counts):
     request has a seed draw E from their own `generator`, everything else from the sampler's, so a
     seeded request gets the same tokens whatever else is in the batch.
 
-Logprobs (logprobs.py) are those of the raw model distribution, before steps 1-9.
+Logprobs (logprobs.py) are those of the raw model distribution, before steps 0-9. A row that
+follows a grammar (structured outputs) arrives here already masked (engine/structured_outputs.py),
+so its logprobs are those of the masked distribution, as in vLLM.
 
 Where the time goes. On V = 262144 one pass over a [32, V] float32 tensor costs ~10 ms on this
 2-core CPU, a full sort ~350 ms and drawing V exponentials per row ~170 ms. So a row with a filter
@@ -36,6 +40,7 @@ row is split across threads), which is why probabilities come from `softmax` her
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -58,6 +63,9 @@ class SamplingRow:
     output_token_ids: list[int]  # generated so far (penalties, min_tokens)
     generator: torch.Generator | None  # the request's own when params.seed is set
     eos_token_ids: tuple[int, ...] = ()  # held back while len(output) < min_tokens
+    # Structured outputs: the sequence's GrammarMatcher (read only here: the executor's
+    # StructuredOutputs masks or checks the row around this sampler).
+    matcher: Any = None
 
 
 @dataclass
@@ -91,7 +99,7 @@ class Sampler:
             )
         # NOTE: `raw` may be the caller's tensor; it is only read, every change goes to a copy.
         raw = logits.float()
-        x = apply_logit_processors(raw, rows)
+        x = restrict_to_allowed(apply_logit_processors(raw, rows), raw, rows)
         greedy = [i for i, r in enumerate(rows) if r.params.greedy]
         drawn = [i for i, r in enumerate(rows) if not r.params.greedy]
         tokens = torch.empty(len(rows), dtype=torch.int64, device=x.device)
@@ -197,6 +205,24 @@ class Sampler:
         if bool(bad.any()):
             pick[bad] = score[bad].nan_to_num(nan=0.0).argmax(dim=-1)
         return pick
+
+
+def restrict_to_allowed(
+    x: torch.Tensor, raw: torch.Tensor, rows: list[SamplingRow]
+) -> torch.Tensor:
+    """Step 0 (vLLM's `allowed_token_ids`): every other token of the row at -inf. Returns `x`
+    itself when no row restricts; never writes `raw` (logprobs read it)."""
+    restricted = [i for i, r in enumerate(rows) if r.params.allowed_token_ids]
+    if not restricted:
+        return x
+    if x is raw:
+        x = raw.clone()
+    for i in restricted:
+        ids = torch.as_tensor(rows[i].params.allowed_token_ids, dtype=torch.int64, device=x.device)
+        kept = x[i, ids]
+        x[i] = float("-inf")
+        x[i, ids] = kept
+    return x
 
 
 def _filtered(p: SamplingParams, vocab: int) -> bool:

@@ -13,6 +13,10 @@ preempted: its blocks are freed and it goes back to the head of the queue, to be
 (cheaply, through the prefix cache) when memory allows. A step that preempts admits no one.
 Every sequence fits the pool alone (checked at admission), so the oldest one always progresses.
 
+With speculative decoding (engine/speculative.py) a decoding sequence may take 1 + k tokens of
+the budget: its last token and k drafts to verify; when its blocks cannot hold the drafts it
+decodes plainly before anyone is preempted.
+
 A step is `schedule()` → (the executor runs it) → `update_from_output()`. Only this class
 changes a request's status and counters: it advances `num_computed`, starts the forks of an
 n > 1 request, appends sampled tokens and checks stops, registers computed blocks in the prefix
@@ -24,13 +28,18 @@ from __future__ import annotations
 import time
 from collections import deque
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from inferd.engine.kv_cache import KVCacheManager
 from inferd.engine.request import Request, Sequence, SequenceStatus, update_block_hashes
 from inferd.engine.step import ModelRunnerOutput, ScheduledSequence, SchedulerOutput
 from inferd.engine.stopping import append_token
 from inferd.engine_client import EngineStats
+from inferd.errors import InvalidRequest
 from inferd.outputs import PositionLogprobs
+
+if TYPE_CHECKING:
+    from inferd.engine.speculative import Speculation
 
 
 @dataclass
@@ -54,6 +63,8 @@ class Scheduler:
         max_model_len: int,
         eos_token_ids: tuple[int, ...] = (),
         hash_root: bytes = b"",  # salt of the prefix-cache hashes (the model's identity)
+        speculation: Speculation | None = None,  # drafts to verify (speculative decoding)
+        grammars=None,  # StructuredOutputs (engine/structured_outputs.py), for constrained requests
     ):
         self.kv = kv
         self.max_num_seqs = max_num_seqs
@@ -61,22 +72,35 @@ class Scheduler:
         self.max_model_len = max_model_len
         self.eos_token_ids = eos_token_ids
         self.hash_root = hash_root
+        self.speculation = speculation
         self.requests: dict[str, Request] = {}  # unfinished requests by id
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
         self.counters = SchedulerCounters()
+        # Structured outputs: requests whose grammar is still compiling wait here, out of the
+        # FCFS queue, so they hold up no one; `failed` are those whose grammar did not compile,
+        # to report with the next step.
+        self.grammars = grammars
+        self.awaiting_grammar: list[Sequence] = []
+        self.failed: list[Request] = []
         # Device work produced outside a step (forks) or left undone by a failed step.
         self._copies: list[tuple[int, int, int]] = []
         self._clears: list[list[int]] = [[] for _ in kv.pools]
 
     # ---- requests ----------------------------------------------------------------------------
     def add_request(self, req: Request) -> None:
-        """Queue a validated request: its first sample waits, the others start with the fork."""
+        """Queue a validated request: its first sample waits, the others start with the fork.
+        A grammar that already failed to compile raises its InvalidRequest, nothing queued."""
+        compiled = req.grammar is None or req.grammar.done()
+        if req.grammar is not None and compiled:
+            self.grammars.attach(req)
         self.requests[req.request_id] = req
+        req.metrics.queued_time = time.monotonic()  # timeline: the engine has it now
+        req.metrics.max_tokens_param = req.params.max_tokens
         seq = req.sequences[0]
         update_block_hashes(seq, self.kv.block_size, self.hash_root)
         seq.status = SequenceStatus.WAITING
-        self.waiting.append(seq)
+        (self.waiting if compiled else self.awaiting_grammar).append(seq)
 
     def has_unfinished_requests(self) -> bool:
         return bool(self.requests)
@@ -113,9 +137,13 @@ class Scheduler:
 
     def stats(self) -> EngineStats:
         c = self.counters
+        spec = {}
+        if self.speculation is not None:
+            counts = self.speculation.metrics.counters()
+            spec = {k: tuple(v) if isinstance(v, list) else v for k, v in counts.items()}
         return EngineStats(
             num_running=len(self.running),
-            num_waiting=len(self.waiting),
+            num_waiting=len(self.waiting) + len(self.awaiting_grammar),
             kv_cache_usage=self.kv.usage,
             num_preemptions=c.num_preemptions,
             prefix_cache_queries=c.prefix_cache_queries,
@@ -123,23 +151,32 @@ class Scheduler:
             prompt_tokens=c.prompt_tokens_computed,
             generation_tokens=c.generation_tokens,
             steps=c.steps,
+            **spec,
         )
 
     # ---- the step: what runs ------------------------------------------------------------------
     def schedule(self) -> SchedulerOutput:
+        if self.awaiting_grammar:
+            self._admit_compiled()
         budget = self.max_num_batched_tokens
-        chosen: list[tuple[Sequence, int]] = []
+        chosen: list[tuple[Sequence, int, list[int]]] = []  # (sequence, tokens, drafts)
         preempted: list[Sequence] = []
         decodes = [s for s in self.running if s.num_tokens - s.num_computed == 1]
         prefills = [s for s in self.running if s.num_tokens - s.num_computed > 1]
+        drafts_of = self._plan_drafts(decodes, prefills, budget)
         for seq in decodes + prefills:
             if budget == 0:
                 break
             if seq.status is not SequenceStatus.RUNNING:
                 continue  # preempted earlier in this loop
             n = min(seq.num_tokens - seq.num_computed, budget)
+            drafts = drafts_of.get(seq.seq_id, [])
+            n += len(drafts)
             while not self.kv.allocate(seq, n):
-                taken = {id(s) for s, _ in chosen}
+                if drafts:  # no blocks for the drafts: decode plainly before preempting anyone
+                    n, drafts = n - len(drafts), []
+                    continue
+                taken = {id(s) for s, _, _ in chosen}
                 victims = [s for s in self.running if id(s) not in taken and s is not seq]
                 victim = victims[-1] if victims else seq
                 self._preempt(victim)
@@ -147,7 +184,7 @@ class Scheduler:
                 if victim is seq:
                     break
             else:
-                chosen.append((seq, n))
+                chosen.append((seq, n, drafts))
                 budget -= n
 
         while not preempted and self.waiting and budget > 0:
@@ -171,30 +208,40 @@ class Scheduler:
             seq.num_computed = start
             seq.status = SequenceStatus.RUNNING
             self.running.append(seq)
-            chosen.append((seq, n))
+            chosen.append((seq, n, []))
             budget -= n
         return self._output(chosen, preempted)
 
-    def _output(self, chosen: list[tuple[Sequence, int]], preempted: list[Sequence]):
+    def _plan_drafts(self, decodes: list[Sequence], prefills: list[Sequence], budget: int):
+        """seq_id → drafts to verify (speculative decoding), within the step's budget: decodes
+        come first, so their drafts always fit."""
+        if self.speculation is None or not decodes:
+            return {}
+        base = min(budget, len(decodes) + sum(s.num_tokens - s.num_computed for s in prefills))
+        return self.speculation.plan(decodes[:budget], base, budget)
+
+    def _output(self, chosen: list[tuple[Sequence, int, list[int]]], preempted: list[Sequence]):
         if not chosen:
             return SchedulerOutput([], preempted)
         self.counters.steps += 1
         now = time.monotonic()
         scheduled = []
-        for seq, n in chosen:
+        for seq, n, drafts in chosen:
             req, start = seq.request, seq.num_computed
             req.metrics.first_scheduled_time = req.metrics.first_scheduled_time or now
+            n -= len(drafts)
             needs_logits = start + n == seq.num_tokens
             scheduled.append(
                 ScheduledSequence(
                     seq,
                     start,
-                    seq.token_ids[start : start + n],
+                    seq.token_ids[start : start + n] + drafts,
                     seq.block_tables,
                     needs_logits,
                     prompt_logprobs=req.prompt_logprobs is not None
                     and start < seq.num_prompt_tokens,
                     forks=list(req.forks) if needs_logits and not req.forked else [],
+                    draft_token_ids=drafts,
                 )
             )
         fresh = self.kv.take_fresh_blocks()
@@ -203,12 +250,31 @@ class Scheduler:
         self._clears = [[] for _ in self.kv.pools]
         return SchedulerOutput(scheduled, preempted, clears, copies)
 
+    def _admit_compiled(self) -> None:
+        """Requests whose grammar finished compiling join the queue (their samples get their
+        matchers), or fail with the compile error."""
+        for seq in [s for s in self.awaiting_grammar if s.request.grammar.done()]:
+            self.awaiting_grammar.remove(seq)
+            req = seq.request
+            try:
+                self.grammars.attach(req)
+            except InvalidRequest as e:
+                self.failed.append(self._end(req.request_id, "error", f"InvalidRequest: {e}"))
+                continue
+            self.waiting.append(seq)
+
+    def take_failed(self) -> list[Request]:
+        """Requests that ended outside a step (their grammar did not compile), once each."""
+        failed, self.failed = [r for r in self.failed if r is not None], []
+        return failed
+
     def _preempt(self, seq: Sequence) -> None:
         self.running.remove(seq)
         self.kv.free(seq)
         seq.num_computed = 0
         seq.status = SequenceStatus.WAITING
         seq.request.metrics.num_preemptions += 1
+        seq.request.metrics.preemption_times += (time.monotonic(),)
         self.waiting.appendleft(seq)
         self.counters.num_preemptions += 1
 
@@ -227,9 +293,14 @@ class Scheduler:
         for s in out.scheduled:
             seq, req = s.seq, s.seq.request
             touched[req.request_id] = req
-            if s.num_new_tokens > 1 or seq.num_output_tokens == 0:  # not a decode
+            computed = s.num_new_tokens
+            if s.draft_token_ids:
+                # Verified: the KV of the last token and of the accepted drafts stays.
+                computed = len(result.sampled_token_ids[row])
+                self.speculation.verified(seq, len(s.draft_token_ids), computed - 1)
+            elif s.num_new_tokens > 1 or seq.num_output_tokens == 0:  # not a decode
                 self.counters.prompt_tokens_computed += s.num_new_tokens
-            seq.num_computed += s.num_new_tokens
+            seq.num_computed += computed
             if req.prompt_logprobs is not None:
                 req.prompt_logprobs.extend(result.prompt_logprobs.get(seq.seq_id, ()))
             for sample in s.samples:
@@ -243,6 +314,10 @@ class Scheduler:
                 req.forks, req.forked = [], True
         for s in out.scheduled:
             self.kv.cache_computed_blocks(s.seq)
+            if s.draft_token_ids and s.seq.finish_reason is None:
+                self.kv.release_tail(s.seq)  # blocks that held only rejected drafts
+        if self.speculation is not None:
+            self.speculation.observe_step(out, result)
         for seq in out.sampled:
             if seq.finish_reason is not None and not seq.is_finished:
                 self._finish(seq)
@@ -257,6 +332,8 @@ class Scheduler:
         req = seq.request
         for i, token in enumerate(tokens):
             append_token(seq, token, self.eos_token_ids, req.max_tokens, self.max_model_len)
+            if seq.matcher is not None:
+                self.grammars.advance(seq, token)
             update_block_hashes(seq, self.kv.block_size, self.hash_root)
             entry: PositionLogprobs | None = logprobs[i] if logprobs is not None else None
             if entry is not None:
@@ -295,5 +372,9 @@ class Scheduler:
             self.running.remove(seq)
         elif seq in self.waiting:
             self.waiting.remove(seq)
+        elif seq in self.awaiting_grammar:
+            self.awaiting_grammar.remove(seq)
         self.kv.free(seq)
         seq.status = SequenceStatus.FINISHED
+        if self.speculation is not None:
+            self.speculation.forget(seq)

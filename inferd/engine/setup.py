@@ -71,7 +71,8 @@ def _positive(name: str, value: int | None) -> None:
 
 def _check_limits(config: EngineConfig) -> None:
     for name in ("max_model_len", "max_num_seqs", "max_num_batched_tokens", "block_size",
-                 "tensor_parallel_size"):  # fmt: skip
+                 "tensor_parallel_size", "max_n", "max_stop_strings",
+                 "max_stop_string_length", "max_logprobs"):  # fmt: skip
         _positive(name, getattr(config, name))
     if config.kv_cache_memory is not None and config.kv_cache_memory <= 0:
         raise ValueError(

@@ -9,9 +9,9 @@ draw a token from which logits row); `ModelRunnerOutput` is what came back (samp
 logprobs). Neither side reaches into the other: the scheduler never sees a tensor, the executor
 never changes a request.
 
-Room to grow: `sampled_token_ids` holds a list per sequence, so a step that verifies draft tokens
-(speculative decoding) returns several; per-row extras (a grammar's token bitmask, step timings)
-become fields here.
+A step that verifies draft tokens (speculative decoding, engine/speculative.py) computes the
+sequence's last token followed by its drafts and returns several tokens for it in
+`sampled_token_ids`. Per-row extras (a grammar's token bitmask, step timings) become fields here.
 """
 
 from __future__ import annotations
@@ -40,6 +40,9 @@ class ScheduledSequence:
     # Samples 1..n-1 of the request: the step completes the prompt, so they start now, each
     # drawing its first token from this sequence's logits row.
     forks: list[Sequence] = field(default_factory=list)
+    # Speculative decoding: drafts to verify, the tail of `token_ids` (after the sequence's last
+    # token). The step needs a logits row for the last token and for each draft.
+    draft_token_ids: list[int] = field(default_factory=list)
 
     @property
     def num_new_tokens(self) -> int:
@@ -73,10 +76,15 @@ class SchedulerOutput:
 
 @dataclass
 class ModelRunnerOutput:
-    # One list per entry of `SchedulerOutput.sampled`: the tokens drawn for that sequence.
+    # One list per entry of `SchedulerOutput.sampled`: the tokens drawn for that sequence (one,
+    # or after verifying drafts: the accepted drafts and the token that follows them).
     sampled_token_ids: list[list[int]]
     # Same order, one entry per sampled token; None where the request asked for no logprobs.
     # May be left empty when no request asked.
     logprobs: list[list[PositionLogprobs] | None] = field(default_factory=list)
     # seq_id → logprobs of the prompt tokens this step's positions predict (prompt_logprobs).
     prompt_logprobs: dict[int, list[PositionLogprobs]] = field(default_factory=dict)
+    # What the step took (wall seconds): the model, the sampler. Speculative decoding plans
+    # how many drafts are worth a row from these (spec_decode/planner.py).
+    forward_seconds: float = 0.0
+    sampling_seconds: float = 0.0

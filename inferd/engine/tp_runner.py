@@ -45,10 +45,10 @@ class TPModelRunner:
         except RuntimeError as e:
             raise WorkerFailure(f"tensor-parallel worker unreachable: {e}") from e
 
-    def execute_with_prompt_logits(self, steps: list[SequenceStep]):
+    def execute_with_prompt_logits(self, steps: list[SequenceStep], timer=None):
         self._send(("step", steps))
         try:
-            return self.local.execute_with_prompt_logits(steps)
+            return self.local.execute_with_prompt_logits(steps, timer)
         except RuntimeError as e:  # a collective lost its peer or timed out
             self._check_workers()
             raise WorkerFailure(f"tensor-parallel step failed: {e}") from e

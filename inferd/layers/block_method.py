@@ -8,11 +8,12 @@ in `dtype` wins; their weights are either
 * a `dtype` copy of the blocks, made at the first step that needs it and kept (`keep_copy`:
   bfloat16 on CPUs with fast bf16 — twice the blocks' memory, none of it spent by workloads
   that never run a large step), or
-* dequantised from the blocks anew for every such step (no memory; costs a pass over the
-  weights per step, small next to a prefill's arithmetic).
+* dequantised from the blocks anew for every such step, a slab of rows at a time (no memory
+  kept; each slab is still in cache when the GEMM reads it, so the step reads the blocks once
+  and never holds a float32 matrix: the LM head alone would be 4x the file's size).
 
 Both come from the same integers, so the two paths compute the same model up to the rounding of
-activations (int8 per 32 values in the block kernel, as llama.cpp does).
+activations (16-bit, as two int8 terms per 32 values, in the block kernel).
 """
 
 from __future__ import annotations
@@ -23,6 +24,10 @@ from torch import nn
 
 from inferd.layers.gguf_blocks import BlockWeight, stack
 from inferd.layers.linear_method import LinearMethod, dropped
+
+# Weights per slab of a dequantising large step: 8 MB in float32, which stays in the L2/L3
+# caches between its dequantisation and the GEMM that reads it.
+SLAB_WEIGHTS = 2 << 20
 
 
 class BlockMethod(LinearMethod):
@@ -67,13 +72,24 @@ class BlockMethod(LinearMethod):
             return "blocks"
         return "gemm-copy" if self.keep_copy else "gemm-dequantised"
 
-    def dense_weight(self) -> torch.Tensor:
-        """The `dtype` weights of a large step (see the module docstring)."""
-        if not self.keep_copy:
-            return self.blocks.dense(self.dtype)
+    def dense_copy_weight(self) -> torch.Tensor:
+        """The kept `dtype` copy of the blocks, made at the first large step."""
         if self.dense_copy is None:
             self.dense_copy = self.blocks.dense(self.dtype)
         return self.dense_copy
+
+    def dequantising_product(self, x: torch.Tensor) -> torch.Tensor:
+        """x @ w^T in `dtype`, the weights dequantised a slab of rows at a time."""
+        n, k = self.blocks.shape
+        x = x.to(self.dtype)
+        slab = max(64, SLAB_WEIGHTS // k)
+        if slab >= n:
+            return F.linear(x, self.blocks.dense(self.dtype)).float()
+        y = torch.empty(x.shape[0], n, dtype=torch.float32)
+        for start in range(0, n, slab):
+            rows = slice(start, min(start + slab, n))
+            y[:, rows] = F.linear(x, self.blocks.dense(self.dtype, rows))
+        return y
 
     def apply(self, layer: nn.Module, x: torch.Tensor,
               bias: torch.Tensor | None = None) -> torch.Tensor:  # fmt: skip
@@ -82,8 +98,10 @@ class BlockMethod(LinearMethod):
             return super().apply(layer, x, bias)
         if x.shape[0] <= self.max_rows:
             y = self.blocks(x)
+        elif self.keep_copy:
+            y = F.linear(x.to(self.dtype), self.dense_copy_weight()).float()
         else:
-            y = F.linear(x.to(self.dtype), self.dense_weight()).float()
+            y = self.dequantising_product(x)
         return y if bias is None else y + bias
 
     def lookup(self, layer: nn.Module, ids: torch.Tensor) -> torch.Tensor:
@@ -92,5 +110,5 @@ class BlockMethod(LinearMethod):
         return self.blocks.dequantized(ids)
 
     def extra_repr(self) -> str:
-        large = f"{self.dtype} copy" if self.keep_copy else f"dequantised to {self.dtype}"
+        large = f"{self.dtype} copy" if self.keep_copy else f"slabs dequantised to {self.dtype}"
         return f"blocks up to {self.max_rows} rows, then GEMM on a {large}"

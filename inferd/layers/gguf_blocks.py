@@ -7,8 +7,9 @@ weights that were already rounded once). q is stored in 4, 5 or 8 bits, whicheve
 needs, and scales in fp16 where that is exact, so a token reads about as many bytes as the GGUF
 file holds (cpu_kernels/block_gemv.c describes the layouts).
 
-`BlockWeight.forward` is the C kernel, which quantises each activation row to int8 per 32 values
-as llama.cpp does and sums exactly in integers (VNNI where the CPU has it). It wins for steps of
+`BlockWeight.forward` is the C kernel, which quantises each activation to two int8 terms per
+block of 32 values (16-bit precision: llama.cpp's one int8 term flips a few percent of a small
+model's argmaxes) and sums exactly in integers (VNNI where the CPU has it). It wins for steps of
 a few rows (bound by reading weights); steps with many rows are bound by arithmetic and go to
 PyTorch's GEMM on `dense()` weights instead: `BlockMethod` (block_method.py) picks per step.
 """
@@ -198,15 +199,20 @@ class BlockWeight(nn.Module):
             self.lib = kernel_library()
         return self.lib
 
-    def dense(self, dtype: torch.dtype) -> torch.Tensor:
-        """The weights in `dtype`, dequantised by the C kernel (float32 or bfloat16 directly)."""
+    def dense(self, dtype: torch.dtype, rows: slice = slice(None)) -> torch.Tensor:
+        """The weights (output rows `rows`, a slice with step 1) in `dtype`, dequantised by the
+        C kernel (float32 or bfloat16 directly)."""
         lib = self._kernels()
+        start, stop, _ = rows.indices(self.shape[0])
         direct = dtype if dtype == torch.bfloat16 else torch.float32
-        out = torch.empty(self.shape, dtype=direct)
+        out = torch.empty(max(stop - start, 0), self.shape[1], dtype=direct)
         first = 0
         for p in self.parts:
-            lib.inferd_block_dequantize(ctypes.byref(p.struct), int(direct == torch.bfloat16),
-                                        out[first].data_ptr())  # fmt: skip
+            lo, hi = max(start, first), min(stop, first + p.shape[0])  # this part's share
+            if lo < hi:
+                lib.inferd_block_dequantize(ctypes.byref(p.struct), lo - first, hi - lo,
+                                            int(direct == torch.bfloat16),
+                                            out[lo - start].data_ptr())  # fmt: skip
             first += p.shape[0]
         return out.to(dtype)
 

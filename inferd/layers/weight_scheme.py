@@ -10,8 +10,8 @@ machine and the checkpoint (docs/performance.md has the measurements behind it):
   steps of a few rows (decode: bound by reading weights, and the blocks are the fewest bytes),
   and PyTorch's GEMM for larger steps (prefill, big batches: bound by arithmetic) — on a
   bfloat16 copy of the blocks made at the first such step where the CPU has fast bf16
-  (avx512_bf16 / AMX), else on float32 weights dequantised from the blocks for each such step
-  (no float32 copy of a quantised model is ever kept);
+  (avx512_bf16 / AMX), else on float32 weights dequantised from the blocks for each such step,
+  a slab at a time (no float32 copy of a quantised model is ever kept);
 * anything else (an HF folder, a GPU, tensor parallelism, no C compiler): dense weights in
   bfloat16 where the device computes it fast, else float32.
 
@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from inferd.cpu_info import cpu_has_fast_bf16
+import inferd.cpu_info as cpu_info
 from inferd.layers.block_method import BlockMethod
 from inferd.layers.linear_method import DenseMethod, LinearMethod
 from inferd.layers.quant import INT4_ROW_LIMITS, Fp8Method, Int4Method, Int8Method
@@ -36,15 +36,20 @@ log = logging.getLogger(__name__)
 
 QUANTIZATION_METHODS = ("gguf", "int8", "int4", "fp8")
 # Rows up to which a block layer uses the C block kernel, per kind of matrix. The kernel's cost
-# grows with every row (it rounds and scales per block of 32), a GEMM's hardly at all until it
-# is bound by arithmetic. With a bf16 copy for larger steps the GEMM takes over early; without
-# one the alternative is dequantising the whole matrix for the step, so the kernel keeps more.
-# Measured on the embedded model (docs/performance.md): decode steps of up to 6 sequences are
-# faster with blocks, 8 and more with the bf16 copy.
+# grows with every row (it multiplies each row's activations in its own registers), a GEMM's
+# hardly at all until it is bound by arithmetic. With a bf16 copy for larger steps the GEMM
+# takes over early; without one the GEMM also pays for dequantising its weights each step (slab
+# by slab, block_method.py), so the kernel keeps more rows, the LM head the most (its slabs cost
+# most). Measured on the embedded model, whole decode steps of n sequences (docs/performance.md):
+# with AVX-512 VNNI and a bf16 copy, blocks win up to 6 sequences; with the AVX2 kernels and
+# float32 GEMM on dequantised slabs, up to ~24 (the layers' matrices alone: ~16; the head: ~40).
 BLOCK_ROWS_WITH_COPY = {"linear": 6, "head": 6}
-BLOCK_ROWS_DEQUANTISING = {"linear": 16, "head": 16}
+BLOCK_ROWS_DEQUANTISING = {"linear": 16, "head": 32}
 # Decode steps of up to this many sequences run each decoder layer as one C call
-# (inferd/models/cpu_decoder.py), whose block products are the same kernels.
+# (inferd/models/cpu_decoder.py), whose block products are the same kernels. NOTE: no more than
+# the layers' block rows: a step of up to `decoder_rows` rows of any kind (a speculative
+# verification step, inferd/engine/speculative.py) must run on the kernels of a one-row step.
+# (Without a copy, the C layer would still pay for itself up to ~24 sequences.)
 DECODER_ROWS_WITH_COPY = 6
 DECODER_ROWS_DEQUANTISING = 16
 
@@ -57,10 +62,11 @@ class WeightScheme:
     keep_copy: bool = False  # block layers keep a `dtype` copy for large steps
     quantize: str | None = None  # int8 | int4 | fp8: re-quantise the loaded dense weights
     kernels: ctypes.CDLL | None = field(default=None, compare=False, repr=False)
+    reason: str = field(default="", compare=False)  # why this scheme: a flag, or the machine
 
     @classmethod
-    def dense(cls, dtype: torch.dtype) -> WeightScheme:
-        return cls(str(dtype).removeprefix("torch."), dtype)
+    def dense(cls, dtype: torch.dtype, reason: str = "") -> WeightScheme:
+        return cls(str(dtype).removeprefix("torch."), dtype, reason=reason)
 
     @property
     def activations(self) -> torch.dtype:
@@ -107,6 +113,11 @@ class WeightScheme:
         return self.quantize is None
 
     def describe(self) -> str:
+        """What the weights are and which kernels multiply by them, and why (the start-up line
+        `inferd: weights: ...`)."""
+        return self._what() + (f"; {self.reason}" if self.reason else "")
+
+    def _what(self) -> str:
         if self.blocks:
             rows = BLOCK_ROWS_WITH_COPY if self.keep_copy else BLOCK_ROWS_DEQUANTISING
             large = (f"{_name(self.dtype)} GEMM on a copy made at the first such step"
@@ -170,23 +181,44 @@ def choose_scheme(quantization: str | None, dtype: str, checkpoint_format: str |
     resolved = resolve_dtype(dtype, device)
     if quantization is not None:
         check_quantization(quantization, device)
+        forced = f"chosen by --quantization {quantization}"
         if quantization == "gguf":
             if checkpoint_format not in ("gguf", None):
                 raise ValueError("quantization gguf keeps a GGUF file's own blocks; the model "
                                  "is not a GGUF file")  # fmt: skip
-            return WeightScheme("gguf", resolved, blocks=True, kernels=_kernels_or_reason()[0])
+            return WeightScheme("gguf", resolved, blocks=True, kernels=_kernels_or_reason()[0],
+                                reason=forced)  # fmt: skip
         if dtype != "auto" and resolved != torch.bfloat16:
             raise ValueError(f"quantization {quantization} needs dtype bfloat16 (or auto)")
-        return WeightScheme(quantization, torch.bfloat16, quantize=quantization)
-    if dtype != "auto" or device.type != "cpu" or checkpoint_format != "gguf":
-        return WeightScheme.dense(resolved)
+        return WeightScheme(quantization, torch.bfloat16, quantize=quantization, reason=forced)
+    if dtype != "auto":
+        return WeightScheme.dense(resolved, f"chosen by --dtype {dtype}")
+    if device.type != "cpu":
+        return WeightScheme.dense(resolved, f"the default on {device.type}")
+    if checkpoint_format != "gguf":
+        return WeightScheme.dense(resolved, f"the default for {_checkpoint(checkpoint_format)} "
+                                  f"on {_cpu()}")  # fmt: skip
     if tensor_parallel > 1:  # block layers are not split across ranks
-        return WeightScheme.dense(resolved)
+        return WeightScheme.dense(resolved, "the default with tensor parallelism: GGUF blocks "
+                                  "are not split across ranks")  # fmt: skip
     lib, reason = _kernels_or_reason()
     if lib is None:
         log.warning("inferd's C kernels are unavailable (%s): the GGUF weights are dequantised "
                     "to %s, which is slower", reason, _name(resolved))  # fmt: skip
-        return WeightScheme.dense(resolved)
-    if cpu_has_fast_bf16():
-        return WeightScheme("gguf+bf16", torch.bfloat16, blocks=True, keep_copy=True, kernels=lib)
-    return WeightScheme("gguf+float32", torch.float32, blocks=True, kernels=lib)
+        return WeightScheme.dense(resolved, "the default for a GGUF file without inferd's C "
+                                  "kernels")  # fmt: skip
+    why = f"the default for a GGUF file on {_cpu()}"
+    if cpu_info.default_gguf_weights() == "gguf+bf16":
+        return WeightScheme("gguf+bf16", torch.bfloat16, blocks=True, keep_copy=True, kernels=lib,
+                            reason=why)  # fmt: skip
+    return WeightScheme("gguf+float32", torch.float32, blocks=True, kernels=lib, reason=why)
+
+
+def _checkpoint(checkpoint_format: str | None) -> str:
+    return "an HF checkpoint" if checkpoint_format == "hf" else "this checkpoint"
+
+
+def _cpu() -> str:
+    if cpu_info.cpu_has_fast_bf16():
+        return "a CPU with fast bf16 (avx512_bf16 or AMX)"
+    return "a CPU without fast bf16 (no avx512_bf16 or AMX)"

@@ -30,6 +30,7 @@ from inferd.memory.kv import (
     kv_bytes_per_token_per_layer,
     plan_kv_pool,
 )
+from inferd.memory.weight_plan import WeightPlan, block_plan, dense_plan, keeps_blocks
 from inferd.memory.weights import (
     CheckpointWeights,
     ParamCounts,
@@ -136,6 +137,7 @@ class MemoryEstimate:
     max_concurrency: int | None = None  # at max_model_len, on device_memory
     max_context: int | None = None  # at concurrency, on device_memory
     min_tensor_parallel_size: int | None = None  # smallest that fits, None when none does
+    weight_plan: WeightPlan | None = None  # the mode's weights (whole model; weight_plan.py)
 
     @property
     def fits(self) -> bool | None:
@@ -177,21 +179,26 @@ class _Plan:
     block_size: int
     device: str
     attention_backend: str
+    blocks: WeightPlan | None = None  # the default mode's GGUF blocks (no tensor parallelism)
 
     def device_bytes(self, tp: int, concurrency: int, context_len: int) -> DeviceBreakdown:
         shard = tp_shard(self.config, tp)
         tokens, kvb = self.max_num_batched_tokens, ELEMENT_BYTES[self.kv_dtype]
+        weights = weight_bytes(count_parameters(shard).total, self.dtype)
+        if self.blocks is not None and tp == 1:
+            weights = self.blocks.total
         acts = estimate_activations(
             shard,
             num_tokens=tokens,
             num_seqs=min(concurrency, tokens),  # a step samples at most one row per token
             context_len=context_len,
-            act_bytes=ELEMENT_BYTES[compute_dtype(self.dtype)],
+            # block layers take and give float32 activations (the residual stream is float32)
+            act_bytes=4 if self.blocks is not None else ELEMENT_BYTES[compute_dtype(self.dtype)],
             vocab_size=self.config.vocab_size,
             attention_backend=self.attention_backend,
         )
         return DeviceBreakdown(
-            weights=weight_bytes(count_parameters(shard).total, self.dtype),
+            weights=weights,
             kv_formula=concurrency * kv_bytes_for_context(shard, context_len, kvb),
             kv_pool=engine_kv_pool(
                 shard,
@@ -230,11 +237,14 @@ def estimate_memory(
     block_size: int = DEFAULT_BLOCK_SIZE,
     checkpoint: CheckpointWeights | None = None,
     name: str = "",
+    block_kernels: bool = False,
 ) -> MemoryEstimate:
     """Estimate what `config` needs per device; with `device_memory` (bytes), also what fits.
 
     `dtype`: the precision the weights are held in ("auto": the engine's default for
-    `device`); `kv_cache_dtype` ("auto": the compute dtype); `concurrency` requests of
+    `device`: on a CPU where inferd's C kernels run (`block_kernels`), a GGUF checkpoint keeps
+    its blocks, weight_plan.py); `kv_cache_dtype` ("auto": the compute dtype, float32 with
+    blocks); `concurrency` requests of
     `max_model_len` tokens (default: the model's limit); `max_num_batched_tokens` is the step's
     token budget, which sizes the activations. `attention_backend` defaults to the reference
     "torch" backend on CPU and a "fused" kernel on GPU.
@@ -254,7 +264,12 @@ def estimate_memory(
             f"{config.max_position_embeddings} positions"
         )
     wdtype = resolve_dtype(dtype, device)
-    kv_dtype = compute_dtype(wdtype)
+    tp = tensor_parallel_size
+    blocks = None
+    if keeps_blocks(dtype, device, checkpoint, tp, block_kernels):
+        blocks = block_plan(checkpoint)  # type: ignore[arg-type]
+        wdtype = blocks.compute_dtype
+    kv_dtype = "fp32" if blocks is not None else compute_dtype(wdtype)
     if kv_cache_dtype != "auto":
         kv_dtype = canonical_precision(kv_cache_dtype)
     if kv_dtype not in KV_DTYPES:
@@ -262,8 +277,7 @@ def estimate_memory(
             f"kv_cache_dtype must be one of auto, {', '.join(KV_DTYPES)} (got {kv_cache_dtype!r})"
         )
     backend = attention_backend or ("torch" if device == "cpu" else "fused")
-    plan = _Plan(config, wdtype, kv_dtype, tokens, block_size, device, backend)
-    tp = tensor_parallel_size
+    plan = _Plan(config, wdtype, kv_dtype, tokens, block_size, device, backend, blocks)
     shard = tp_shard(config, tp)
     kvb = ELEMENT_BYTES[kv_dtype]
     params = count_parameters(config)
@@ -308,5 +322,6 @@ def estimate_memory(
         kv_bytes_per_request_uncapped=kv_bytes_per_token(shard, kvb) * max_len,
         per_device=plan.device_bytes(tp, concurrency, max_len),
         device_memory=device_memory,
+        weight_plan=blocks or dense_plan(params.total, wdtype),
         **capacity,
     )

@@ -7,7 +7,7 @@ itself sizes its KV pool with this package.
 Measurements and predictions differ for reasons worth seeing, so each row says why: RSS counts
 touched pages (including pages of the memory-mapped checkpoint), glibc keeps freed memory for
 reuse, the CUDA allocator caches freed blocks (reserved ≥ allocated) and rounds them up, and the
-CUDA context lives outside the allocator altogether.
+CUDA context lives outside the allocator altogether. The snapshots themselves: snapshot.py.
 """
 
 from __future__ import annotations
@@ -20,35 +20,18 @@ from typing import Any, Protocol
 from inferd.config import ModelConfig
 from inferd.memory.activations import estimate_activations
 from inferd.memory.estimate import ELEMENT_BYTES, MemoryEstimate, compute_dtype
+from inferd.memory.snapshot import (
+    DeviceStats,
+    Snapshot,
+    peak_snapshot,
+    proc_status,
+    reset_peak_rss,
+    take_snapshot,
+)
 from inferd.sampling_params import SamplingParams
 
 _TORCH_DTYPES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
 _PROMPT = "Request {i}: explain in a few sentences why the KV cache grows with the context."
-
-
-def proc_status(pid: int | str = "self") -> dict[str, int]:
-    """VmRSS, VmHWM (peak), RssAnon and RssFile of a process (this one) in bytes; {} without
-    /proc."""
-    out = {}
-    try:
-        with open(f"/proc/{pid}/status") as f:
-            for line in f:
-                key, _, value = line.partition(":")
-                if key in ("VmRSS", "VmHWM", "RssAnon", "RssFile"):
-                    out[key] = int(value.split()[0]) * 1024  # reported in kB
-    except OSError:
-        pass
-    return out
-
-
-def reset_peak_rss() -> bool:
-    """Reset VmHWM to the current RSS (Linux ≥ 4.0), so a later peak belongs to what ran since."""
-    try:
-        with open("/proc/self/clear_refs", "w") as f:
-            f.write("5")
-    except OSError:
-        return False
-    return True
 
 
 def local_device_memory(device: str) -> int:
@@ -60,37 +43,6 @@ def local_device_memory(device: str) -> int:
     return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
 
 
-@dataclass(frozen=True)
-class Snapshot:
-    label: str
-    rss: int | None = None
-    rss_peak: int | None = None
-    rss_anon: int | None = None
-    rss_file: int | None = None
-    cuda_allocated: int | None = None
-    cuda_reserved: int | None = None
-    cuda_peak: int | None = None
-    cuda_device_used: int | None = None  # total - free on the device: context and others too
-
-
-def take_snapshot(label: str, device: str) -> Snapshot:
-    st = proc_status()
-    cuda = {}
-    if device == "cuda":
-        import torch
-
-        torch.cuda.synchronize()
-        free, total = torch.cuda.mem_get_info()
-        cuda = dict(
-            cuda_allocated=torch.cuda.memory_allocated(),
-            cuda_reserved=torch.cuda.memory_reserved(),
-            cuda_peak=torch.cuda.max_memory_allocated(),
-            cuda_device_used=total - free,
-        )
-    return Snapshot(label, st.get("VmRSS"), st.get("VmHWM"), st.get("RssAnon"),
-                    st.get("RssFile"), **cuda)  # fmt: skip
-
-
 @dataclass
 class Measurement:
     device: str
@@ -99,6 +51,7 @@ class Measurement:
     generated_tokens: int
     # (what, predicted bytes or None, measured bytes or None, why they differ)
     rows: list[tuple[str, int | None, int | None, str]] = field(default_factory=list)
+    peak: Snapshot | None = None  # the peaks during generation (peak RSS; CUDA peak allocated)
 
 
 class OfflineLLM(Protocol):
@@ -122,10 +75,11 @@ def measure_memory(
     max_tokens: int = 16,
     *,
     make_llm: Callable[..., OfflineLLM],
+    device_stats: DeviceStats | None = None,
 ) -> Measurement:
     """Load `model` with the engine (`make_llm(**engine arguments)`) sized as `estimate` says,
     generate `max_tokens` tokens for each of `estimate.concurrency` prompts, and compare memory
-    with the predictions."""
+    with the predictions. `device_stats`: where CUDA figures come from (torch.cuda)."""
     tp = estimate.tensor_parallel_size
     if tp != 1 and estimate.device != "cpu":
         raise ValueError("--measure with --tensor-parallel-size runs on CPU ranks only")
@@ -140,9 +94,10 @@ def measure_memory(
             f"{estimate.kv_cache_dtype}"
         )
     dev, pred = estimate.device, estimate.per_device
+    blocks = estimate.weight_plan is not None and estimate.weight_plan.blocks
     kwargs: dict[str, Any] = dict(
         model=model,
-        dtype=_TORCH_DTYPES[estimate.dtype],
+        dtype="auto" if blocks else _TORCH_DTYPES[estimate.dtype],  # the default keeps blocks
         max_model_len=estimate.max_model_len,
         kv_cache_memory=pred.kv_cache,
         device=dev,
@@ -157,7 +112,11 @@ def measure_memory(
     # measuring loads them into anonymous memory, where the accounting below expects them.
     saved = os.environ.get("INFERD_WEIGHT_CACHE")
     os.environ["INFERD_WEIGHT_CACHE"] = "0"
-    before = take_snapshot("before load", dev)
+    if dev == "cuda" and device_stats is None:
+        import torch
+
+        device_stats = torch.cuda
+    before = take_snapshot("before load", dev, device_stats)
     try:
         llm = make_llm(**kwargs)
     finally:
@@ -165,17 +124,16 @@ def measure_memory(
             del os.environ["INFERD_WEIGHT_CACHE"]
         else:
             os.environ["INFERD_WEIGHT_CACHE"] = saved
-    loaded = take_snapshot("after load", dev)
+    loaded = take_snapshot("after load", dev, device_stats)
     reset_peak_rss()
-    if dev == "cuda":
-        import torch
-
-        torch.cuda.reset_peak_memory_stats()
+    if device_stats is not None:
+        device_stats.reset_peak_memory_stats()
     prompts = [_PROMPT.format(i=i) for i in range(estimate.concurrency)]
     sampling = SamplingParams(temperature=0.0, max_tokens=max_tokens)
     outputs = llm.generate(prompts, sampling, use_tqdm=False)
-    done = take_snapshot("after generation", dev)
+    done = take_snapshot("after generation", dev, device_stats)
     reports = llm.rank_reports()
+    kv_held = getattr(llm, "kv_cache_bytes", None)
 
     prompt_lens = [len(o.prompt_token_ids) for o in outputs]
     generated = sum(len(c.token_ids) for o in outputs for c in o.outputs)
@@ -189,8 +147,10 @@ def measure_memory(
         act_bytes=ELEMENT_BYTES[compute_dtype(estimate.dtype)],
         attention_backend=estimate.attention_backend,
     ).peak_bytes
-    m = Measurement(dev, [before, loaded, done], sum(prompt_lens), generated)
-    load_pred = pred.weights + pred.kv_cache
+    m = Measurement(dev, [before, loaded, done], sum(prompt_lens), generated,
+                    peak=peak_snapshot(done))  # fmt: skip
+    # the blocks' bf16 copy comes with the first large step, not at load
+    load_pred = pred.weights - (estimate.weight_plan.copy if blocks else 0) + pred.kv_cache
     if dev == "cuda":
         _gpu_rows(m, before, loaded, done, load_pred, run_acts, pred.overhead.bytes)
     else:
@@ -199,6 +159,10 @@ def measure_memory(
         convert = 0 if estimate.dtype == "fp32" else ELEMENT_BYTES[estimate.dtype]
         buffer = config.vocab_size * config.hidden_size * (4 + convert)
         _cpu_rows(m, before, loaded, done, load_pred, run_acts, pred.overhead.bytes, buffer)
+    if kv_held is not None and not reports:
+        m.rows.append(("KV pool (allocated by the engine)", pred.kv_cache, kv_held(),
+                       "the pool the engine sized from the estimate: whole blocks per layer "
+                       "group; on CPU its pages count in RSS only once written"))  # fmt: skip
     _rank_rows(m, reports, pred)
     if reports:
         llm.shutdown()
@@ -247,6 +211,17 @@ def _cpu_rows(m, before, loaded, done, load_pred, run_acts, overhead, buffer) ->
          "peak RSS during generation over RSS after load: this short run's temporaries, far "
          "below the estimate's worst case (full token budget at full context)"),
     ]  # fmt: skip
+    if done.heap_in_use is not None:  # glibc: the allocator PyTorch's CPU tensors come from
+        m.rows += [
+            ("load: heap in use (malloc)", load_pred,
+             _delta(loaded.heap_in_use, before.heap_in_use),
+             "what malloc handed out and still lends: weights, the whole KV pool (allocated, "
+             "written or not), the tokenizer"),
+            ("allocator cache (heap held − in use)", None,
+             _delta(done.heap_held, done.heap_in_use),
+             "freed blocks glibc keeps for reuse (load buffers, step temporaries): the CPU "
+             "side of CUDA's reserved − allocated"),
+        ]  # fmt: skip
 
 
 def _mib(n: int) -> str:

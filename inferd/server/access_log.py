@@ -1,6 +1,8 @@
 """One access line per HTTP request, when the response is done:
 
-    INFO inferd.access: 127.0.0.1 "POST /v1/chat/completions" 200 0.412 s
+    INFO inferd.access: 127.0.0.1 "POST /v1/chat/completions" 200 0.412 s user='alice'
+
+(`user=` only when the request named its end user: OpenAI's `user` or `safety_identifier`.)
 
 The latency runs from the request's arrival to the last byte of the response, so a streamed
 completion counts its whole stream. A plain ASGI middleware (not BaseHTTPMiddleware, which would
@@ -36,11 +38,14 @@ class AccessLogMiddleware:
             await self.app(scope, receive, send_and_note)
         finally:
             client = scope.get("client")
+            # The end user the request named (`user`), set by the route (server/state.py).
+            user = (scope.get("state") or {}).get("inferd_user")
             log.info(
-                '%s "%s %s" %s %.3f s',
+                '%s "%s %s" %s %.3f s%s',
                 client[0] if client else "-",
                 scope["method"],
                 scope["path"],
                 status or 500,
                 time.monotonic() - start,
+                f" user={user!r}" if user else "",
             )

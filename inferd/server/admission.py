@@ -11,14 +11,17 @@ tokens than the whole queue may hold.
 What the server holds (503 with Retry-After, the request could be served later):
   * queued requests: an engine request (one prompt) is queued from its admission until its
     first output arrives, i.e. until the engine scheduled it and computed its prompt, or until
-    it ends. It counts once, whichever stage it is in (tokenizing, handed to the engine thread,
-    waiting in the scheduler). Requests that have produced output hold `n` seats (sequence
-    slots, `max_num_seqs`) until they finish, and only queued requests beyond the free seats
-    are *waiting*: an idle server with 64 free seats admits 64 simultaneous requests whatever
-    `--max-queued-requests` says.
+    it ends. It counts once, whichever stage it is in (tokenizing, waiting for its grammar,
+    handed to the engine thread, waiting in the scheduler). Each of its `n` samples is a
+    sequence that takes a seat (a sequence slot, `max_num_seqs`), so a queued request counts
+    `n` times towards `--max-queued-requests`, as vLLM fans `n` out into `n` requests. Requests
+    that have produced output hold their `n` seats until they finish, and only queued samples
+    beyond the free seats are *waiting*: an idle server with 64 free seats admits 64
+    simultaneous single-sample requests whatever `--max-queued-requests` says.
   * queued prompt tokens (`--max-queued-tokens`): the prefill backlog. Before tokenizing, a
     text prompt counts with the least number of tokens its bytes allow; after tokenizing, with
-    its exact count (checked again then).
+    its exact count (checked again then). A prompt cut by `truncate_prompt_tokens` counts with
+    what is kept, and is not too long for the context whatever its length.
 """
 
 from __future__ import annotations
@@ -69,6 +72,7 @@ class Admission:
     def __init__(self, limits: AdmissionLimits):
         self.limits = limits
         self.queued_requests = 0
+        self.queued_samples = 0  # the queued requests' sequences: n each
         self.queued_tokens = 0
         self.seated = 0  # seats held by requests that have produced output
         self.draining = False
@@ -82,8 +86,11 @@ class Admission:
         per_token = self.limits.max_bytes_per_token
         return max(1, math.ceil(text_bytes(prompt) / per_token)) if per_token else 1
 
-    def check_request(self, prompts: list[Any], param: str = "prompt") -> list[int]:
-        """The least token count of each prompt; raises for a request that can never be
+    def check_request(
+        self, prompts: list[Any], param: str = "prompt", keep: int | None = None
+    ) -> list[int]:
+        """The least token count of each prompt (of its last `keep` tokens, when the request
+        truncates its prompts: -1 keeps max_model_len); raises for a request that can never be
         served. Costs one pass over the prompts' lengths, no tokenization."""
         limits = self.limits
         if len(prompts) > limits.max_prompts_per_request:
@@ -93,8 +100,11 @@ class Admission:
                 f"{limits.max_prompts_per_request} (--max-prompts-per-request)",
             )
         least = [self.least_tokens(p) for p in prompts]
+        if keep is not None:  # truncated to fit: the engine checks what is kept
+            kept = limits.max_model_len if keep == -1 else max(1, keep)
+            least = [min(count, kept) for count in least]
         for i, (prompt, count) in enumerate(zip(prompts, least, strict=True)):
-            if count < limits.max_model_len:
+            if count < limits.max_model_len or keep is not None:
                 continue
             where = f"{param}[{i}]" if len(prompts) > 1 else param
             if isinstance(prompt, str):
@@ -119,22 +129,25 @@ class Admission:
             )
 
     # ---- what the server holds (503) ---------------------------------------------------------
-    def waiting(self, extra_requests: int = 0) -> int:
-        """Queued requests beyond the free seats: those that would wait for one."""
+    def waiting(self, extra_samples: int = 0) -> int:
+        """Queued samples beyond the free seats: those that would wait for one."""
         free = max(0, self.limits.seats - self.seated)
-        return max(0, self.queued_requests + extra_requests - free)
+        return max(0, self.queued_samples + extra_samples - free)
 
-    def _check_room(self, requests: int, tokens: int) -> None:
+    def _check_room(self, prompts: int, n: int, tokens: int, param: str = "prompt") -> None:
         if self.draining:
             raise ShuttingDown()
         limits = self.limits
         limit = limits.max_queued_requests
-        if limit is not None and requests and self.waiting(requests) > limit:
-            if requests > limit + limits.seats:
+        samples = prompts * n
+        if limit is not None and samples and self.waiting(samples) > limit:
+            if samples > limit + limits.seats:
+                what = f"{prompts} prompts" if n == 1 else f"{prompts} prompt(s) × n={n}"
                 raise InvalidRequest(
-                    "prompt",
-                    f"prompt: {requests} prompts in one request; the server runs {limits.seats} "
-                    f"and queues {limit} at once (--max-queued-requests)",
+                    param if n == 1 else "n",
+                    f"{param if n == 1 else 'n'}: {what} in one request ask for {samples} "
+                    f"sequences; the server runs {limits.seats} and queues {limit} at once "
+                    "(--max-num-seqs, --max-queued-requests)",
                 )
             raise self._overloaded(f"the server's queue is full ({limit} requests waiting)")
         token_limit = limits.max_queued_tokens
@@ -149,11 +162,14 @@ class Admission:
         error.retry_after_s = self.limits.retry_after_s
         return error
 
-    def admit(self, prompts: list[Any], n: int, param: str = "prompt") -> Reservation:
-        """Check the request and reserve its place in the queue; raises InvalidRequest (400),
-        Overloaded or ShuttingDown (503)."""
-        least = self.check_request(prompts, param)
-        self._check_room(len(prompts), sum(least))
+    def admit(
+        self, prompts: list[Any], n: int, param: str = "prompt", keep: int | None = None
+    ) -> Reservation:
+        """Check the request (`n` samples of each prompt; `keep`: its truncate_prompt_tokens)
+        and reserve its place in the queue; raises InvalidRequest (400), Overloaded or
+        ShuttingDown (503)."""
+        least = self.check_request(prompts, param, keep)
+        self._check_room(len(prompts), n, sum(least), param)
         return Reservation(self, least, n)
 
 
@@ -169,6 +185,7 @@ class Reservation:
         self.index: dict[str, int] = {}  # engine request id → prompt index
         self.group: Any = None  # the RequestGroup serving it, for the drain
         admission.queued_requests += len(tokens)
+        admission.queued_samples += len(tokens) * n
         admission.queued_tokens += sum(tokens)
         admission.live.add(self)
 
@@ -179,7 +196,7 @@ class Reservation:
         grown = sum(counts) - sum(self.tokens)
         admission._check_tokens(sum(counts), param)
         if grown > 0:
-            admission._check_room(0, grown)
+            admission._check_room(0, self.n, grown, param)
         admission.queued_tokens += grown
         self.tokens = list(counts)
 
@@ -210,6 +227,7 @@ class Reservation:
         if self.queued[i]:
             self.queued[i] = False
             self.admission.queued_requests -= 1
+            self.admission.queued_samples -= self.n
             self.admission.queued_tokens -= self.tokens[i]
 
     def _free(self, i: int) -> None:

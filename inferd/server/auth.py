@@ -1,5 +1,6 @@
-"""API-key check for every route except the probes (`/health`, `/metrics`), which monitoring
-systems call without credentials.
+"""API-key check for every route except the probes (`/health`, `/ping`, `/metrics`), which
+monitoring systems call without credentials, the API's description (`/docs`, `/openapi.json`),
+and `OPTIONS` (CORS preflights).
 
 A plain ASGI middleware rather than a FastAPI dependency: it also guards unknown paths and runs
 before the body is read, so an unauthenticated client cannot make the server buffer a body.
@@ -13,7 +14,8 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from inferd.server.errors import APIError
 
-OPEN_PATHS = frozenset({"/health", "/metrics"})
+# Probes, and the API's description (a browser opening /docs cannot send a bearer header).
+OPEN_PATHS = frozenset({"/health", "/ping", "/metrics", "/docs", "/openapi.json"})
 
 
 def bearer_token(headers: list[tuple[bytes, bytes]]) -> bytes | None:
@@ -36,7 +38,9 @@ class APIKeyMiddleware:
         self.expected = api_key.encode("utf-8")
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http" or scope["path"] in OPEN_PATHS:
+        # NOTE: OPTIONS carries no credentials (a browser's CORS preflight never does): it is
+        # answered by the CORS middleware or the router, never with a 401.
+        if scope["type"] != "http" or scope["path"] in OPEN_PATHS or scope["method"] == "OPTIONS":
             return await self.app(scope, receive, send)
         if not key_matches(bearer_token(scope.get("headers", [])), self.expected):
             error = APIError(

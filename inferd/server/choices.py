@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from inferd.outputs import CompletionOutput, PositionLogprobs, RequestOutput
-from inferd.server.responses import TokenText, chat_logprobs, completion_logprobs
+from inferd.server.responses import TokenText, completion_logprobs
 
 
 @dataclass
@@ -45,19 +45,6 @@ def completion_choice(
     return {
         "index": index,
         "text": text,
-        "logprobs": lp,
-        "finish_reason": c.finish_reason,
-        "stop_reason": c.stop_reason,
-    }
-
-
-def chat_choice(index: int, c: CompletionOutput, top: int | None, texts: TokenText) -> dict:
-    lp = None
-    if top is not None:
-        lp = {"content": chat_logprobs(list(c.token_ids), list(c.logprobs or []), texts, top)}
-    return {
-        "index": index,
-        "message": {"role": "assistant", "content": c.text},
         "logprobs": lp,
         "finish_reason": c.finish_reason,
         "stop_reason": c.stop_reason,

@@ -163,6 +163,8 @@ def from_validation_error(exc: RequestValidationError) -> APIError:
         message = f"{param} must be {_EXPECTED[leaf]}"
     elif first.get("type") == "missing":
         message = f"{param} is required"
+    elif first.get("type") == "extra_forbidden":  # a field the route does not declare
+        message = f"unsupported parameter: {param}"
     else:
         message = f"{param}: {first.get('msg', 'invalid value')}"
     return APIError(400, message, param=param)

@@ -3,8 +3,14 @@ works after replacing `vllm:` with `inferd:`.
 
 Each server owns its registry (never prometheus_client's global one), so two apps in one process
 do not collide. Gauges and counters come from `engine.stats()` (counters advance by the delta
-since the last snapshot); histograms are observed from each request's own timestamps: the
+since the last snapshot), and so do the step-phase histograms, which the engine fills itself
+(step_metrics.py); the request histograms are observed from each request's own timestamps: the
 inter-token latency every time a request's output grows, the rest when it finishes.
+
+The request intervals are vLLM's (RequestMetrics in inferd/outputs.py): queue = queued by the
+engine → first scheduled; prefill = first scheduled → first token; decode = first token → last
+token; inference = first scheduled → last token; e2e = arrival → finished. So queue + prefill +
+decode <= e2e: the gap is the server's own work (parsing, tokenizing) and the final output.
 """
 
 from __future__ import annotations
@@ -13,6 +19,7 @@ from prometheus_client import CONTENT_TYPE_LATEST as CONTENT_TYPE  # noqa: F401 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
 from inferd.outputs import RequestMetrics, RequestOutput
+from inferd.server.step_metrics import StepTimingCollector
 
 PREFIX = "inferd:"
 # Buckets in seconds, chosen for this engine's range: sub-millisecond GPU decode steps up to
@@ -74,6 +81,10 @@ _COUNTERS = {
     "num_preemptions": "num_preemptions",
     "prefix_cache_queries": "prefix_cache_queries",
     "prefix_cache_hits": "prefix_cache_hits",
+    # Speculative decoding (vLLM's names; zero without --speculative-config)
+    "spec_decode_num_drafts": "spec_decode_num_drafts",
+    "spec_decode_num_draft_tokens": "spec_decode_num_draft_tokens",
+    "spec_decode_num_accepted_tokens": "spec_decode_num_accepted_tokens",
 }
 _COUNTER_HELP = {
     "prompt_tokens": "Prompt tokens computed (prefix-cache hits excluded, recomputation included).",
@@ -81,11 +92,25 @@ _COUNTER_HELP = {
     "num_preemptions": "Sequences preempted for lack of KV blocks.",
     "prefix_cache_queries": "Prompt tokens looked up in the prefix cache.",
     "prefix_cache_hits": "Prompt tokens found in the prefix cache.",
+    "spec_decode_num_drafts": "Speculative verifications with at least one draft token.",
+    "spec_decode_num_draft_tokens": "Draft tokens verified.",
+    "spec_decode_num_accepted_tokens": "Draft tokens accepted.",
 }
 
 
+def token_buckets(max_model_len: int) -> tuple[int, ...]:
+    """vLLM's 1-2-5 buckets for token counts: 1, 2, 5, 10, 20, 50, ... up to max_model_len."""
+    out, scale = [], 1
+    while True:
+        for m in (1, 2, 5):
+            if m * scale > max_model_len:
+                return tuple(out)
+            out.append(m * scale)
+        scale *= 10
+
+
 class ServerMetrics:
-    def __init__(self, model_name: str):
+    def __init__(self, model_name: str, max_model_len: int = 131072):
         self.registry = CollectorRegistry()
         reg, label = self.registry, {"model_name": model_name}
 
@@ -106,6 +131,12 @@ class ServerMetrics:
             )
             for field, name in _COUNTERS.items()
         }
+        self.accepted_per_pos = Counter(
+            PREFIX + "spec_decode_num_accepted_tokens_per_pos",
+            "Accepted draft tokens by their position in the draft (0-based).",
+            ["model_name", "position"],
+            registry=reg,
+        )
         self.success = Counter(
             PREFIX + "request_success",
             "Finished requests by finish reason.",
@@ -117,17 +148,35 @@ class ServerMetrics:
         self.itl = histogram("inter_token_latency_seconds", "Time between output tokens.", _LATENCY)
         self.e2e = histogram("e2e_request_latency_seconds", "Arrival to finish.", _REQUEST)
         self.queue = histogram(
-            "request_queue_time_seconds", "Arrival to first scheduled.", _REQUEST
+            "request_queue_time_seconds", "Queued by the engine to first scheduled.", _REQUEST
         )
         self.prefill = histogram(
             "request_prefill_time_seconds", "First scheduled to first token.", _REQUEST
         )
-        self.decode = histogram("request_decode_time_seconds", "First token to finish.", _REQUEST)
+        self.decode = histogram(
+            "request_decode_time_seconds", "First token to last token.", _REQUEST
+        )
+        self.inference = histogram(
+            "request_inference_time_seconds", "First scheduled to last token.", _REQUEST
+        )
+        counts = token_buckets(max_model_len)
+        self.prompt_tokens = histogram(
+            "request_prompt_tokens", "Prompt tokens of a finished request.", counts
+        )
+        self.generation_tokens = histogram(
+            "request_generation_tokens", "Generated tokens of a finished request.", counts
+        )
+        self.max_tokens = histogram(
+            "request_params_max_tokens", "The max_tokens request parameter, when given.", counts
+        )
+        self.steps = StepTimingCollector(PREFIX, model_name)
+        reg.register(self.steps)
         self._last_counts: dict[str, int] = {}
         # request id → (tokens generated, time of the last one) at its previous output
         self._progress: dict[str, tuple[int, float]] = {}
 
     def update_stats(self, stats) -> None:
+        self.steps.timing = getattr(stats, "step_timing", None)
         self.running.set(stats.num_running)
         self.waiting.set(stats.num_waiting)
         self.kv_usage.set(stats.kv_cache_usage)
@@ -137,6 +186,14 @@ class ServerMetrics:
             if delta > 0:
                 counter.inc(delta)
             self._last_counts[field] = value
+        for pos, value in enumerate(stats.spec_decode_num_accepted_tokens_per_pos):
+            key = f"spec_decode_pos{pos}"
+            delta = value - self._last_counts.get(key, 0)
+            if delta > 0:
+                self.accepted_per_pos.labels(model_name=self.model_name, position=str(pos)).inc(
+                    delta
+                )
+            self._last_counts[key] = value
 
     def observe_output(self, out: RequestOutput) -> None:
         """Called for every engine output, in order, on the event loop."""
@@ -169,14 +226,16 @@ class ServerMetrics:
             self.success.labels(model_name=self.model_name, finished_reason=reason).inc()
         if m.first_token_time is not None:
             self.ttft.observe(m.first_token_time - m.arrival_time)
-        if m.finished_time is not None:
-            self.e2e.observe(m.finished_time - m.arrival_time)
-        if m.first_scheduled_time is not None:
-            self.queue.observe(m.first_scheduled_time - m.arrival_time)
-            if m.first_token_time is not None:
-                self.prefill.observe(m.first_token_time - m.first_scheduled_time)
-        if m.first_token_time is not None and m.finished_time is not None:
-            self.decode.observe(m.finished_time - m.first_token_time)
+        intervals = ((self.e2e, m.e2e_latency), (self.queue, m.queue_time),
+                     (self.prefill, m.prefill_time), (self.decode, m.decode_time),
+                     (self.inference, m.inference_time))  # fmt: skip
+        for histogram, seconds in intervals:
+            if seconds is not None:
+                histogram.observe(seconds)
+        self.prompt_tokens.observe(len(out.prompt_token_ids))
+        self.generation_tokens.observe(m.num_generation_tokens)
+        if m.max_tokens_param is not None:
+            self.max_tokens.observe(m.max_tokens_param)
 
     def render(self, stats=None) -> bytes:
         if stats is not None:

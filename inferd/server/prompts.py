@@ -10,22 +10,24 @@ from typing import Any
 
 from inferd.engine_client import TokenizerLike
 from inferd.errors import InvalidRequest
+from inferd.tools.templates import prepare_messages
 
-# Names the server passes itself (or the tokenizer's own parameters): chat_template_kwargs
-# cannot set them; a clash would otherwise fail inside the call, as a server error.
-_RESERVED = frozenset({"messages", "add_generation_prompt", "self", "tokenize",
-                       "split_special_tokens", "chat_template_kwargs"})  # fmt: skip
+# Template variables the server sets from request fields, or names of the tokenizer's own
+# parameters: chat_template_kwargs may not set them (they could not be honoured as asked).
+_RESERVED = frozenset({"messages", "add_generation_prompt", "tools", "continue_final_message",
+                       "split_special_tokens", "chat_template_kwargs", "self",
+                       "tokenize"})  # fmt: skip
 
 
 def checked_template_kwargs(kwargs: dict[str, Any] | None) -> dict[str, Any]:
     """`chat_template_kwargs`, unless it names a reserved variable (400)."""
-    for name in kwargs or {}:
-        if name in _RESERVED:
-            raise InvalidRequest(
-                "chat_template_kwargs",
-                f"chat_template_kwargs: {name!r} is reserved "
-                f"(reserved names: {', '.join(sorted(_RESERVED))})",
-            )
+    reserved = sorted(_RESERVED & (kwargs or {}).keys())
+    if reserved:
+        raise InvalidRequest(
+            "chat_template_kwargs",
+            f"chat_template_kwargs may not set {', '.join(reserved)} (reserved names: "
+            f"{', '.join(sorted(_RESERVED))}); use the request's own fields",
+        )
     return dict(kwargs or {})
 
 
@@ -41,7 +43,7 @@ def checked_text(param: str, text: str) -> str:
 
 
 def completion_prompts(
-    tokenizer: TokenizerLike, prompts: list[str | list[int]]
+    tokenizer: TokenizerLike, prompts: list[str | list[int]], add_special_tokens: bool = True
 ) -> list[dict[str, Any]]:
     out = []
     for prompt in prompts:
@@ -49,10 +51,26 @@ def completion_prompts(
             if not prompt:
                 raise InvalidRequest("prompt", "prompt must not be empty")
             # Completion prompts get the model's special tokens (BOS), as in HF and vLLM.
-            ids = tokenizer.encode(checked_text("prompt", prompt))
+            ids = tokenizer.encode(checked_text("prompt", prompt), add_special_tokens)
             out.append({"prompt": prompt, "prompt_token_ids": ids})
         else:
             out.append({"prompt": None, "prompt_token_ids": list(prompt)})
+    return out
+
+
+def truncated(
+    prompts: list[dict[str, Any]], keep: int | None, max_model_len: int
+) -> list[dict[str, Any]]:
+    """`truncate_prompt_tokens` (vLLM): only the last `keep` tokens of each prompt (-1: of
+    max_model_len). The engine applies the same rule; doing it here too lets `echo` show the
+    prompt the model saw. A cut prompt's text is dropped (it no longer describes the ids)."""
+    if keep is None:
+        return prompts
+    keep = max_model_len if keep == -1 else keep
+    out = []
+    for p in prompts:
+        ids = p["prompt_token_ids"]
+        out.append(p if len(ids) <= keep else {"prompt": None, "prompt_token_ids": ids[-keep:]})
     return out
 
 
@@ -78,15 +96,45 @@ def chat_prompt(
     messages: list[dict[str, Any]],
     add_generation_prompt: bool = True,
     template_kwargs: dict[str, Any] | None = None,
+    *,
+    continue_final_message: bool = False,
+    split_special_tokens: bool = True,
+    tools: list[dict[str, Any]] | None = None,
+    chat_template: Any = None,
+    add_special_tokens: bool = False,
 ) -> dict[str, Any]:
-    """Render the chat template and tokenize it. A conversation the template cannot render (no
-    template: the message names --chat-template; or the template refuses it) is the request's
-    `messages` at fault."""
+    """Render the chat template and tokenize it (`Tokenizer.chat_prompt`): with
+    `split_special_tokens` (the default) special-token strings typed into messages stay text, so
+    user content cannot forge a turn. A conversation the template cannot render (no template:
+    the message names --chat-template; or the template refuses it) is the request's `messages`
+    at fault. `chat_template`: a template object to render with instead of the model's (the
+    tool template); `add_special_tokens`: the tokenizer's own special tokens (BOS) go in front,
+    on top of what the template wrote (vLLM's meaning)."""
     extra = checked_template_kwargs(template_kwargs)
     try:
-        text = tokenizer.apply_chat_template(messages, add_generation_prompt, **extra)
-    except ValueError as e:  # TokenizerLike.apply_chat_template's one way to fail
+        # Assistant tool calls in the history carry JSON-text arguments: templates get objects.
+        messages = prepare_messages(messages)
+    except ValueError as e:
         raise InvalidRequest("messages", str(e)) from e
-    # NOTE: templates write BOS themselves; adding special tokens again would double it.
-    ids = tokenizer.encode(checked_text("messages", text), add_special_tokens=False)
-    return {"prompt": text, "prompt_token_ids": ids}
+    options: dict[str, Any] = {}
+    if continue_final_message:
+        options["continue_final_message"] = True
+    if chat_template is not None:
+        options["chat_template"] = chat_template
+    if tools is not None:
+        options["tools"] = tools
+    try:
+        text, ids = tokenizer.chat_prompt(
+            messages,
+            add_generation_prompt,
+            split_special_tokens=split_special_tokens,
+            chat_template_kwargs=extra,
+            **options,
+        )
+    except InvalidRequest:
+        raise
+    except ValueError as e:  # the tokenizer's one way to refuse a conversation
+        raise InvalidRequest("messages", str(e)) from e
+    if add_special_tokens:
+        ids = tokenizer.encode("", add_special_tokens=True) + list(ids)
+    return {"prompt": text, "prompt_token_ids": list(ids)}

@@ -1,10 +1,14 @@
-"""Request bodies of the HTTP API (pydantic) and their translation to `SamplingParams`.
+"""Request bodies of the HTTP API (pydantic): every field a route accepts, and nothing else.
 
-pydantic checks types only; ranges are checked once, by `SamplingParams`, whose messages name
-the parameter, the value and the allowed range. Field names follow the OpenAI API, plus vLLM's
-sampling extras (`top_k`, `min_p`, `repetition_penalty`, ...), so clients of either work.
-Types are strict (no `true` for a number, no "0.5" for a float): a client that sends the wrong
-type has a bug worth a 400. Unknown fields are ignored, as OpenAI-compatible servers do.
+Field names follow the OpenAI API plus vLLM's extras, so clients of either work. Every field
+declared here is honoured (docs/server.md lists what each does); a field that is not declared is
+refused with `400 unsupported parameter: NAME`, so nothing a client sends is silently ignored.
+A few fields are declared only so that their no-op value (`use_beam_search: false`,
+`store: false`, ...) passes: any other value is refused the same way (`unsupported_values`).
+
+pydantic checks types only (strictly: no `true` for a number, no "0.5" for a float); ranges are
+checked once, by `SamplingParams` (sampling_params.py), whose messages name the parameter, the
+value and the allowed range. The translation to SamplingParams is in request_params.py.
 """
 
 from __future__ import annotations
@@ -14,21 +18,50 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field
 
 from inferd.errors import InvalidRequest
-from inferd.sampling_params import SamplingParams
 
 TokenIds = list[int]
 
 
 class Body(BaseModel):
-    model_config = ConfigDict(strict=True, extra="ignore")
+    # NOTE: extra="forbid" is what turns an unknown field into "unsupported parameter: NAME"
+    # (inferd/server/errors.py words pydantic's `extra_forbidden` errors that way).
+    model_config = ConfigDict(strict=True, extra="forbid")
+
+    def unsupported_values(self) -> None:
+        """Refuse the declared fields whose value this server cannot honour."""
+        for name, allowed in NO_OP_VALUES.items():
+            if name not in type(self).model_fields:
+                continue
+            value = getattr(self, name)
+            if value is not None and value not in allowed:
+                raise InvalidRequest(
+                    name,
+                    f"unsupported parameter: {name}={value!r} (only "
+                    f"{' or '.join(repr(a) for a in allowed)} is supported)",
+                )
+
+
+# Fields accepted only with these values (the behaviour the server always has).
+NO_OP_VALUES: dict[str, tuple[Any, ...]] = {
+    "use_beam_search": (False,),
+    "length_penalty": (1.0, 1),
+    "spaces_between_special_tokens": (True,),
+    "priority": (0,),
+    "store": (False,),
+    "modalities": (["text"],),
+    "guided_decoding_backend": ("auto", "llguidance", "guidance"),
+    "suffix": ("",),
+}
 
 
 class StreamOptions(Body):
     include_usage: bool = False
+    continuous_usage_stats: bool = False  # vLLM: usage in every chunk
 
 
-class SamplingFields(Body):
-    """The sampling knobs shared by every generation route (vLLM's names and defaults)."""
+class GenerationFields(Body):
+    """What every generation route takes: sampling (vLLM's names and defaults), structured
+    outputs, and the vLLM extras that act on the prompt or the sampled tokens."""
 
     model: str | None = None
     temperature: float | None = None
@@ -47,41 +80,49 @@ class SamplingFields(Body):
     ignore_eos: bool | None = None
     skip_special_tokens: bool | None = None
     include_stop_str_in_output: bool | None = None
+    allowed_token_ids: list[int] | None = None
+    truncate_prompt_tokens: int | None = None
+    # Structured outputs, three ways (inferd/structured/request_fields.py).
+    response_format: dict[str, Any] | None = None
+    structured_outputs: dict[str, Any] | None = None
+    guided_json: str | dict[str, Any] | None = None
+    guided_regex: str | None = None
+    guided_choice: list[str] | None = None
+    guided_grammar: str | None = None
+    guided_decoding_backend: str | None = None
+    # The end user, for the operator's logs (OpenAI's `user`, and its successor).
     user: str | None = None
+    safety_identifier: str | None = None
     # vLLM's: mixed into the prefix-cache hashes, so only requests with the same salt share
     # cached blocks (tenants cannot time each other's prompts). Not a sampling parameter.
-    cache_salt: str | None = None
-
-    def sampling_kwargs(self) -> dict[str, Any]:
-        """Fields the client set, under SamplingParams' names (None keeps the default)."""
-        names = (
-            "temperature",
-            "top_p",
-            "top_k",
-            "min_p",
-            "n",
-            "seed",
-            "stop",
-            "stop_token_ids",
-            "presence_penalty",
-            "frequency_penalty",
-            "repetition_penalty",
-            "logit_bias",
-            "min_tokens",
-            "ignore_eos",
-            "skip_special_tokens",
-            "include_stop_str_in_output",
-        )
-        return {k: getattr(self, k) for k in names if getattr(self, k) is not None}
+    cache_salt: str | None = Field(default=None, min_length=1)
+    # inferd's extension (vLLM style): the request's own timeline in the response
+    # (server/timeline.py), on servers started with --enable-request-timeline.
+    return_timeline: bool = False
+    # No-op values only (NO_OP_VALUES).
+    use_beam_search: bool | None = None
+    length_penalty: float | None = None
+    spaces_between_special_tokens: bool | None = None
+    priority: int | None = None
 
 
-class CompletionRequest(SamplingFields):
-    prompt: str | list[str] | TokenIds | list[TokenIds]
-    max_tokens: int | None = 16
+class OpenAIFields(GenerationFields):
+    """Fields of both OpenAI routes (completions and chat)."""
+
     stream: bool = False
     stream_options: StreamOptions | None = None
-    logprobs: int | None = None
+    prompt_logprobs: int | None = None
     echo: bool = False
+    request_id: str | None = Field(default=None, min_length=1, max_length=256)
+    return_tokens_as_token_ids: bool = False
+    return_token_ids: bool = False
+    add_special_tokens: bool | None = None  # completions: default True; chat: default False
+
+
+class CompletionRequest(OpenAIFields):
+    prompt: str | list[str] | TokenIds | list[TokenIds]
+    max_tokens: int | None = 16
+    logprobs: int | None = None
     best_of: int | None = None
     suffix: str | None = None
 
@@ -96,33 +137,17 @@ class CompletionRequest(SamplingFields):
             return [list(p)]  # one prompt given as token ids
         return list(p)
 
-    def sampling_params(self) -> SamplingParams:
-        if self.suffix:
-            raise InvalidRequest("suffix", "suffix is not supported")
-        if self.best_of is not None and self.best_of != self.n:
-            raise InvalidRequest(
-                "best_of", f"best_of must equal n ({self.n}) if given, got {self.best_of}"
-            )
-        kwargs = self.sampling_kwargs()
-        kwargs["max_tokens"] = self.max_tokens
-        if self.logprobs is not None:
-            kwargs["logprobs"] = self.logprobs
-            if self.echo:  # echoed prompt tokens carry logprobs too
-                kwargs["prompt_logprobs"] = self.logprobs
-        return SamplingParams(**kwargs)
-
 
 class ContentPart(Body):
-    model_config = ConfigDict(strict=True, extra="allow")
+    model_config = ConfigDict(strict=True, extra="allow")  # the part's type decides
 
     type: str
     text: str | None = None
 
 
 class ChatMessage(Body):
-    model_config = ConfigDict(
-        strict=True, extra="allow"
-    )  # name, tool_calls, ...: the template decides
+    # name, tool_calls, tool_call_id, ...: passed to the chat template, which decides.
+    model_config = ConfigDict(strict=True, extra="allow")
 
     role: str
     content: str | list[ContentPart] | None = None
@@ -141,49 +166,54 @@ class ChatMessage(Body):
             message["content"] = ""
         return message
 
+    def text(self) -> str:
+        """The message's text (text parts joined)."""
+        if isinstance(self.content, list):
+            return "".join(p.text or "" for p in self.content)
+        return self.content or ""
 
-class ChatCompletionRequest(SamplingFields):
+
+class ChatTemplateFields(Body):
+    """How a conversation becomes a prompt (the chat route and /tokenize)."""
+
     messages: list[ChatMessage]
-    max_tokens: int | None = None
-    max_completion_tokens: int | None = None
-    stream: bool = False
-    stream_options: StreamOptions | None = None
-    logprobs: bool = False
-    top_logprobs: int | None = None
     add_generation_prompt: bool = True
+    continue_final_message: bool = False
     chat_template_kwargs: dict[str, Any] | None = None
+    # HF's name: special-token strings typed into messages stay text (no forged turns);
+    # false lets them through as special tokens, for trusted clients.
+    split_special_tokens: bool = True
+    tools: list[dict[str, Any]] | None = None
 
     def template_messages(self) -> list[dict[str, Any]]:
         if not self.messages:
             raise InvalidRequest("messages", "messages must contain at least one message")
+        if self.continue_final_message and self.add_generation_prompt:
+            raise InvalidRequest(
+                "continue_final_message",
+                "continue_final_message cannot be combined with add_generation_prompt: "
+                "set add_generation_prompt to false to continue the final message",
+            )
         return [m.to_template() for m in self.messages]
 
-    def sampling_params(self) -> SamplingParams:
-        kwargs = self.sampling_kwargs()
-        limit = self.max_completion_tokens
-        if limit is not None and limit < 1:
-            raise InvalidRequest(
-                "max_completion_tokens",
-                f"max_completion_tokens must be an integer >= 1, got {limit}",
-            )
-        # None: up to the context length, like vLLM (the engine resolves it per prompt).
-        kwargs["max_tokens"] = limit if limit is not None else self.max_tokens
-        if self.top_logprobs is not None and not self.logprobs:
-            raise InvalidRequest("top_logprobs", "top_logprobs requires logprobs to be true")
-        if self.logprobs:
-            kwargs["logprobs"] = self.top_logprobs or 0
-        return SamplingParams(**kwargs)
+
+class ChatCompletionRequest(ChatTemplateFields, OpenAIFields):
+    max_tokens: int | None = None
+    max_completion_tokens: int | None = None
+    logprobs: bool = False
+    top_logprobs: int | None = None
+    tool_choice: str | dict[str, Any] | None = None
+    parallel_tool_calls: bool = True
+    modalities: list[str] | None = None
+    store: bool | None = None
 
 
-class GenerateRequest(SamplingFields):
+class GenerateRequest(GenerationFields):
     """The simple endpoint: one prompt (text or token ids) → text, counts and timings."""
 
     prompt: str | TokenIds
     max_tokens: int | None = 16
     n: int = Field(default=1, ge=1, le=1)
-
-    def sampling_params(self) -> SamplingParams:
-        return SamplingParams(**self.sampling_kwargs(), max_tokens=self.max_tokens)
 
 
 class TokenizeRequest(Body):
@@ -192,6 +222,11 @@ class TokenizeRequest(Body):
     messages: list[ChatMessage] | None = None
     add_special_tokens: bool | None = None  # default: True for prompt, False for messages
     add_generation_prompt: bool = True
+    continue_final_message: bool = False
+    chat_template_kwargs: dict[str, Any] | None = None
+    split_special_tokens: bool = True
+    tools: list[dict[str, Any]] | None = None
+    return_token_strs: bool = False
 
 
 class DetokenizeRequest(Body):

@@ -26,19 +26,21 @@ def clamp_logprob(value: float) -> float:
     return value if math.isfinite(value) else LOGPROB_FLOOR
 
 
-def usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
+def usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int = 0) -> dict[str, Any]:
     return {
         "prompt_tokens": prompt_tokens,
         "completion_tokens": completion_tokens,
         "total_tokens": prompt_tokens + completion_tokens,
+        # Prompt tokens whose KV came from the prefix cache (OpenAI's field).
+        "prompt_tokens_details": {"cached_tokens": cached_tokens},
     }
 
 
-def usage_of(outputs: list[RequestOutput]) -> dict[str, int]:
+def usage_of(outputs: list[RequestOutput]) -> dict[str, Any]:
     """Prompt tokens count once per prompt, however many samples (n) it has."""
     prompt = sum(len(o.prompt_token_ids) for o in outputs)
     completion = sum(len(c.token_ids) for o in outputs for c in o.outputs)
-    return usage(prompt, completion)
+    return usage(prompt, completion, sum(o.num_cached_tokens for o in outputs))
 
 
 class TokenText:
@@ -66,6 +68,42 @@ class TokenText:
         if match:
             return [int(match.group(1), 16)]
         return list(self.text(token_id).encode("utf-8"))
+
+
+class TokenIdText(TokenText):
+    """`return_tokens_as_token_ids` (vLLM): tokens in logprobs are written "token_id:N", so a
+    client can tell apart tokens whose text is the same (or not valid UTF-8 alone)."""
+
+    def __init__(self, texts: TokenText):
+        super().__init__(texts.tokenizer, texts.limit)
+
+    def text(self, token_id: int) -> str:
+        return f"token_id:{token_id}"
+
+    def bytes(self, token_id: int) -> list[int]:
+        return list(self.text(token_id).encode("utf-8"))
+
+
+def prompt_logprobs_json(
+    entries: list[PositionLogprobs | None] | None, texts: TokenText
+) -> list[dict[str, dict[str, Any]] | None] | None:
+    """vLLM's `prompt_logprobs`: per prompt position (the first is None: nothing predicts it),
+    token id → {logprob, rank, decoded_token}, holding the prompt token and the top ones."""
+    if entries is None:
+        return None
+    return [
+        None
+        if entry is None
+        else {
+            str(t): {
+                "logprob": clamp_logprob(lp.logprob),
+                "rank": lp.rank,
+                "decoded_token": texts.text(t),
+            }
+            for t, lp in entry.items()
+        }
+        for entry in entries
+    ]
 
 
 def completion_logprobs(

@@ -1,5 +1,6 @@
 """Routes beyond the OpenAI API: `/generate` (text, counts and timings of one prompt),
-`/tokenize`, `/detokenize`, and the operational `/health`, `/metrics`, `/version`."""
+`/tokenize`, `/detokenize`, and the operational `/health` (also as `/ping`), `/metrics`,
+`/version`."""
 
 from __future__ import annotations
 
@@ -9,15 +10,22 @@ from fastapi import APIRouter, Request, Response
 
 from inferd.errors import InvalidRequest
 from inferd.outputs import RequestMetrics
-from inferd.server.admission import text_bytes
+from inferd.server.admission import all_text, text_bytes
 from inferd.server.errors import SERVER_ERROR, APIError
 from inferd.server.metrics import CONTENT_TYPE
-from inferd.server.prompts import chat_prompt, checked_text, completion_prompts, salted
-from inferd.server.protocol import DetokenizeRequest, GenerateRequest, TokenizeRequest
+from inferd.server.prompts import chat_prompt, checked_text, completion_prompts, salted, truncated
+from inferd.server.protocol import (
+    ChatTemplateFields,
+    DetokenizeRequest,
+    GenerateRequest,
+    TokenizeRequest,
+)
+from inferd.server.request_params import generate_params
 from inferd.server.responses import new_id
 from inferd.server.routes_openai import CLIENT_GONE
 from inferd.server.serving import ClientDisconnected, arrival_now, collect
-from inferd.server.state import get_state
+from inferd.server.state import get_state, note_user
+from inferd.server.timeline import timeline_json
 from inferd.version import __version__
 
 router = APIRouter()
@@ -50,16 +58,20 @@ async def generate(body: GenerateRequest, request: Request) -> Any:
     arrival = arrival_now()
     state = get_state(request)
     state.check_model(body.model)
-    params = body.sampling_params()
-    group = state.admit(request, [body.prompt], params.n)  # 400/503 before tokenizing
+    note_user(request, body)
+    params = generate_params(body)
+    timeline = state.check_timeline(body.return_timeline)
+    keep = params.truncate_prompt_tokens
+    group = state.admit(request, [body.prompt], params.n, keep=keep)  # 400/503 before tokenizing
     prompts = await group.tokenize(completion_prompts, state.tokenizer, [body.prompt])
-    prompts = salted(prompts, body.cache_salt)
+    prompts = salted(truncated(prompts, keep, state.info.max_model_len), body.cache_salt)
     await group.submit(new_id("gen"), prompts, params, arrival)
     try:
         out = (await collect(group, request))[group.request_ids[0]]
     except ClientDisconnected:
         return Response(status_code=CLIENT_GONE)
     sample = out.outputs[0]
+    extra = {"timeline": timeline_json(out)} if timeline else {}
     return {
         "text": sample.text,
         "token_ids": list(sample.token_ids),
@@ -68,6 +80,7 @@ async def generate(body: GenerateRequest, request: Request) -> Any:
         "finish_reason": sample.finish_reason,
         "stop_reason": sample.stop_reason,
         "timings": timings(out.metrics, len(sample.token_ids)),
+        **extra,
     }
 
 
@@ -79,17 +92,40 @@ async def tokenize(body: TokenizeRequest, request: Request) -> dict[str, Any]:
         raise InvalidRequest("prompt", "prompt: give exactly one of 'prompt' or 'messages'")
     tok = state.tokenizer
     if body.messages is not None:
-        messages = [m.to_template() for m in body.messages]
-        rendered = await state.tokenize(chat_prompt, tok, messages, body.add_generation_prompt)
+        chat = ChatTemplateFields(
+            messages=body.messages,
+            add_generation_prompt=body.add_generation_prompt,
+            continue_final_message=body.continue_final_message,
+            chat_template_kwargs=body.chat_template_kwargs,
+            split_special_tokens=body.split_special_tokens,
+            tools=body.tools,
+        )
+        messages = chat.template_messages()
+        rendered = await state.tokenize(
+            lambda: chat_prompt(
+                tok, messages, chat.add_generation_prompt,
+                chat.chat_template_kwargs, continue_final_message=chat.continue_final_message,
+                split_special_tokens=chat.split_special_tokens, tools=chat.tools,
+                chat_template=state.tools.template if chat.tools else None,
+                add_special_tokens=bool(body.add_special_tokens),
+            ),
+            nbytes=text_bytes(all_text(messages)),
+        )  # fmt: skip
         ids = rendered["prompt_token_ids"]
-        if body.add_special_tokens:  # the template wrote its own; add them only on request
-            ids = await state.tokenize(tok.encode, rendered["prompt"], True)
     else:
+        chat_only = ("add_generation_prompt", "continue_final_message", "chat_template_kwargs",
+                     "split_special_tokens", "tools")  # fmt: skip
+        for name in chat_only:
+            if name in body.model_fields_set:
+                raise InvalidRequest(name, f"{name} applies to 'messages', not to 'prompt'")
         text = checked_text("prompt", body.prompt)
-        nbytes = text_bytes(text)
         ids = await state.tokenize(tok.encode, text, body.add_special_tokens is not False,
-                                   nbytes=nbytes)  # fmt: skip
-    return {"tokens": ids, "count": len(ids), "max_model_len": state.info.max_model_len}
+                                   nbytes=text_bytes(text))  # fmt: skip
+    out: dict[str, Any] = {"tokens": ids, "count": len(ids),
+                           "max_model_len": state.info.max_model_len}  # fmt: skip
+    if body.return_token_strs:
+        out["token_strs"] = tok.convert_ids_to_tokens(ids)
+    return out
 
 
 @router.post("/detokenize")
@@ -114,6 +150,13 @@ async def health(request: Request) -> Response:
     if problem is not None:
         raise APIError(503, problem, SERVER_ERROR, code="engine_unhealthy")
     return Response(status_code=200)
+
+
+@router.get("/ping")
+@router.post("/ping", operation_id="ping_post")
+async def ping(request: Request) -> Response:
+    """The health check under the name load balancers (SageMaker) and vLLM use."""
+    return await health(request)
 
 
 @router.get("/metrics")

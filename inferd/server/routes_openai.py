@@ -1,8 +1,10 @@
-"""The OpenAI API: `/v1/completions`, `/v1/chat/completions` (plain and streamed), `/v1/models`.
+"""The OpenAI API: `/v1/completions` (plain and streamed) and `/v1/models`; the chat route is in
+routes_chat.py.
 
-Each route: check the model name, build SamplingParams (400 on a bad value), tokenize in a worker
-thread, submit (the engine's own validation answers 400 here, before any byte is streamed), then
-either wait for the final outputs or stream deltas.
+Each generation route: check the model name, build SamplingParams (400 on a bad value or an
+unsupported field), tokenize in a worker thread, submit (the engine's own validation, grammar
+compilation included, answers 400 here, before any byte is streamed), then either wait for the
+final outputs or stream deltas.
 """
 
 from __future__ import annotations
@@ -13,30 +15,32 @@ from typing import Any
 from fastapi import APIRouter, Request, Response
 from fastapi.responses import JSONResponse
 
-from inferd.outputs import RequestOutput
-from inferd.server.admission import all_text
-from inferd.server.choices import (
-    DeltaTracker,
-    Echo,
-    chat_choice,
-    completion_choice,
-    full_sample,
+from inferd.errors import InvalidRequest
+from inferd.outputs import CompletionOutput, RequestOutput
+from inferd.server.choices import DeltaTracker, Echo, completion_choice, full_sample
+from inferd.server.errors import APIError
+from inferd.server.prompts import completion_prompts, prompt_text, salted, truncated
+from inferd.server.protocol import CompletionRequest, StreamOptions
+from inferd.server.request_params import completion_params
+from inferd.server.responses import (
+    completion_logprobs,
+    new_id,
+    prompt_logprobs_json,
+    usage_of,
 )
-from inferd.server.prompts import chat_prompt, completion_prompts, prompt_text, salted
-from inferd.server.protocol import ChatCompletionRequest, CompletionRequest
-from inferd.server.responses import chat_logprobs, completion_logprobs, new_id, usage_of
 from inferd.server.serving import ClientDisconnected, arrival_now, collect
 from inferd.server.sse import sse_response
-from inferd.server.state import ServerState, get_state
+from inferd.server.state import ServerState, get_state, note_user
 from inferd.server.streaming import stream_events
+from inferd.server.timeline import timeline_json
 
 router = APIRouter()
 CLIENT_GONE = 499  # nginx's code for "client closed request": nobody reads it, logs do
 
 
-def _head(state: ServerState, request_id: str, obj: str, model: str) -> dict[str, Any]:
+def head_of(state: ServerState, response_id: str, obj: str, model: str) -> dict[str, Any]:
     return {
-        "id": request_id,
+        "id": response_id,
         "object": obj,
         "created": int(time.time()),
         "model": model,
@@ -44,21 +48,43 @@ def _head(state: ServerState, request_id: str, obj: str, model: str) -> dict[str
     }
 
 
+def response_id(prefix: str, given: str | None) -> str:
+    """The response's id: `request_id` when the client chose one (vLLM), else a fresh one.
+    NOTE: engine requests get their own fresh ids, so two clients may send the same one."""
+    return f"{prefix}-{given}" if given else new_id(prefix)
+
+
+def refuse_streamed_prompt_logprobs(stream: bool, prompt_logprobs: int | None) -> None:
+    if stream and prompt_logprobs is not None:
+        raise InvalidRequest(
+            "prompt_logprobs", "prompt_logprobs is not supported with stream: true"
+        )
+
+
+def _model_card(state: ServerState, name: str) -> dict[str, Any]:
+    return {
+        "id": name,
+        "object": "model",
+        "created": state.created,
+        "owned_by": "inferd",
+        "root": state.model_name,
+        "max_model_len": state.info.max_model_len,
+    }
+
+
 @router.get("/v1/models")
 async def list_models(request: Request) -> dict[str, Any]:
     state = get_state(request)
-    data = [
-        {
-            "id": name,
-            "object": "model",
-            "created": state.created,
-            "owned_by": "inferd",
-            "root": state.model_name,
-            "max_model_len": state.info.max_model_len,
-        }
-        for name in state.model_names
-    ]
-    return {"object": "list", "data": data}
+    return {"object": "list", "data": [_model_card(state, n) for n in state.model_names]}
+
+
+@router.get("/v1/models/{model_id:path}")
+async def retrieve_model(model_id: str, request: Request) -> dict[str, Any]:
+    state = get_state(request)
+    if model_id not in state.model_names:
+        raise APIError(404, f"the model {model_id!r} does not exist", param="model",
+                       code="model_not_found")  # fmt: skip
+    return _model_card(state, model_id)
 
 
 @router.post("/v1/completions")
@@ -66,25 +92,41 @@ async def create_completion(body: CompletionRequest, request: Request) -> Respon
     arrival = arrival_now()
     state = get_state(request)
     model = state.check_model(body.model)
-    params = body.sampling_params()
-    group = state.admit(request, body.prompts(), params.n)  # 400/503 before tokenizing
-    prompts = await group.tokenize(completion_prompts, state.tokenizer, body.prompts())
-    prompts = salted(prompts, body.cache_salt)
+    note_user(request, body)
+    params = completion_params(body)
+    timeline = state.check_timeline(body.return_timeline)
+    refuse_streamed_prompt_logprobs(body.stream, params.prompt_logprobs)
+    keep = params.truncate_prompt_tokens
+    group = state.admit(request, body.prompts(), params.n, keep=keep)  # 400/503 before tokenizing
+    add_special = body.add_special_tokens is not False
+    prompts = await group.tokenize(completion_prompts, state.tokenizer, body.prompts(), add_special)
+    prompts = salted(truncated(prompts, keep, state.info.max_model_len), body.cache_salt)
     echo_texts: list[str] = []
     if body.echo:
+        vocab = state.info.vocab_size
         echo_texts = await state.tokenize(
-            lambda: [prompt_text(state.tokenizer, p, state.info.vocab_size) for p in prompts]
+            lambda: [prompt_text(state.tokenizer, p, vocab) for p in prompts]
         )
-    request_id = new_id("cmpl")
-    await group.submit(request_id, prompts, params, arrival)
-    head = _head(state, request_id, "text_completion", model)
+    await group.submit(new_id("cmpl"), prompts, params, arrival)
+    head = head_of(state, response_id("cmpl", body.request_id), "text_completion", model)
     want_logprobs = params.logprobs is not None
+    texts = state.token_texts(body.return_tokens_as_token_ids)
 
     def echo_of(p: int, out: RequestOutput) -> Echo | None:
         return Echo.of(out, echo_texts[p], want_logprobs) if body.echo else None
 
+    def extras(c: CompletionOutput, out: RequestOutput, start: int | None) -> dict[str, Any]:
+        """vLLM's return_token_ids: the choice's token ids from `start` on, and the prompt's
+        with the first (start None: the whole reply at once)."""
+        if not body.return_token_ids:
+            return {}
+        extra: dict[str, Any] = {"token_ids": list(c.token_ids)[start or 0 :]}
+        if not start:
+            extra["prompt_token_ids"] = list(out.prompt_token_ids)
+        return extra
+
     if body.stream:
-        tracker, offsets = DeltaTracker(), {}
+        tracker, offsets, sent_ids = DeltaTracker(), {}, {}
 
         def chunk(p: int, out: RequestOutput) -> list[dict[str, Any]]:
             choices = []
@@ -96,108 +138,50 @@ async def create_completion(body: CompletionRequest, request: Request) -> Respon
                 d = tracker.take(index, text, len(ids), c.finish_reason, want_logprobs)
                 if d is None:
                     continue
-                lp = None
+                sent, sent_ids[index] = sent_ids.get(index, 0), len(c.token_ids)
+                lp, offsets[index] = None, offsets.get(index, 0)
                 if want_logprobs:
                     lp, offsets[index] = completion_logprobs(
                         ids[d.token_start : d.token_end],
                         entries[d.token_start : d.token_end],
-                        state.texts,
-                        offsets.get(index, 0),
+                        texts,
+                        offsets[index],
                     )
-                choices.append(
-                    {
-                        "index": index,
-                        "text": d.text,
-                        "logprobs": lp,
-                        "finish_reason": d.finish_reason,
-                        "stop_reason": c.stop_reason if d.finish_reason else None,
-                    }
-                )
+                choices.append({
+                    "index": index,
+                    "text": d.text,
+                    "logprobs": lp,
+                    "finish_reason": d.finish_reason,
+                    "stop_reason": c.stop_reason if d.finish_reason else None,
+                    **extras(c, out, sent),
+                })  # fmt: skip
             return choices
 
-        usage = bool(body.stream_options and body.stream_options.include_usage)
-        return sse_response(stream_events(group, request, head, chunk, usage))
+        options = body.stream_options or StreamOptions()
+        events = stream_events(group, request, head, chunk, options.include_usage,
+                               continuous_usage=options.continuous_usage_stats,
+                               trailer=timelines if timeline else None)  # fmt: skip
+        return sse_response(events)
 
     try:
         finals = await collect(group, request)
     except ClientDisconnected:
         return Response(status_code=CLIENT_GONE)
     outs = [finals[rid] for rid in group.request_ids]
-    choices = [
-        completion_choice(p * params.n + c.index, c, echo_of(p, out), want_logprobs, state.texts)
-        for p, out in enumerate(outs)
-        for c in out.outputs
-    ]
+    choices = []
+    for p, out in enumerate(outs):
+        for c in out.outputs:
+            index = p * params.n + c.index
+            choice = completion_choice(index, c, echo_of(p, out), want_logprobs, texts)
+            choice.update(extras(c, out, None))
+            if params.prompt_logprobs is not None:
+                choice["prompt_logprobs"] = prompt_logprobs_json(out.prompt_logprobs, texts)
+            choices.append(choice)
     choices.sort(key=lambda c: c["index"])
-    return JSONResponse({**head, "choices": choices, "usage": usage_of(outs)})
+    extra = timelines(outs) if timeline else {}
+    return JSONResponse({**head, "choices": choices, "usage": usage_of(outs), **extra})
 
 
-@router.post("/v1/chat/completions")
-async def create_chat_completion(body: ChatCompletionRequest, request: Request) -> Response:
-    arrival = arrival_now()
-    state = get_state(request)
-    model = state.check_model(body.model)
-    params = body.sampling_params()
-    messages = body.template_messages()
-    group = state.admit(request, [all_text(messages)], params.n, "messages")
-    prompt = await group.tokenize(
-        chat_prompt,
-        state.tokenizer,
-        messages,
-        body.add_generation_prompt,
-        body.chat_template_kwargs,
-    )
-    request_id = new_id("chatcmpl")
-    await group.submit(request_id, salted([prompt], body.cache_salt), params, arrival)
-    top = (body.top_logprobs or 0) if body.logprobs else None
-
-    if body.stream:
-        head = _head(state, request_id, "chat.completion.chunk", model)
-        tracker = DeltaTracker()
-
-        def chunk(p: int, out: RequestOutput) -> list[dict[str, Any]]:
-            choices = []
-            for c in out.outputs:
-                d = tracker.take(
-                    c.index, c.text, len(c.token_ids), c.finish_reason, top is not None
-                )
-                if d is None:
-                    continue
-                lp = None
-                if top is not None:
-                    ids, entries = list(c.token_ids), list(c.logprobs or [])
-                    window = slice(d.token_start, d.token_end)
-                    lp = {"content": chat_logprobs(ids[window], entries[window], state.texts, top)}
-                delta = {"content": d.text} if d.text or d.finish_reason is None else {}
-                choices.append(
-                    {
-                        "index": c.index,
-                        "delta": delta,
-                        "logprobs": lp,
-                        "finish_reason": d.finish_reason,
-                        "stop_reason": c.stop_reason if d.finish_reason else None,
-                    }
-                )
-            return choices
-
-        opening = [
-            {
-                "index": i,
-                "delta": {"role": "assistant", "content": ""},
-                "logprobs": None,
-                "finish_reason": None,
-            }
-            for i in range(params.n)
-        ]
-        usage = bool(body.stream_options and body.stream_options.include_usage)
-        return sse_response(stream_events(group, request, head, chunk, usage, opening))
-
-    try:
-        finals = await collect(group, request)
-    except ClientDisconnected:
-        return Response(status_code=CLIENT_GONE)
-    out = finals[group.request_ids[0]]
-    choices = [chat_choice(c.index, c, top, state.texts) for c in out.outputs]
-    choices.sort(key=lambda c: c["index"])
-    head = _head(state, request_id, "chat.completion", model)
-    return JSONResponse({**head, "choices": choices, "usage": usage_of([out])})
+def timelines(outs: list[RequestOutput]) -> dict[str, Any]:
+    """The `timeline` field: one entry per prompt (engine request), in prompt order."""
+    return {"timeline": [timeline_json(o) for o in outs]}

@@ -11,11 +11,13 @@ from typing import Any
 from fastapi import Request
 
 from inferd.engine_client import EngineClient, ModelInfo, TokenizerLike
+from inferd.errors import InvalidRequest
 from inferd.server.admission import Admission, text_bytes
 from inferd.server.errors import APIError, ErrorLog
 from inferd.server.metrics import ServerMetrics
-from inferd.server.responses import TokenText
+from inferd.server.responses import TokenIdText, TokenText
 from inferd.server.serving import RequestGroup
+from inferd.server.tool_calls import ToolSettings
 
 # Texts above this size are tokenized one at a time: an encode of megabytes keeps a core busy
 # for seconds, and several at once would take every core from the engine.
@@ -32,7 +34,13 @@ class ServerState:
     admission: Admission
     errors: ErrorLog = field(default_factory=ErrorLog)
     created: int = field(default_factory=lambda: int(time.time()))
+    tools: ToolSettings = field(default_factory=ToolSettings)
+    request_timeline: bool = False  # the server returns a request's timeline when asked
     _large_inputs: asyncio.Semaphore | None = None
+
+    def token_texts(self, as_token_ids: bool) -> TokenText:
+        """How logprobs name tokens: their text, or "token_id:N" (return_tokens_as_token_ids)."""
+        return TokenIdText(self.texts) if as_token_ids else self.texts
 
     @property
     def model_name(self) -> str:
@@ -69,12 +77,13 @@ class ServerState:
         async with self._large_inputs:
             return await asyncio.to_thread(function, *args)
 
-    def admit(self, request: Request, prompts: list[Any], n: int,
-              param: str = "prompt") -> RequestGroup:  # fmt: skip
+    def admit(self, request: Request, prompts: list[Any], n: int, param: str = "prompt",
+              keep: int | None = None) -> RequestGroup:  # fmt: skip
         """Admission (server/admission.py) for a generation request, before any tokenization:
-        raises 400 for a request that can never be served, 503 when the queue is full. The
-        group returned holds the request's place until it ends."""
-        reservation = self.admission.admit(prompts, n, param)
+        raises 400 for a request that can never be served, 503 when the queue is full. `keep`:
+        the request's truncate_prompt_tokens. The group returned holds the request's place
+        until it ends."""
+        reservation = self.admission.admit(prompts, n, param, keep)
         request.scope.setdefault(RESERVATIONS, []).append(reservation)
         nbytes = sum(text_bytes(p) for p in prompts if isinstance(p, str))
 
@@ -82,6 +91,17 @@ class ServerState:
             return await self.tokenize(function, *args, nbytes=nbytes)
 
         return RequestGroup(self.client, reservation, tokenize, param)
+
+    def check_timeline(self, wanted: bool) -> bool:
+        """Whether to return the request's timeline; refused (400) unless the server allows it:
+        the cached-prefix count tells whether others sent the same prompt prefix."""
+        if wanted and not self.request_timeline:
+            raise InvalidRequest(
+                "return_timeline",
+                "return_timeline: this server does not return request timelines (start it "
+                "with --enable-request-timeline)",
+            )
+        return wanted
 
 
 class ReleaseMiddleware:
@@ -104,3 +124,11 @@ class ReleaseMiddleware:
 
 def get_state(request: Request) -> ServerState:
     return request.app.state.inferd
+
+
+def note_user(request: Request, body: Any) -> None:
+    """The end user a request names (`user`, `safety_identifier`) goes into its access-log line:
+    OpenAI asks for these so that an operator can trace abuse to a user."""
+    who = getattr(body, "safety_identifier", None) or getattr(body, "user", None)
+    if who:
+        request.state.inferd_user = who

@@ -36,24 +36,37 @@ async def stream_events(
     chunk_choices: ChunkChoices,
     include_usage: bool,
     opening: list[dict[str, Any]] | None = None,
+    continuous_usage: bool = False,
+    opening_fields: dict[str, Any] | None = None,
+    trailer: Callable[[list[RequestOutput]], dict[str, Any]] | None = None,
 ) -> AsyncIterator[bytes]:
     """`head` holds the fields every chunk repeats (id, object, created, model, fingerprint);
-    `opening` are choices sent before any token (the chat role chunk)."""
+    `opening` are choices sent before any token (the chat role chunk), with `opening_fields`
+    added to that chunk only. `continuous_usage` (vLLM's stream_options.continuous_usage_stats):
+    every chunk carries the usage so far. `trailer` gives the fields of a last chunk (no
+    choices) from the final outputs, e.g. the requests' timelines."""
     prompt_index = {rid: i for i, rid in enumerate(group.request_ids)}
-    finals: dict[str, RequestOutput] = {}
+    latest: dict[str, RequestOutput] = {}
     watcher = asyncio.ensure_future(abort_on_disconnect(group, request))
+
+    def so_far() -> dict[str, Any]:
+        return usage_of([latest[r] for r in group.request_ids if r in latest])
+
     try:
         if opening:
-            yield encode_event({**head, "choices": opening})
+            extra = {"usage": so_far()} if continuous_usage else {}
+            yield encode_event({**head, **(opening_fields or {}), "choices": opening, **extra})
         async for out in group.outputs():
             choices = chunk_choices(prompt_index[out.request_id], out)
-            if out.finished:
-                finals[out.request_id] = out
+            latest[out.request_id] = out
             if choices:
-                yield encode_event({**head, "choices": choices})
+                extra = {"usage": so_far()} if continuous_usage else {}
+                yield encode_event({**head, "choices": choices, **extra})
+        if trailer is not None:  # each request's latest output is its final one by now
+            outs = [latest[r] for r in group.request_ids if r in latest]
+            yield encode_event({**head, "choices": [], **trailer(outs)})
         if include_usage:
-            outs = [finals[r] for r in group.request_ids if r in finals]
-            yield encode_event({**head, "choices": [], "usage": usage_of(outs)})
+            yield encode_event({**head, "choices": [], "usage": so_far()})
         yield DONE
     except Exception as e:  # noqa: BLE001 - the status line is sent: report in the stream
         yield stream_error(e, request)

@@ -2,9 +2,12 @@
 
     config.py     SpeculativeConfig: the --speculative-config JSON, validated
     ngram.py      NgramProposer: drafts from each sequence's own earlier tokens; draft_room
-    adaptive.py   DraftGate: stop proposing for a sequence whose drafts keep failing
+    planner.py    how many drafts to verify: expected tokens per second, from each sequence's
+                  acceptance and the measured cost of a step by its rows
     rejection.py  verify_greedy / verify_sampled: which drafts to keep, and the next token
     metrics.py    SpecDecodeMetrics: vLLM's spec_decode_* counters
+
+The engine side (scheduling, KV, sampling the rows) is inferd/engine/speculative.py.
 
 A decode step of a sequence with drafts computes the last token plus the drafts (k + 1 rows),
 verification keeps the accepted prefix and adds one token of the target model, so each step
@@ -13,21 +16,22 @@ emits 1 .. k + 1 tokens with the model's own output distribution (token for toke
 
 from __future__ import annotations
 
-from inferd.spec_decode.adaptive import AdaptiveSettings, DraftGate
 from inferd.spec_decode.config import SpeculativeConfig
 from inferd.spec_decode.metrics import SpecDecodeMetrics
 from inferd.spec_decode.ngram import NgramIndex, NgramProposer, draft_room
+from inferd.spec_decode.planner import AcceptanceEstimate, StepCosts, plan_drafts
 from inferd.spec_decode.rejection import Verified, verify_greedy, verify_sampled
 
 __all__ = [
-    "AdaptiveSettings",
-    "DraftGate",
+    "AcceptanceEstimate",
     "NgramIndex",
     "NgramProposer",
     "SpecDecodeMetrics",
     "SpeculativeConfig",
+    "StepCosts",
     "Verified",
     "draft_room",
+    "plan_drafts",
     "verify_greedy",
     "verify_sampled",
 ]

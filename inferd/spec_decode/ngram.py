@@ -17,10 +17,7 @@ from __future__ import annotations
 
 from collections.abc import Hashable
 
-from inferd.spec_decode.adaptive import AdaptiveSettings, DraftGate
 from inferd.spec_decode.config import SpeculativeConfig
-
-DEFAULT_ADAPTIVE = AdaptiveSettings()  # frozen: a shared default, not shared state
 
 
 class NgramIndex:
@@ -92,78 +89,34 @@ def draft_room(num_tokens: int, num_output_tokens: int, max_tokens: int, max_mod
     return max(0, can_emit - 1)
 
 
-class _SequenceDrafts:
-    __slots__ = ("index", "gate", "shadow", "shadow_at")
-
-    def __init__(self, config: SpeculativeConfig, adaptive: AdaptiveSettings | None) -> None:
-        self.index = NgramIndex(config.prompt_lookup_min, config.prompt_lookup_max)
-        self.gate = DraftGate(adaptive) if adaptive is not None else None
-        self.shadow: list[int] = []  # while the gate is off: the draft being scored
-        self.shadow_at = 0  # the sequence length the shadow was proposed at
-
-    def score_shadow(self, tokens: list[int]) -> None:
-        """Compare the pending shadow with the tokens decoded since; once it is decided (a
-        mismatch, or all of it matched), hand its score to the gate."""
-        arrived = tokens[self.shadow_at : self.shadow_at + len(self.shadow)]
-        matched = 0
-        while matched < len(arrived) and arrived[matched] == self.shadow[matched]:
-            matched += 1
-        if matched < len(arrived) or matched == len(self.shadow):
-            self.gate.record_shadow(len(self.shadow), matched)
-            self.shadow = []
-
-
 class NgramProposer:
-    """The drafts of every running sequence, with each sequence's index and adaptive gate.
+    """The drafts of every running sequence, from each sequence's own index.
 
-    Per decode step of a sequence: `propose(seq_id, token_ids, room)`; after its verification:
-    `record(seq_id, num_drafted, num_accepted)`; when it finishes or is aborted: `forget(seq_id)`
-    (the state is small but lives until then). Preemption keeps the state: the tokens stay."""
+    Per decode step of a sequence: `propose(seq_id, token_ids, room)`; when it finishes or is
+    aborted: `forget(seq_id)` (the index is small but lives until then). Preemption keeps the
+    index: the tokens stay. Which of the drafts are worth verifying is the planner's call
+    (planner.py)."""
 
-    def __init__(
-        self, config: SpeculativeConfig, adaptive: AdaptiveSettings | None = DEFAULT_ADAPTIVE
-    ) -> None:
+    def __init__(self, config: SpeculativeConfig) -> None:
         self.config = config
-        self.adaptive = adaptive  # None: propose whenever a match exists
-        self._sequences: dict[Hashable, _SequenceDrafts] = {}
+        self._indexes: dict[Hashable, NgramIndex] = {}
 
     def propose(self, seq_id: Hashable, token_ids: list[int], room: int) -> list[int]:
         """Draft token ids for the step after `token_ids` (prompt + output so far, a list that
         only grows), at most min(num_speculative_tokens, room) of them (`draft_room`); [] when
-        nothing matches or the sequence's gate is off. Calling it again for the same tokens
-        (a step that did not get scheduled) returns the same draft and changes nothing."""
-        state = self._sequences.get(seq_id)
-        if state is None:
-            state = self._sequences[seq_id] = _SequenceDrafts(self.config, self.adaptive)
+        nothing matches. Calling it again for the same tokens (a step that did not get
+        scheduled) returns the same draft and changes nothing."""
+        index = self._indexes.get(seq_id)
+        if index is None:
+            c = self.config
+            index = self._indexes[seq_id] = NgramIndex(c.prompt_lookup_min, c.prompt_lookup_max)
+        index.sync(token_ids)
         k = min(self.config.num_speculative_tokens, room)
-        state.index.sync(token_ids)
-        gate = state.gate
-        if gate is not None and not gate.on:
-            if state.shadow:
-                state.score_shadow(token_ids)
-            if not gate.on:
-                if not state.shadow and k > 0:
-                    state.shadow = state.index.lookup(token_ids, k)
-                    state.shadow_at = len(token_ids)
-                return []
-            state.shadow = []
-        return state.index.lookup(token_ids, k) if k > 0 else []
-
-    def record(self, seq_id: Hashable, num_drafted: int, num_accepted: int) -> None:
-        """The outcome of verifying the drafts of `seq_id` (num_drafted as verified, after any
-        trimming by the scheduler)."""
-        state = self._sequences.get(seq_id)
-        if state is not None and state.gate is not None:
-            state.gate.record(num_drafted, num_accepted)
-
-    def is_drafting(self, seq_id: Hashable) -> bool:
-        """False while the sequence's gate is off (unknown sequences draft)."""
-        state = self._sequences.get(seq_id)
-        return state is None or state.gate is None or state.gate.on
+        return index.lookup(token_ids, k) if k > 0 else []
 
     def forget(self, seq_id: Hashable) -> None:
-        self._sequences.pop(seq_id, None)
+        self._indexes.pop(seq_id, None)
 
     def __len__(self) -> int:
-        """Sequences with state (for leak checks)."""
-        return len(self._sequences)
+        """Sequences with an index (for leak checks)."""
+        return len(self._indexes)

@@ -4,7 +4,7 @@ Under greedy decoding speculation changes which steps produce which tokens, neve
 a draft is accepted exactly as far as it agrees with the output decoded without speculation.
 So given a prompt and its greedy output, the steps, drafts and acceptance that speculation would
 have had follow from the proposer alone. This measures how much lookup a workload offers (and
-tests the proposer and its adaptive gate) in microseconds instead of model steps.
+tests the proposer) in microseconds instead of model steps.
 """
 
 from __future__ import annotations
@@ -31,7 +31,8 @@ def replay_greedy(
     proposer: NgramProposer, prompt_ids: list[int], output_ids: list[int], seq_id: object = 0
 ) -> Replay:
     """Decode `output_ids` again (the prefill gave the first token), each step verifying the
-    proposer's draft against the output. `max_tokens` is the output's length."""
+    proposer's whole draft against the output (no planner: what lookup offers, not what a
+    machine's costs make worth verifying). `max_tokens` is the output's length."""
     metrics = SpecDecodeMetrics(proposer.config.num_speculative_tokens)
     if not output_ids:
         return Replay(metrics, 0, 0)
@@ -44,7 +45,6 @@ def replay_greedy(
         while accepted < len(draft) and draft[accepted] == output_ids[produced + accepted]:
             accepted += 1
         if draft:
-            proposer.record(seq_id, len(draft), accepted)
             metrics.observe(len(draft), accepted)
         seq += output_ids[produced : produced + accepted + 1]
         produced += accepted + 1

@@ -80,11 +80,18 @@ class LogitsMasker:
         self, logits: torch.Tensor, bitmask: torch.Tensor, rows: Sequence[int], covered: int
     ) -> None:
         masks = bitmask.cpu().numpy().view(np.uint8)  # little-endian: byte k holds tokens 8k..
-        bias = torch.from_numpy(self._scratch).view(-1)[:covered]
+        bias = self._scratch.reshape(-1)[:covered]
         for j, r in enumerate(rows):
             np.take(self._table, masks[j], axis=0, out=self._scratch)
             target = logits[r, :covered]
-            torch.minimum(target, bias, out=target)
+            # NOTE: numpy, not torch: one row is too little work to share, and torch's
+            # intra-op pool turns it into milliseconds when its other thread is descheduled
+            # (a busy machine), right between two model steps.
+            if target.is_contiguous() and not target.requires_grad:
+                row = target.numpy()
+                np.minimum(row, bias, out=row)
+            else:
+                torch.minimum(target, torch.from_numpy(bias), out=target)
 
     def _apply_torch(
         self, logits: torch.Tensor, bitmask: torch.Tensor, rows: Sequence[int], covered: int

@@ -27,6 +27,10 @@ _SUBSCHEMAS = (
 
 
 _POSITION = re.compile(r"^at \d+\(\d+\): ")
+# Whitespace a JSON reply may put between tokens: nothing, one space (or tab), or one line break
+# followed by indentation (pretty-printed JSON). Bounded, because a model that starts emitting
+# blanks (sampled, or a small one) would otherwise fill max_tokens with them and never finish.
+WHITESPACE = r"(?:[\x20\x09]?|\r?\n[\x20\x09]{0,24})"
 
 
 def closed_schema(schema: dict[str, Any]) -> dict[str, Any]:
@@ -62,7 +66,9 @@ def grammar_text(spec: StructuredOutputsParams) -> str:
         schema: dict[str, Any] = spec.json if kind == "json" else {"type": "object"}
         if spec.disable_additional_properties:
             schema = closed_schema(schema)
-        options = {"whitespace_flexible": not spec.disable_any_whitespace}
+        options: dict[str, Any] = {"whitespace_flexible": not spec.disable_any_whitespace}
+        if options["whitespace_flexible"]:
+            options["whitespace_pattern"] = WHITESPACE
         return llguidance.LLMatcher.grammar_from_json_schema(schema, defaults=options)
     if kind == "regex":
         return llguidance.LLMatcher.grammar_from_regex(spec.regex)
@@ -73,7 +79,8 @@ def grammar_text(spec: StructuredOutputsParams) -> str:
     try:
         return llguidance.grammar_from("grammar", spec.grammar)  # Lark, or GBNF converted
     except ValueError as e:
-        raise InvalidGrammarError(f"{spec.field_name()}: {_one_line(str(e))}") from e
+        field = spec.field_name()
+        raise InvalidGrammarError(f"{field}: {_one_line(str(e))}", field) from e
 
 
 def compile_matcher(
@@ -86,7 +93,8 @@ def compile_matcher(
         message = _one_line(matcher.get_error())
         if spec.kind != "grammar":  # positions in the Lark text generated from the spec
             message = _POSITION.sub("", message)
-        raise InvalidGrammarError(f"{spec.field_name()}: {_describe(spec.kind)}: {message}")
+        field = spec.field_name()
+        raise InvalidGrammarError(f"{field}: {_describe(spec.kind)}: {message}", field)
     return matcher
 
 

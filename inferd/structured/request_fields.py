@@ -4,13 +4,14 @@ A request may say it three ways: OpenAI's `response_format` (`json_object`, or `
 with `strict`), vLLM's `structured_outputs` object, and vLLM's older `guided_json`,
 `guided_regex`, `guided_choice`, `guided_grammar` fields. `resolve` takes all of them, refuses
 more than one, and returns the spec (None when plain text was asked for). Every bad value is a
-ValueError naming its field (HTTP 400).
+InvalidRequest naming its field (HTTP 400).
 """
 
 from __future__ import annotations
 
 from typing import Any
 
+from inferd.errors import InvalidRequest
 from inferd.structured_params import StructuredOutputsParams
 
 GUIDED_FIELDS = {
@@ -26,22 +27,30 @@ def from_response_format(value: Any) -> StructuredOutputsParams | None:
     if value is None:
         return None
     if not isinstance(value, dict):
-        raise ValueError(f"response_format must be an object, got {type(value).__name__}")
+        message = f"response_format must be an object, got {type(value).__name__}"
+        raise InvalidRequest("response_format", message)
     kind = value.get("type")
     if kind == "text":
         return None
     if kind == "json_object":
         return StructuredOutputsParams(json_object=True, origin="response_format")
     if kind != "json_schema":
-        raise ValueError(
-            f"response_format.type must be one of text, json_object, json_schema, got {kind!r}"
+        raise InvalidRequest(
+            "response_format.type",
+            f"response_format.type must be one of text, json_object, json_schema, got {kind!r}",
         )
     spec = value.get("json_schema")
     if not isinstance(spec, dict) or not isinstance(spec.get("schema"), dict):
-        raise ValueError("response_format.json_schema.schema must be a JSON schema object")
+        raise InvalidRequest(
+            "response_format.json_schema.schema",
+            "response_format.json_schema.schema must be a JSON schema object",
+        )
     strict = spec.get("strict", False)
     if not isinstance(strict, bool | None):
-        raise ValueError(f"response_format.json_schema.strict must be a boolean, got {strict!r}")
+        raise InvalidRequest(
+            "response_format.json_schema.strict",
+            f"response_format.json_schema.strict must be a boolean, got {strict!r}",
+        )
     # Strict mode (OpenAI): only the declared keys, whatever the schema leaves unsaid.
     return StructuredOutputsParams(
         json=spec["schema"],
@@ -56,7 +65,8 @@ def from_guided_fields(fields: dict[str, Any]) -> StructuredOutputsParams | None
     if not given:
         return None
     if len(given) > 1:
-        raise ValueError(f"give only one of {', '.join(GUIDED_FIELDS)}; got {', '.join(given)}")
+        message = f"give only one of {', '.join(GUIDED_FIELDS)}; got {', '.join(given)}"
+        raise InvalidRequest(next(iter(given)), message)
     ((name, value),) = given.items()
     return StructuredOutputsParams(**{GUIDED_FIELDS[name]: value}, origin=name)
 
@@ -79,5 +89,6 @@ def resolve(
     }
     chosen = {name: spec for name, spec in specs.items() if spec is not None}
     if len(chosen) > 1:
-        raise ValueError(f"ask for structured output one way only; got {', '.join(chosen)}")
+        message = f"ask for structured output one way only; got {', '.join(chosen)}"
+        raise InvalidRequest(next(iter(chosen)), message)
     return next(iter(chosen.values()), None)

@@ -31,10 +31,14 @@ def build_chat_prompt(
     kwargs: dict[str, Any],
     split_special_tokens: bool,
     tokenize: bool,
+    continue_final_message: bool = False,
 ) -> tuple[str, list[int]]:
     """(prompt text, token ids; [] unless `tokenize`). `chat_template_kwargs`, then `kwargs`
     (tools, ...) override the tokenizer's own variables (bos_token, ...) and, like the
-    messages, are guarded when `split_special_tokens`."""
+    messages, are guarded when `split_special_tokens`. `continue_final_message` ends the prompt
+    right after the final message's text (HF's rule), so the model continues that message."""
+    if continue_final_message and add_generation_prompt:
+        raise ValueError("continue_final_message and add_generation_prompt cannot both be true")
     if template is None:
         raise ValueError(
             "this model has no chat template; pass one with --chat-template "
@@ -55,9 +59,26 @@ def build_chat_prompt(
     variables = {**tokenizer.special_tokens, **user_vars}
     rendered = template.render(messages, add_generation_prompt, variables)
     check_unicode(rendered, "chat template output")  # the template itself is a file's text
+    if continue_final_message:
+        rendered = _cut_after_final_message(rendered, messages)
     text = strip_marks(rendered)[0] if marks else rendered
     if not tokenize:
         return text, []
     if marks:
         return text, tokenizer.special_token_guard.encode_marked(rendered)
     return text, encode_unlocked(tokenizer.backend, text, False).ids
+
+
+def _cut_after_final_message(rendered: str, messages: list[dict[str, Any]]) -> str:
+    """`rendered` up to the end of the final message's text (which templates may strip)."""
+    content = messages[-1].get("content") if messages and isinstance(messages[-1], dict) else None
+    if isinstance(content, list):
+        texts = [p.get("text") for p in content if isinstance(p, dict) and p.get("type") == "text"]
+        content = texts[-1] if texts else None
+    if not isinstance(content, str) or not content.strip():
+        raise ValueError("continue_final_message needs a final message with text to continue")
+    for needle in (content, content.strip()):
+        end = rendered.rfind(needle)
+        if end >= 0:
+            return rendered[: end + len(needle)]
+    raise ValueError("the chat template does not show the final message's text: cannot continue it")

@@ -199,17 +199,21 @@ class Tokenizer:
     def chat_prompt(
         self, messages: list[dict[str, Any]], /, add_generation_prompt: bool = True,
         *, split_special_tokens: bool = True, chat_template_kwargs: dict[str, Any] | None = None,
-        tokenize: bool = True, **kwargs: Any,
+        tokenize: bool = True, continue_final_message: bool = False,
+        chat_template: ChatTemplate | None = None, **kwargs: Any,
     ) -> tuple[str, list[int]]:  # fmt: skip
         """(prompt text, token ids) for `messages`. The template's own special tokens become
         their ids; with `split_special_tokens` (the default) special-token strings inside the
         messages and template variables stay plain text, so a user cannot forge a turn; False
         lets them through as special tokens (trusted callers only). Variables come from the
         tokenizer (bos_token, ...), then `chat_template_kwargs`, then `kwargs`. Invalid
-        Unicode anywhere in the input is a ValueError naming where."""
-        return build_chat_prompt(self, self._chat_template, messages, add_generation_prompt,
+        Unicode anywhere in the input is a ValueError naming where. `continue_final_message`
+        ends the prompt inside the final message (the model continues it); `chat_template`
+        renders with that template instead of the tokenizer's (e.g. a tool-aware one)."""
+        template = chat_template if chat_template is not None else self._chat_template
+        return build_chat_prompt(self, template, messages, add_generation_prompt,
                                  chat_template_kwargs, kwargs, split_special_tokens,
-                                 tokenize)  # fmt: skip
+                                 tokenize, continue_final_message)  # fmt: skip
 
     # --- properties ------------------------------------------------------------------------------
 

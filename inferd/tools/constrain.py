@@ -21,6 +21,7 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
+from inferd.errors import InvalidRequest
 from inferd.structured.grammar import closed_schema
 from inferd.structured_params import StructuredOutputsParams
 from inferd.tools.python_literals import PythonLiteralRules
@@ -36,24 +37,29 @@ class Function:
 
 
 def parse_tools(tools: Any) -> list[Function]:
-    """OpenAI's `tools` list (function tools); ValueError naming the bad entry."""
+    """OpenAI's `tools` list (function tools); InvalidRequest naming the bad entry."""
     if not isinstance(tools, list) or not tools:
-        raise ValueError("tools must be a non-empty list of function tools")
+        raise InvalidRequest("tools", "tools must be a non-empty list of function tools")
     functions: list[Function] = []
     for i, tool in enumerate(tools):
         if not isinstance(tool, dict) or tool.get("type") != "function":
-            raise ValueError(f'tools[{i}]: only {{"type": "function", ...}} tools are supported')
+            message = f'tools[{i}].type: only "function" tools are supported'
+            raise InvalidRequest(f"tools[{i}].type", message)
         function = tool.get("function")
         if not isinstance(function, dict) or not isinstance(function.get("name"), str):
-            raise ValueError(f"tools[{i}].function must be an object with a name")
+            message = f"tools[{i}].function must be an object with a name"
+            raise InvalidRequest(f"tools[{i}].function", message)
         name = function["name"]
         if not _NAME.match(name):
-            raise ValueError(f"tools[{i}].function.name must match [A-Za-z0-9_-]{{1,64}}")
+            message = f"tools[{i}].function.name must match [A-Za-z0-9_-]{{1,64}}"
+            raise InvalidRequest(f"tools[{i}].function.name", message)
         if any(f.name == name for f in functions):
-            raise ValueError(f"tools[{i}].function.name {name!r} is not unique")
+            message = f"tools[{i}].function.name {name!r} is not unique"
+            raise InvalidRequest(f"tools[{i}].function.name", message)
         parameters = function.get("parameters") or {"type": "object", "properties": {}}
         if not isinstance(parameters, dict) or parameters.get("type", "object") != "object":
-            raise ValueError(f"tools[{i}].function.parameters must be a JSON schema of an object")
+            where = f"tools[{i}].function.parameters"
+            raise InvalidRequest(where, f"{where} must be a JSON schema of an object")
         functions.append(Function(name, parameters))
     return functions
 
@@ -68,27 +74,40 @@ def forced_function(tool_choice: Any, functions: list[Function]) -> str | None:
         name = (tool_choice.get("function") or {}).get("name")
         if any(f.name == name for f in functions):
             return name
-        raise ValueError(f"tool_choice names function {name!r}, which is not in tools")
-    raise ValueError(
+        message = f"tool_choice names function {name!r}, which is not in tools"
+        raise InvalidRequest("tool_choice", message)
+    raise InvalidRequest(
+        "tool_choice",
         'tool_choice must be "none", "auto", "required" or '
-        '{"type": "function", "function": {"name": ...}}'
+        '{"type": "function", "function": {"name": ...}}',
     )
 
 
-def tool_call_spec(tools: Any, tool_choice: Any, parser: str) -> StructuredOutputsParams | None:
+def tool_call_spec(
+    tools: Any, tool_choice: Any, parser: str, parallel: bool = True
+) -> StructuredOutputsParams | None:
     """The structured-output spec forcing `tool_choice` in `parser`'s format, or None when
-    nothing is forced."""
+    nothing is forced. "required" allows several calls unless `parallel` is False
+    (`parallel_tool_calls`); a named function is called once. A spec that cannot be written
+    is an InvalidRequest naming `tools` (compile errors name it too: the spec's origin)."""
     functions = parse_tools(tools)
     forced = forced_function(tool_choice, functions)
     if forced is None:
         return None
     chosen = functions if forced == "" else [f for f in functions if f.name == forced]
-    many = forced == ""
-    if parser == "hermes":
-        return StructuredOutputsParams(grammar=hermes_grammar(chosen, many))
-    if parser == "pythonic":
-        return StructuredOutputsParams(grammar=pythonic_grammar(chosen, many))
-    raise ValueError(f"no tool-call grammar for parser {parser!r}")
+    many = forced == "" and parallel
+    try:
+        if parser == "hermes":
+            grammar = hermes_grammar(chosen, many)
+        elif parser == "pythonic":
+            grammar = pythonic_grammar(chosen, many)
+        else:
+            raise ValueError(f"no tool-call grammar for parser {parser!r}")
+    except InvalidRequest:
+        raise
+    except ValueError as e:
+        raise InvalidRequest("tools", f"tools: {e}") from e
+    return StructuredOutputsParams(grammar=grammar, origin="tools")
 
 
 def hermes_grammar(functions: list[Function], many: bool) -> str:

@@ -63,6 +63,41 @@ def test_embedded_model_counts(gemma_gguf):
     )
 
 
+def test_the_default_modes_weights_are_what_the_plan_says(gemma_gguf, c_kernels):
+    """`inferd memory`'s figure for the default mode on a GGUF file (weight_plan.py) against the
+    model the engine builds in that mode: every block and dense tensor it holds after load,
+    and the bf16 copies its large steps make where the CPU keeps them."""
+    from inferd.layers.block_method import BlockMethod
+    from inferd.layers.weight_scheme import choose_scheme
+    from inferd.memory.estimate import estimate_memory
+    from inferd.memory.weight_plan import block_plan
+
+    ckpt = open_checkpoint(None)
+    scheme = choose_scheme(None, "auto", "gguf", torch.device("cpu"))
+    assert scheme.blocks, scheme.describe()
+    plan = block_plan(checkpoint_weights(ckpt))
+    assert plan.scheme == scheme.name
+    model = load_model(ckpt, scheme.dtype, torch.device("cpu"), scheme=scheme)
+    methods = [m for m in model.modules() if isinstance(m, BlockMethod) and m.blocks is not None]
+    held = sum(m.blocks.nbytes for m in methods)
+    held += sum(p.numel() * p.element_size() for p in model.parameters())
+    assert held == plan.held, (held, plan.held)
+    # about the file's size: blocks store q in 4, 5 or 8 bits and scales as the file does, or fp32
+    assert 0.9 < plan.held / os.path.getsize(gemma_gguf) < 1.1
+    copies = sum(m.dense_copy_weight().numel() * 2 for m in methods) if scheme.keep_copy else 0
+    assert copies == plan.copy
+    # the estimate counts these in the engine's conditions only: the default dtype, a CPU,
+    # no tensor parallelism, the kernels available; its KV cache is then float32, as the engine's
+    on_disk = checkpoint_weights(ckpt)
+    est = estimate_memory(ckpt.config, checkpoint=on_disk, block_kernels=True, max_model_len=512)
+    assert est.per_device.weights == plan.total and est.kv_cache_dtype == "fp32"
+    for other in (dict(block_kernels=False), dict(block_kernels=True, dtype="fp32"),
+                  dict(block_kernels=True, device="cuda")):  # fmt: skip
+        dense = estimate_memory(ckpt.config, checkpoint=on_disk, max_model_len=512, **other)
+        assert not dense.weight_plan.blocks
+        assert dense.per_device.weights == weight_bytes(on_disk.num_params, dense.dtype)
+
+
 _MEASURE = textwrap.dedent("""
     from inferd import LLM
     from inferd.memory.estimate import estimate_memory

@@ -3,17 +3,19 @@ of docs/engine.md, teacher-forced): top-1 agreement of the next-token prediction
 perplexity ratio. The thresholds sit below what was measured (docs/performance.md):
 
     mode                   top-1 agreement   perplexity vs float32
-    default, decode steps       0.96               1.004  (GGUF blocks, int8 activations per
-                                                           32 values, the C decoder layer)
-    default, prefill steps      0.97               0.998  (GEMM on the blocks' bf16 copy; the
-                                                           target, 0.97, is asserted)
+    default, decode steps       1.00               1.000  (GGUF blocks, activations as two int8
+                                                           terms per 32 values, the C decoder
+                                                           layer; one int8 term, as llama.cpp
+                                                           rounds them: 0.95-0.96, 1.004-1.014)
+    default, prefill steps      0.97               0.998  (GEMM on the blocks' bf16 copy)
     bfloat16                    0.98               1.00
     int8 (W8A8)                 0.82               1.05
     int4 (weight-only)          0.65               1.50   (lossy: see docs/performance.md)
     bfloat16 + fp8 KV cache     0.92               1.01
     fp8 W8A8 (64 tokens: PyTorch's fp8 matmul on CPU is a slow reference kernel)   0.84
-    gguf (the file's own blocks only, 16 tokens per step: block kernels)   0.95     1.01
+    gguf (the file's own blocks only, 16 tokens per step: block kernels)   1.00     1.00
 
+The target for the default mode, 0.97, is asserted for both kinds of step.
 The default mode on a machine without inferd's C kernels is dense (bf16 or float32): its cases
 then measure that mode.
 """
@@ -35,10 +37,10 @@ N_TOKENS = 256
 # ratio). Tokens per step choose the path: one token per step is a decode step (the default
 # mode's C decoder and block kernels), all tokens in one step the large-step GEMM path.
 CASES = [
-    ("auto", None, "auto", N_TOKENS, 1, 0.92, 1.03),
+    ("auto", None, "auto", N_TOKENS, 1, 0.97, 1.01),
     ("auto", None, "auto", N_TOKENS, N_TOKENS, 0.97, 1.02),
     ("bfloat16", None, "auto", N_TOKENS, N_TOKENS, 0.95, 1.02),
-    ("bfloat16", "gguf", "auto", N_TOKENS, 16, 0.90, 1.03),
+    ("bfloat16", "gguf", "auto", N_TOKENS, 16, 0.97, 1.01),
     ("bfloat16", "int8", "auto", N_TOKENS, N_TOKENS, 0.75, 1.10),
     ("bfloat16", "int4", "auto", N_TOKENS, N_TOKENS, 0.55, 1.80),
     ("bfloat16", None, "fp8", N_TOKENS, N_TOKENS, 0.85, 1.05),

@@ -112,3 +112,27 @@ def test_nothing_is_admitted_while_draining():
 def test_a_chat_is_measured_by_all_the_text_it_carries():
     messages = [{"role": "user", "content": [{"type": "text", "text": "abc"}]}, {"role": "x"}]
     assert all_text(messages) == "usertextabcx"
+
+
+def test_each_sample_of_a_queued_request_needs_a_seat():
+    adm = admission(seats=4, max_queued_requests=0)
+    adm.admit(["a"], n=3)
+    assert adm.waiting() == 0
+    with pytest.raises(Overloaded):  # 3 + 2 samples on 4 seats: one would wait
+        adm.admit(["b"], n=2)
+    adm.admit(["b"], n=1)
+    with pytest.raises(InvalidRequest) as e:  # more samples than seats and queue together
+        admission(seats=4, max_queued_requests=2).admit(["c"], n=7)
+    assert e.value.param == "n" and "--max-queued-requests" in e.value.message
+
+
+def test_truncated_prompts_count_what_they_keep():
+    adm = admission(max_queued_tokens=3000, max_bytes_per_token=4)
+    held = adm.admit([[1] * 5000, "a" * 40_000], n=1, keep=100)  # cut to fit: not too long
+    assert adm.queued_tokens == 200
+    adm.admit(["a" * 40_000], n=1, keep=-1)  # -1: max_model_len tokens
+    assert adm.queued_tokens == 200 + 1024
+    with pytest.raises(ContextTooLong):
+        adm.admit([[1] * 5000], n=1)
+    held.release()
+    assert adm.queued_tokens == 1024

@@ -42,6 +42,10 @@ class FakeTokenizer:
     def apply_chat_template(self, messages, add_generation_prompt=True, **kwargs) -> str:
         return " ".join(str(m["content"]) for m in messages)
 
+    def chat_prompt(self, messages, add_generation_prompt=True, **kwargs):
+        text = self.apply_chat_template(messages, add_generation_prompt)
+        return text, self.encode(text, add_special_tokens=False)
+
 
 class FakeEngine:
     """Every step adds token 5 ('x') to each request. Knobs: `fail_at` (step number that raises

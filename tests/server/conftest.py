@@ -10,8 +10,10 @@ from server_helpers import API_KEY, MAX_REQUEST_BYTES, start_server
 
 @pytest.fixture(scope="session")
 def server():
-    """The shared server: API key on, 64 KiB body limit, otherwise defaults."""
-    s = start_server("--max-request-bytes", str(MAX_REQUEST_BYTES), api_key=API_KEY)
+    """The shared server: API key on, 64 KiB body limit, tool_choice "auto" with the pythonic
+    parser (Gemma's call format), otherwise defaults."""
+    s = start_server("--max-request-bytes", str(MAX_REQUEST_BYTES), "--enable-auto-tool-choice",
+                     "--tool-call-parser", "pythonic", api_key=API_KEY)  # fmt: skip
     try:
         yield s
     finally:

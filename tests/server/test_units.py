@@ -270,6 +270,28 @@ def test_metrics_counters_advance_by_stats_deltas():
     assert _sample(text, "inferd:prefix_cache_hits_total") == 6
     assert _sample(text, "inferd:num_requests_running") == 1
     assert _sample(text, "inferd:kv_cache_usage_perc") == 0.5
+    assert _sample(text, "inferd:spec_decode_num_drafts_total") == 0  # no speculation
+
+
+def _spec(drafts: int, draft_tokens: int, accepted: int, per_pos: tuple[int, ...]) -> dict:
+    return dict(spec_decode_num_drafts=drafts, spec_decode_num_draft_tokens=draft_tokens,
+                spec_decode_num_accepted_tokens=accepted,
+                spec_decode_num_accepted_tokens_per_pos=per_pos)  # fmt: skip
+
+
+def test_speculative_decoding_counters_with_vllm_names_and_positions():
+    from inferd.engine.engine import EngineStats
+
+    m = ServerMetrics("m")
+    m.update_stats(EngineStats(1, 0, 0.1, 0, 0, 0, 10, 5, 3, **_spec(2, 8, 5, (2, 2, 1, 0))))
+    later = EngineStats(1, 0, 0.1, 0, 0, 0, 10, 9, 4, **_spec(3, 12, 8, (3, 3, 1, 1)))
+    text = m.render(later).decode()
+    assert _sample(text, "inferd:spec_decode_num_drafts_total") == 3
+    assert _sample(text, "inferd:spec_decode_num_draft_tokens_total") == 12
+    assert _sample(text, "inferd:spec_decode_num_accepted_tokens_total") == 8
+    per_pos = "inferd:spec_decode_num_accepted_tokens_per_pos_total"
+    assert f'{per_pos}{{model_name="m",position="0"}} 3.0' in text
+    assert f'{per_pos}{{model_name="m",position="3"}} 1.0' in text
 
 
 # ---- auth ---------------------------------------------------------------------------------------

@@ -2,9 +2,10 @@
 
 Unpacking is checked bit for bit against the `gguf` package's dequantisation, on random blocks of
 every type. The matrix-vector kernel, in every ISA variant this CPU runs (tests/kernel_variants.py),
-is checked against its definition: the activations quantised to int8 per 32 values exactly as the
-kernel does it, so the integer sums are exact and only float rounding of the scaled sums remains;
-and against the exact float product, within the bound the activation rounding implies.
+is checked against its definition: the activations quantised to two int8 terms per 32 values
+(16-bit) exactly as the kernel does it, so the integer sums are exact and only float rounding of
+the scaled sums remains; and against the exact float product, within the bound the activation
+rounding implies.
 """
 
 from __future__ import annotations
@@ -73,18 +74,23 @@ def test_stacking_parts_with_different_groups_keeps_every_weight():
 
 
 def quantize_like_the_kernel(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """x [m, k] → (int8 values, their per-32 scales d), by block_gemv.c's float32 arithmetic:
-    d = absmax / 127, q = round-half-even(x * (1 / d)). Same bits, so no rounding can flip."""
+    """x [m, k] → (16-bit integer activations, their per-32 scales), by block_gemv.c's float32
+    arithmetic: d = absmax / 127, f = x * (1 / d), q1 = round-half-even(f),
+    q2 = round((f - q1) * 256) clamped to ±127 (f - q1 is exact in float32); the activations
+    are 256 q1 + q2 with scale d / 256. Same bits, so no rounding can flip."""
     m, k = x.shape
     xb = x.view(m, k // 32, 32)
     d = xb.abs().amax(-1, keepdim=True) / 127
     inv = torch.where(d > 0, 1 / d, torch.zeros_like(d))
-    return torch.round(xb * inv).view(m, k), d
+    f = xb * inv
+    q1 = torch.round(f)
+    q2 = torch.round((f - q1) * 256).clamp(-127, 127)
+    return (q1 * 256 + q2).view(m, k), d / 256
 
 
 def emulate(x: torch.Tensor, w: BlockWeight) -> torch.Tensor:
-    """What the kernel computes, in float64: the int8 activations times the weights' integers
-    with their scales; offsets times the exact float sums."""
+    """What the kernel computes, in float64: the integer activations times the weights'
+    integers with their scales; offsets times the exact float sums."""
     m, k = x.shape
     q, d = quantize_like_the_kernel(x)
     xq = (q.view(m, k // 32, 32).double() * d.double()).view(m, k)
@@ -99,10 +105,11 @@ def emulate(x: torch.Tensor, w: BlockWeight) -> torch.Tensor:
 
 
 def rounding_bound(x: torch.Tensor, w: BlockWeight) -> torch.Tensor:
-    """[m, n]: how far rounding the activations can move each output. Each activation moves by
-    at most half its block's step d, so |y - exact| <= sum_k d_k / 2 * |w_nk|."""
-    half_step = quantize_like_the_kernel(x)[1].double().expand(-1, -1, 32) / 2
-    return half_step.reshape(x.shape) @ w.dequantized().double().abs().t()
+    """[m, n]: how far rounding the activations can move each output. Each moves by at most half
+    the second term's step d / 256 (a whole step where the clamp to ±127 bites, at exact
+    ties): |y - exact| <= sum_k d_k / 256 * |w_nk|."""
+    step = quantize_like_the_kernel(x)[1].double().expand(-1, -1, 32)
+    return step.reshape(x.shape) @ w.dequantized().double().abs().t()
 
 
 @pytest.fixture(scope="module", params=VARIANT_NAMES)
@@ -138,6 +145,8 @@ def test_block_kernel_matches_its_definition(kernels, group, with_offset, rows, 
     w.lib = kernels
     x = torch.randn(rows, in_features)
     x[0, :32] = 0  # an all-zero activation block (scale 0)
+    x[-1, 32:64] = torch.arange(32) - 15.5  # halves of a step of 1 (the block's largest
+    x[-1, 32] = 127.0  # value 127): ties, where the second term is clamped
     y = w(x)
     expected = emulate(x, w)
     torch.testing.assert_close(y, expected, rtol=1e-5, atol=1e-5 * expected.abs().max().item())
@@ -147,19 +156,24 @@ def test_block_kernel_matches_its_definition(kernels, group, with_offset, rows, 
 
 
 @pytest.mark.parametrize("q_range", [(-128, 128), (-16, 16), (-8, 8)])  # 8, 5 and 4 bits
-def test_block_kernel_does_not_saturate(kernels, q_range):
-    """The largest products there are: every weight at an end of its range, every activation
-    at +-127 (int16 pair sums of 8-bit weights overflow unless the kernel splits them), and
+@pytest.mark.parametrize("group", [16, 32])
+def test_block_kernel_does_not_saturate(kernels, q_range, group):
+    """The largest products there are: every weight at an end of its range, both activation
+    terms at ±127 (int16 pair sums of 8-bit weights overflow unless the kernel splits them), and
     row 0's activations all of its weights' signs (its sum at the largest)."""
     torch.manual_seed(1)
     lo, hi = q_range[0], q_range[1] - 1
     q = torch.where(torch.rand(8, 256) < 0.5, lo, hi).to(torch.int8)
-    w = BlockWeight(q, torch.full((8, 8), 0.5), None)
+    w = BlockWeight(q, torch.full((8, 256 // group), 0.5), None)
     w.lib = kernels
     x = torch.where(torch.rand(2, 256) < 0.5, -1.0, 1.0)
     x[0] = torch.sign(q[0].float())
+    x[:, 1:] *= 126.498 / 127  # q1 = 126 and a residual of 0.498 steps (q2 = 127) but for
+    x[:, 0::32] = torch.sign(x[:, 0::32])  # each block's first, which sets the scale
+    assert (quantize_like_the_kernel(x)[0].abs() == 126 * 256 + 127).sum() == 2 * 31 * 8
     torch.testing.assert_close(w(x), emulate(x, w), rtol=1e-6, atol=0)
-    assert w(x)[0, 0].item() == pytest.approx(0.5 * q[0].int().abs().sum().item())
+    exact = 0.5 * (q[0].double() * x[0].double()).sum().item()
+    assert w(x)[0, 0].item() == pytest.approx(exact, rel=1e-4)  # |row 0| at its largest
 
 
 @pytest.mark.parametrize("ggml_type", [gq.Q8_0, gq.Q5_0, gq.Q4_K, gq.Q6_K], ids=gq.type_name)

@@ -25,10 +25,11 @@ BASE: dict[str, set[str]] = {
     "progress": set(),
     "config": set(),
     "outputs": set(),
+    "step_timing": set(),
     "platform": {"cpu_info"},
     "structured_params": {"errors"},
     "sampling_params": {"errors", "structured_params"},
-    "engine_client": {"outputs", "sampling_params", "errors"},
+    "engine_client": {"outputs", "sampling_params", "errors", "step_timing"},
 }
 # node → what it may import besides the bottom row (docs/architecture.md has the same table).
 ABOVE: dict[str, set[str]] = {
@@ -40,16 +41,20 @@ ABOVE: dict[str, set[str]] = {
     "loader": {"models", "layers", "distributed"},
     "memory": {"loader"},
     "tokenizer": {"loader"},
+    "profiling": {"layers", "cpu_kernels"},  # step timer, traces: instruments a model
+    "spec_decode": set(),
     "engine": {"memory", "tokenizer", "loader", "models", "layers", "attention", "distributed",
-               "cpu_kernels"},
+               "cpu_kernels", "profiling", "spec_decode", "structured"},
     "structured": {"tokenizer", "loader"},
     "tools": {"structured", "tokenizer"},
-    "llm": {"engine", "tokenizer", "loader"},
-    "server": set(),  # the engine only as an EngineClient (inferd/engine_client.py)
+    "llm": {"engine", "tokenizer", "loader", "tools"},
+    # The engine only as an EngineClient (inferd/engine_client.py); request fields → grammar
+    # specs and tool-call parsing are libraries it uses, not the engine.
+    "server": {"structured", "tools"},
     "bench": {"llm"},
     "inferd": {"llm"},  # the package root re-exports the offline API lazily (`_EXPORTS`)
     "commands": {"bench", "server", "llm", "engine", "memory", "loader", "tokenizer",
-                 "distributed", "cpu_kernels"},
+                 "distributed", "cpu_kernels", "profiling", "spec_decode", "tools"},
     "cli": {"commands"},
     "__main__": {"cli"},
 }  # fmt: skip

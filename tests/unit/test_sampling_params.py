@@ -40,9 +40,11 @@ INVALID = [
     ("max_tokens", 1.5),
     ("min_tokens", -1),
     ("logprobs", -1),
-    ("logprobs", MAX_LOGPROBS + 1),
     ("prompt_logprobs", -1),
-    ("prompt_logprobs", MAX_LOGPROBS + 1),
+    ("allowed_token_ids", []),
+    ("allowed_token_ids", [1, "2"]),
+    ("truncate_prompt_tokens", 0),
+    ("truncate_prompt_tokens", -2),
     ("n", 0),
     ("n", -3),
     ("stop", ""),
@@ -151,6 +153,35 @@ def test_verify_context_limits():
     with pytest.raises(ValueError, match="logit_bias"):
         SamplingParams(logit_bias={"-1": 1.0}).verify(None)
     SamplingParams(logit_bias={10**6: 1.0}).verify(None)  # no vocabulary: only the lower bound
+    with pytest.raises(ValueError, match=r"allowed_token_ids .*\[0, 300\), got 300"):
+        SamplingParams(allowed_token_ids=[5, 300]).verify(300)
+
+
+def test_engine_limits_on_stop_strings_and_logprobs_are_configurable():
+    SamplingParams(stop=["x" * 512], logprobs=MAX_LOGPROBS, prompt_logprobs=MAX_LOGPROBS).verify(9)
+    with pytest.raises(ValueError, match="at most 512 characters long, got one of 513") as err:
+        SamplingParams(stop=["ok", "x" * 513]).verify(9)
+    assert err.value.param == "stop"
+    with pytest.raises(ValueError, match="at most 4 characters"):
+        SamplingParams(stop=["abcde"]).verify(9, max_stop_string_length=4)
+    for name in ("logprobs", "prompt_logprobs"):
+        with pytest.raises(ValueError, match=rf"{name} must be <= 20 \(--max-logprobs\), got 21"):
+            SamplingParams(**{name: 21}).verify(9)
+        with pytest.raises(ValueError, match=rf"{name} must be <= 3") as err:
+            SamplingParams(**{name: 4}).verify(9, max_logprobs=3)
+        assert err.value.param == name
+    SamplingParams(logprobs=50).verify(9, max_logprobs=50)
+
+
+@pytest.mark.parametrize(
+    "knob", [dict(ignore_eos=True), dict(min_tokens=2), dict(allowed_token_ids=[3])]
+)
+def test_knobs_that_contradict_a_grammar_are_refused_naming_both(knob):
+    (name,) = knob
+    with pytest.raises(ValueError, match=rf"{name} cannot be combined with structured outputs "
+                       r"\(structured_outputs.regex\)") as err:  # fmt: skip
+        SamplingParams(structured_outputs={"regex": "a+"}, **knob)
+    assert err.value.param == name
 
 
 def test_clone_and_with_changes_are_independent():

@@ -1,5 +1,5 @@
 """The n-gram proposer on fixed sequences, its incremental index against a brute-force search,
-the room cap, and the adaptive gate that stops proposing where drafts keep failing."""
+the room cap, and the greedy replay. Which drafts are worth verifying: test_spec_decode_planner."""
 
 from __future__ import annotations
 
@@ -7,14 +7,7 @@ import random
 
 import pytest
 
-from inferd.spec_decode import (
-    AdaptiveSettings,
-    DraftGate,
-    NgramIndex,
-    NgramProposer,
-    SpeculativeConfig,
-    draft_room,
-)
+from inferd.spec_decode import NgramIndex, NgramProposer, SpeculativeConfig, draft_room
 from inferd.spec_decode.simulate import replay_greedy
 
 
@@ -112,7 +105,7 @@ def test_draft_room_caps_at_max_tokens_and_max_model_len():
 
 def test_proposer_applies_k_and_room_and_forgets_sequences():
     config = SpeculativeConfig(num_speculative_tokens=3, prompt_lookup_max=3, prompt_lookup_min=2)
-    proposer = NgramProposer(config, adaptive=None)
+    proposer = NgramProposer(config)
     tokens = [1, 2, 3, 4, 5, 6, 1, 2]
     assert proposer.propose("a", tokens, room=10) == [3, 4, 5]
     assert proposer.propose("a", tokens, room=2) == [3, 4]
@@ -124,107 +117,6 @@ def test_proposer_applies_k_and_room_and_forgets_sequences():
     proposer.forget("a")
     proposer.forget("a")  # twice is harmless (finish after abort)
     assert len(proposer) == 1
-
-
-SETTINGS = AdaptiveSettings(min_mean_accepted=1.0, window=4, resume_after=1, max_resume_after=4)
-
-
-def test_gate_turns_off_on_failures_and_back_on_after_good_shadows_with_back_off():
-    gate = DraftGate(SETTINGS)
-    assert gate.on
-    gate.record(4, 0)
-    assert gate.on  # one verification is not enough to judge
-    gate.record(4, 0)
-    assert not gate.on
-    gate.record_shadow(4, 0)
-    gate.record_shadow(4, 1)  # one token: would have paid
-    assert gate.on  # resume_after = 1
-    gate.record(4, 0)
-    gate.record(4, 0)
-    assert not gate.on
-    gate.record_shadow(4, 4)
-    assert not gate.on  # failed again after resuming: now 2 good shadows in a row are needed
-    gate.record_shadow(4, 0)  # a bad one restarts the count
-    gate.record_shadow(4, 4)
-    assert not gate.on
-    gate.record_shadow(4, 3)
-    assert gate.on
-    for _ in range(3):  # each relapse doubles the evidence needed, up to max_resume_after = 4
-        gate.record(4, 0)
-        gate.record(4, 0)
-        assert not gate.on
-        for _ in range(3):
-            gate.record_shadow(4, 4)
-        assert not gate.on
-        gate.record_shadow(4, 4)
-        assert gate.on
-
-
-def test_a_good_window_resets_the_back_off_and_shadows_are_ignored_while_on():
-    gate = DraftGate(SETTINGS)
-    gate.record(4, 0)
-    gate.record(4, 0)
-    gate.record_shadow(4, 4)
-    assert gate.on  # needs 2 next time
-    gate.record_shadow(4, 0)  # ignored while on
-    assert gate.on
-    for _ in range(4):  # a full window of paying drafts
-        gate.record(4, 3)
-    gate.record(4, 0)
-    gate.record(4, 0)
-    gate.record(4, 0)  # window mean (3 + 0 + 0 + 0) / 4 < 1
-    assert not gate.on
-    gate.record_shadow(4, 2)
-    assert gate.on  # back to resume_after = 1
-    gate.record(4, 0)  # real verifications while off would be ignored; this one counts
-    assert gate.on
-
-
-def test_gate_rejects_impossible_outcomes():
-    gate = DraftGate(SETTINGS)
-    with pytest.raises(ValueError, match="num_accepted"):
-        gate.record(2, 3)
-    with pytest.raises(ValueError, match="num_accepted"):
-        gate.record_shadow(1, -1)
-    gate.record(0, 0)  # no draft: nothing to judge
-    gate.record(0, 0)
-    assert gate.on
-    with pytest.raises(ValueError, match="min_mean_accepted"):
-        AdaptiveSettings(min_mean_accepted=-1)
-    with pytest.raises(ValueError, match="resume_after"):
-        AdaptiveSettings(resume_after=0)
-
-
-def run_adversary(proposer: NgramProposer, steps: int, follow_from: int) -> list[int]:
-    """A "model" over 3 tokens that, for its first `follow_from` steps, never emits what lookup
-    would propose next (so every draft, real or shadow, fails at its first token), and after
-    that always does. Returns the number of drafted tokens per step."""
-    tokens = [0, 1, 2, 0, 1, 2]
-    drafted = []
-    for step in range(steps):
-        draft = proposer.propose(0, tokens, room=100)
-        accepted = 0 if step < follow_from else len(draft)
-        if draft:
-            proposer.record(0, len(draft), accepted)
-            tokens += draft[:accepted]
-        predicted = brute_force(tokens, 1, 2, 2)
-        if step < follow_from:
-            tokens.append([t for t in range(3) if [t] != predicted][step % 2])
-        else:
-            tokens.append(predicted[0] if predicted else 0)
-        drafted.append(len(draft))
-    return drafted
-
-
-def test_adaptive_proposer_stops_drafting_where_lookup_never_pays_and_resumes_when_it_does():
-    config = SpeculativeConfig(num_speculative_tokens=4, prompt_lookup_max=2, prompt_lookup_min=2)
-    drafted = run_adversary(NgramProposer(config), steps=400, follow_from=300)
-    failing, copying = drafted[:300], drafted[300:]
-    assert sum(d > 0 for d in failing) == 2  # judged after two verifications, then shadows only
-    assert sum(d > 0 for d in copying[3:]) == len(copying) - 3  # back on within a few steps
-    # Without the gate every failing step would have drafted.
-    plain = run_adversary(NgramProposer(config, adaptive=None), steps=300, follow_from=300)
-    assert sum(d > 0 for d in plain) > 290
 
 
 def test_replaying_a_greedy_output_counts_steps_drafts_and_acceptance():
@@ -247,10 +139,5 @@ def test_proposing_twice_for_the_same_tokens_is_harmless():
     proposer = NgramProposer(config)
     tokens = [1, 2, 3, 4, 1, 2]
     assert proposer.propose(0, tokens, 5) == proposer.propose(0, tokens, 5) == [3, 4]
-    proposer.record(0, 2, 0)
-    proposer.record(0, 2, 0)
-    assert not proposer.is_drafting(0)
-    for _ in range(3):  # the shadow waits for tokens; asking again neither scores nor resumes
-        assert proposer.propose(0, tokens, 5) == []
-    assert proposer.propose(0, tokens + [3, 4], 5) == [1, 2]  # the shadow [3, 4] held: back on
-    assert proposer.is_drafting(0)
+    assert proposer.propose(0, tokens + [3, 4], 5) == [1, 2]
+    assert proposer.propose(0, tokens + [3, 4], 5) == [1, 2]

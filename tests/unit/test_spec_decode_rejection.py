@@ -180,7 +180,6 @@ def test_greedy_speculation_reproduces_plain_greedy_decoding():
         draft = proposer.propose(0, seq, room)
         rows = torch.stack([toy_logits(seq + draft[:j]) for j in range(len(draft) + 1)])
         (v,) = verify_greedy([draft], rows.argmax(dim=-1))
-        proposer.record(0, len(draft), v.num_accepted)
         seq += v.token_ids
         steps += 1
         accepted += v.num_accepted

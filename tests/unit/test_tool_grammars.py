@@ -164,7 +164,7 @@ def test_nothing_forced_for_none_and_auto():
     ("tools", "choice", "needle"),
     [
         ([], "required", "tools must be a non-empty list"),
-        ([{"type": "retrieval"}], "required", "tools[0]: only"),
+        ([{"type": "retrieval"}], "required", "tools[0].type: only"),
         (
             [{"type": "function", "function": {"name": "a b"}}],
             "required",

@@ -1,0 +1,195 @@
+"""Speculative decoding in the engine step: n-gram prompt lookup (inferd/spec_decode/).
+
+One step of a sequence with drafts d_0..d_{k-1}:
+
+    schedule()            the proposer looks drafts up in the sequence's own tokens and the
+                          planner (spec_decode/planner.py) picks how many of them are worth
+                          verifying; the step computes the last token and those k drafts
+                          (1 + k tokens of the budget, KV slots for all of them) and returns
+                          k + 1 logits rows (runner.py: `verify`)
+    execute()             the sampler acts on row j as if d_0..d_{j-1} were output already
+                          (penalties, min_tokens); `sample_drafted` keeps the drafts while each
+                          equals its row's token, then adds the token of the first row that
+                          disagrees (or of row k): 1 .. k + 1 tokens
+    update_from_output()  the kept tokens are appended one by one (stop strings, max_tokens: the
+                          first finish drops the rest); the KV of the last token and of the
+                          accepted drafts stays (num_computed moves past them), the slots of
+                          rejected drafts are overwritten later, and blocks that hold nothing but
+                          rejected drafts go back to the pool (`KVCacheManager.release_tail`)
+
+Drafts never enter `Sequence.token_ids`, so everything that reads the tokens (prefix-cache hashes,
+detokenizer, recompute after preemption) only ever sees accepted tokens.
+
+Exactness: row j's token is what plain decoding would pick after the same tokens, so keeping
+drafts while they agree gives the tokens of plain decoding. Greedy rows take the argmax of every
+row at once. Sampled rows are drawn one row per round, row j + 1 only once row j drew d_j: each
+emitted token is then one draw, exactly as in plain decoding, from the same distribution and (a
+seeded request) the same generator in the same order, so a seeded request gets the tokens it gets
+without speculation, and a draft costs no extra draw (a full-vocabulary draw costs about as much
+as a model row on a CPU). For drafts of probability 1 this is the rejection rule of
+spec_decode/rejection.py: d_j is kept with probability p_j(d_j), and on a rejection the token
+drawn is distributed as p_j without d_j.
+
+One more condition for the same tokens: the same kernels. A model on GGUF blocks (CPU) computes
+steps of up to a few rows with the block kernels and larger ones with a GEMM on bfloat16 weights,
+which round differently; a step that plain decoding would run on the block kernels never gets
+drafts past that limit (`exact_rows`), so its logits keep their bits.
+
+Sequences under a grammar (structured outputs) get no drafts: their rows would each need the
+grammar's mask after the drafts before them. Simplest correct rule; drafts there rarely pay.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+from inferd.engine.request import Sequence
+from inferd.engine.sampler import Sampler, SamplingRow
+from inferd.engine.step import ModelRunnerOutput, SchedulerOutput
+from inferd.outputs import PositionLogprobs
+from inferd.spec_decode import (
+    AcceptanceEstimate,
+    NgramProposer,
+    SpecDecodeMetrics,
+    SpeculativeConfig,
+    StepCosts,
+    draft_room,
+    plan_drafts,
+)
+
+SAMPLING_EMA = 0.1  # weight of the latest step in the sampling seconds per token
+
+
+class Speculation:
+    """The engine's proposer, planner state and counters: one per engine, driven by the
+    scheduler. `adaptive` False verifies every draft looked up (tests, experiments);
+    `exact_rows`: see the module docstring (None: no such limit)."""
+
+    def __init__(self, config: SpeculativeConfig, max_model_len: int, adaptive: bool = True,
+                 exact_rows: int | None = None):  # fmt: skip
+        self.config = config
+        self.max_model_len = max_model_len
+        self.adaptive = adaptive
+        self.exact_rows = exact_rows
+        self.proposer = NgramProposer(config)
+        self.metrics = SpecDecodeMetrics(config.num_speculative_tokens)
+        self.costs = StepCosts()
+        self.sampling_seconds_per_token = 0.0
+        self._estimates: dict[int, AcceptanceEstimate] = {}
+
+    def plan(self, decodes: list[Sequence], base_rows: int, max_rows: int) -> dict[int, list[int]]:
+        """seq_id → the drafts to verify this step, for the decoding sequences of a step that
+        has `base_rows` tokens without drafts and may have `max_rows`. Safe to call again for a
+        step that did not run: the lookups are idempotent."""
+        if self.exact_rows is not None and base_rows <= self.exact_rows:
+            max_rows = min(max_rows, self.exact_rows)
+        lookups, estimates = [], []
+        for seq in decodes:
+            estimate = self._estimates.setdefault(seq.seq_id, AcceptanceEstimate())
+            estimate.score_shadow(seq.token_ids)
+            lookups.append(self._lookup(seq))
+            estimates.append(estimate)
+        if self.adaptive:
+            counts = plan_drafts(lookups, [e.p for e in estimates], base_rows, max_rows,
+                                 self.costs, self.sampling_seconds_per_token)  # fmt: skip
+        else:  # every draft, as many as the step holds, one per sequence in turn
+            room, counts = max_rows - base_rows, [0] * len(lookups)
+            while room > 0 and any(c < len(d) for c, d in zip(counts, lookups, strict=True)):
+                for i, lookup in enumerate(lookups):
+                    if room > 0 and counts[i] < len(lookup):
+                        counts[i] += 1
+                        room -= 1
+        plan = {}
+        for seq, lookup, estimate, k in zip(decodes, lookups, estimates, counts, strict=True):
+            if k:
+                plan[seq.seq_id] = lookup[:k]
+                estimate.shadow = []  # a verification tells more than the pending shadow
+            elif lookup:
+                estimate.set_shadow(lookup, seq.num_tokens)
+        return plan
+
+    def _lookup(self, seq: Sequence) -> list[int]:
+        req = seq.request
+        if seq.matcher is not None or req.params.structured_outputs is not None:
+            return []  # under a grammar: no drafts (the module docstring)
+        room = draft_room(seq.num_tokens, seq.num_output_tokens, req.max_tokens,
+                          self.max_model_len)  # fmt: skip
+        return self.proposer.propose(seq.seq_id, seq.token_ids, room)
+
+    def verified(self, seq: Sequence, num_drafted: int, num_accepted: int) -> None:
+        self._estimates[seq.seq_id].observe(num_drafted, num_accepted)
+        self.metrics.observe(num_drafted, num_accepted)
+
+    def observe_step(self, out: SchedulerOutput, result: ModelRunnerOutput) -> None:
+        """Learn what the step cost: the model's seconds by rows for decode steps (every
+        sequence's last token plus its drafts), the sampler's seconds per emitted token."""
+        decode = all(s.needs_logits and s.num_new_tokens == 1 + len(s.draft_token_ids)
+                     for s in out.scheduled)  # fmt: skip
+        if decode and result.forward_seconds > 0:
+            self.costs.record(out.num_tokens, result.forward_seconds)
+        emitted = sum(len(t) for t in result.sampled_token_ids)
+        if emitted and result.sampling_seconds > 0:
+            latest = result.sampling_seconds / emitted
+            ema = self.sampling_seconds_per_token
+            self.sampling_seconds_per_token = latest if ema == 0 else (
+                ema + SAMPLING_EMA * (latest - ema))  # fmt: skip
+
+    def forget(self, seq: Sequence) -> None:
+        """`seq` finished or was aborted: drop its lookup index and estimate."""
+        self.proposer.forget(seq.seq_id)
+        self._estimates.pop(seq.seq_id, None)
+
+
+@dataclass
+class DraftedSample:
+    """One sample of a step: its logits rows start at `first`, one per draft plus one."""
+
+    first: int
+    drafts: list[int]
+    row: Callable[[int], SamplingRow]  # what the sampler needs for row j (drafts[:j] as output)
+
+
+def sample_drafted(
+    sampler: Sampler, logits: torch.Tensor, samples: list[DraftedSample]
+) -> tuple[list[list[int]], list[list[PositionLogprobs] | None]]:
+    """Each sample's tokens and their logprobs (None where the request asked for none): the
+    drafts kept and the token after them (see the module docstring). Without drafts, one
+    sampler call over one row per sample."""
+    tokens: list[list[int]] = [[] for _ in samples]
+    logprobs: list[list[PositionLogprobs | None]] = [[] for _ in samples]
+    rows = [s.row(0) for s in samples]
+    greedy = [r.params.greedy for r in rows]
+    todo: list[tuple[int, int]] = []  # (sample, row) to draw this round
+    for i, s in enumerate(samples):
+        todo += [(i, j) for j in range(len(s.drafts) + 1 if greedy[i] else 1)]
+    done = [False] * len(samples)
+    while todo:
+        index = torch.tensor([samples[i].first + j for i, j in todo], device=logits.device)
+        result = sampler(logits.index_select(0, index),
+                         [rows[i] if j == 0 else samples[i].row(j) for i, j in todo])  # fmt: skip
+        following = []
+        for (i, j), token, lp in zip(todo, result.token_ids, result.logprobs, strict=True):
+            if done[i]:
+                continue  # a greedy sample's rows after its first disagreement
+            tokens[i].append(token)
+            logprobs[i].append(lp)
+            drafts = samples[i].drafts
+            if j < len(drafts) and token == drafts[j]:
+                if not greedy[i]:
+                    following.append((i, j + 1))
+            else:
+                done[i] = True
+        todo = following
+    return tokens, [None if lps[0] is None else lps for lps in logprobs]
+
+
+def exact_row_limit(runner) -> int | None:
+    """The most rows a step may have and still run on the kernels of a one-row step: a model on
+    GGUF blocks switches to a GEMM on bfloat16 weights past `WeightScheme.decoder_rows`."""
+    scheme = getattr(getattr(runner, "model", None), "scheme", None)
+    if scheme is None or not scheme.blocks or not scheme.decoder_rows:
+        return None
+    return scheme.decoder_rows

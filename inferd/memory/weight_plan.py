@@ -1,0 +1,81 @@
+"""What the weights take in memory in the mode the engine will run, not only parameters × bytes.
+
+Forced dtypes and quantisations hold every weight densely (`weights.weight_bytes`). The default
+mode on a CPU where inferd's C kernels run keeps a GGUF file's own blocks instead
+(inferd/layers/weight_scheme.py, docs/performance.md): about the file's size, each quantised
+type in the layout of inferd/layers/gguf_blocks.py (BLOCK_BITS below), plus, where the CPU has
+fast bf16 (`gguf+bf16`), a bf16 copy of those matrices made at the first large step (a prefill,
+or a batch of more than a few sequences) — what a server holds once it has seen real traffic.
+Tensors the file does not quantise (norms, an F16 file's matrices) are held densely in the
+compute dtype.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from inferd.cpu_info import default_gguf_weights
+from inferd.memory.weights import CheckpointWeights, weight_bytes
+
+# Bits per weight of each GGUF type as inferd's blocks hold it: q in 4, 5 or 8 bits (whichever
+# its range needs; Q6_K's 6-bit q in 8), scales in fp16 where exact (the *_0 and *_1 types),
+# else fp32, offsets in fp32, per sub-block of 32 (16 for Q2_K, Q3_K, Q6_K). Exact for the
+# embedded model (tests/parity/test_memory_counts.py); a 4/5-bit row whose length is not a
+# multiple of 64 is held in 8 bits.
+BLOCK_BITS: dict[str, float] = {
+    "Q4_0": 4.5, "Q4_1": 5.5, "Q5_0": 5.5, "Q5_1": 6.5, "Q8_0": 8.5,
+    "Q2_K": 8.0, "Q3_K": 6.0, "Q4_K": 6.0, "Q5_K": 7.0, "Q6_K": 10.0,
+}  # fmt: skip
+DENSE_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}
+
+
+@dataclass(frozen=True)
+class WeightPlan:
+    """The weights' bytes in one mode."""
+
+    scheme: str  # gguf+bf16, gguf+float32, or the dense precision (fp32, bf16, int8, ...)
+    compute_dtype: str  # the GEMMs' and activations' precision: fp32 or bf16
+    held: int  # after load
+    copy: int = 0  # added by the first large step (the bf16 copy of the blocks)
+    note: str = ""
+
+    @property
+    def total(self) -> int:
+        return self.held + self.copy
+
+    @property
+    def blocks(self) -> bool:
+        return self.scheme.startswith("gguf+")
+
+
+def dense_plan(num_params: int, precision: str) -> WeightPlan:
+    compute = precision if precision in DENSE_BYTES else "bf16"
+    return WeightPlan(precision, compute, weight_bytes(num_params, precision))
+
+
+def keeps_blocks(dtype: str, device: str, checkpoint: CheckpointWeights | None,
+                 tensor_parallel: int, block_kernels: bool) -> bool:  # fmt: skip
+    """Whether the engine's default keeps the GGUF blocks here (the conditions of
+    `choose_scheme` in inferd/layers/weight_scheme.py: --dtype auto, no --quantization, a CPU,
+    a GGUF file, no tensor parallelism, inferd's C kernels)."""
+    return (dtype == "auto" and device == "cpu" and checkpoint is not None
+            and checkpoint.format == "gguf" and tensor_parallel == 1
+            and block_kernels)  # fmt: skip
+
+
+def block_plan(checkpoint: CheckpointWeights) -> WeightPlan:
+    """The default mode's weights on a GGUF file (this CPU decides gguf+bf16 or gguf+float32)."""
+    scheme = default_gguf_weights()
+    compute = "bf16" if scheme == "gguf+bf16" else "fp32"
+    held = copy = 0
+    for type_name, (params, _) in checkpoint.by_type.items():
+        if type_name in BLOCK_BITS:
+            held += round(params * BLOCK_BITS[type_name] / 8)
+            copy += params * 2
+        else:
+            held += params * DENSE_BYTES[compute]
+    if scheme != "gguf+bf16":
+        return WeightPlan(scheme, compute, held, 0, "the file's blocks (large steps dequantise "
+                          "slab by slab, nothing kept)")  # fmt: skip
+    return WeightPlan(scheme, compute, held, copy, "the file's blocks, and a bf16 copy made at "
+                      "the first large step (prefill, big batches)")  # fmt: skip

@@ -1,0 +1,173 @@
+"""`/v1/chat/completions`, plain and streamed: the conversation rendered by the chat template
+(special-token strings in messages kept as text unless `split_special_tokens: false`), tools
+(tool_calls.py), structured outputs, `echo` and `continue_final_message` as vLLM has them."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi import APIRouter, Request, Response
+from fastapi.responses import JSONResponse
+
+from inferd.errors import InvalidRequest
+from inferd.outputs import CompletionOutput, RequestOutput
+from inferd.sampling_params import SamplingParams
+from inferd.server.admission import all_text
+from inferd.server.choices import DeltaTracker
+from inferd.server.prompts import chat_prompt, salted, truncated
+from inferd.server.protocol import ChatCompletionRequest, StreamOptions
+from inferd.server.request_params import chat_params
+from inferd.server.responses import chat_logprobs, new_id, prompt_logprobs_json, usage_of
+from inferd.server.routes_openai import (
+    CLIENT_GONE,
+    head_of,
+    refuse_streamed_prompt_logprobs,
+    response_id,
+    timelines,
+)
+from inferd.server.serving import ClientDisconnected, RequestGroup, arrival_now, collect
+from inferd.server.sse import sse_response
+from inferd.server.state import get_state, note_user
+from inferd.server.streaming import stream_events
+from inferd.server.tool_calls import ToolPlan, plan_tools
+
+router = APIRouter()
+
+
+def reply_role(body: ChatCompletionRequest) -> str:
+    """The role of the reply (vLLM's rule): a new assistant turn, or, without a generation
+    prompt, the role of the message being continued."""
+    return "assistant" if body.add_generation_prompt else body.messages[-1].role
+
+
+def echoed(body: ChatCompletionRequest, role: str) -> str:
+    """Chat `echo` (vLLM): the reply is shown after the last message's text when that message
+    has the reply's role (e.g. an assistant message being continued)."""
+    last = body.messages[-1]
+    return last.text() if body.echo and last.role == role else ""
+
+
+async def _submit(
+    body: ChatCompletionRequest, request: Request, plan: ToolPlan
+) -> tuple[RequestGroup, SamplingParams, dict[str, Any]]:
+    """Admit, render, tokenize and submit; returns the group, the SamplingParams and the
+    prompt."""
+    arrival = arrival_now()
+    state = get_state(request)
+    params = chat_params(body, plan.spec)
+    refuse_streamed_prompt_logprobs(body.stream, params.prompt_logprobs)
+    messages = body.template_messages()
+    # 400/503 before rendering: the messages' text bounds the prompt's tokens from below.
+    keep = params.truncate_prompt_tokens
+    group = state.admit(request, [all_text(messages)], params.n, "messages", keep=keep)
+    prompt = await group.tokenize(
+        lambda: chat_prompt(
+            state.tokenizer, messages, body.add_generation_prompt, body.chat_template_kwargs,
+            continue_final_message=body.continue_final_message,
+            split_special_tokens=body.split_special_tokens, tools=plan.tools,
+            chat_template=state.tools.template if plan.tools else None,
+            add_special_tokens=bool(body.add_special_tokens),
+        )
+    )  # fmt: skip
+    [prompt] = salted(truncated([prompt], keep, state.info.max_model_len), body.cache_salt)
+    try:
+        await group.submit(new_id("chatcmpl"), [prompt], params, arrival)
+    except InvalidRequest as e:
+        if e.param == "logprobs" and body.top_logprobs is not None:  # the chat route's name
+            message = e.message.replace("logprobs", "top_logprobs", 1)
+            raise InvalidRequest("top_logprobs", message) from e
+        raise
+    return group, params, prompt
+
+
+@router.post("/v1/chat/completions")
+async def create_chat_completion(body: ChatCompletionRequest, request: Request) -> Response:
+    state = get_state(request)
+    model = state.check_model(body.model)
+    note_user(request, body)
+    timeline = state.check_timeline(body.return_timeline)
+    plan = plan_tools(body, state.tools)
+    group, params, prompt = await _submit(body, request, plan)
+    top = (body.top_logprobs or 0) if body.logprobs else None
+    texts = state.token_texts(body.return_tokens_as_token_ids)
+    role = reply_role(body)
+    echo = echoed(body, role)
+    rid = response_id("chatcmpl", body.request_id)
+
+    def logprobs_of(c: CompletionOutput, window: slice) -> dict[str, Any] | None:
+        if top is None:
+            return None
+        ids, entries = list(c.token_ids)[window], list(c.logprobs or [])[window]
+        return {"content": chat_logprobs(ids, entries, texts, top)}
+
+    if body.stream:
+        head = head_of(state, rid, "chat.completion.chunk", model)
+        tracker = DeltaTracker()
+        streams = [plan.stream() for _ in range(params.n)]
+
+        def chunk(p: int, out: RequestOutput) -> list[dict[str, Any]]:
+            choices = []
+            for c in out.outputs:
+                d = tracker.take(c.index, c.text, len(c.token_ids), c.finish_reason,
+                                 top is not None)  # fmt: skip
+                if d is None:
+                    continue
+                stream = streams[c.index]
+                delta = stream.feed(d.text, final=d.finish_reason is not None)
+                lp = logprobs_of(c, slice(d.token_start, d.token_end))
+                if not delta and lp is None and d.finish_reason is None:
+                    continue  # text the tool-call parser holds back
+                choice = {
+                    "index": c.index,
+                    "delta": delta,
+                    "logprobs": lp,
+                    "finish_reason": plan.finish_reason(d.finish_reason, stream.called),
+                    "stop_reason": c.stop_reason if d.finish_reason else None,
+                }
+                if body.return_token_ids:
+                    choice["token_ids"] = list(c.token_ids)[d.token_start : d.token_end]
+                choices.append(choice)
+            return choices
+
+        opening = [
+            {"index": i, "delta": {"role": role, "content": echo}, "logprobs": None,
+             "finish_reason": None}
+            for i in range(params.n)
+        ]  # fmt: skip
+        first = {"prompt_token_ids": prompt["prompt_token_ids"]} if body.return_token_ids else {}
+        options = body.stream_options or StreamOptions()
+        events = stream_events(group, request, head, chunk, options.include_usage, opening,
+                               continuous_usage=options.continuous_usage_stats,
+                               opening_fields=first,
+                               trailer=timelines if timeline else None)  # fmt: skip
+        return sse_response(events)
+
+    try:
+        finals = await collect(group, request)
+    except ClientDisconnected:
+        return Response(status_code=CLIENT_GONE)
+    out = finals[group.request_ids[0]]
+    choices = []
+    for c in sorted(out.outputs, key=lambda c: c.index):
+        message, called = plan.message(role, c.text)
+        if echo:
+            message["content"] = echo + (message["content"] or "")
+        choice = {
+            "index": c.index,
+            "message": message,
+            "logprobs": logprobs_of(c, slice(None)),
+            "finish_reason": plan.finish_reason(c.finish_reason, called),
+            "stop_reason": c.stop_reason,
+        }
+        if body.return_token_ids:
+            choice["token_ids"] = list(c.token_ids)
+        choices.append(choice)
+    response = {**head_of(state, rid, "chat.completion", model), "choices": choices,
+                "usage": usage_of([out])}  # fmt: skip
+    if params.prompt_logprobs is not None:
+        response["prompt_logprobs"] = prompt_logprobs_json(out.prompt_logprobs, texts)
+    if body.return_token_ids:
+        response["prompt_token_ids"] = list(out.prompt_token_ids)
+    if timeline:
+        response.update(timelines([out]))
+    return JSONResponse(response)
