@@ -13,6 +13,7 @@
 #include <string.h>
 
 #include "kernels.h"
+#include "vec_exp.h"
 
 #ifdef _OPENMP
 #include <omp.h>
@@ -73,10 +74,8 @@ static void attend_range(const Problem* P, int64_t i, int64_t kvh, int64_t group
         float* sg = scores + g * len;
         float best = -INFINITY, total = 0.0f;
         for (int64_t t = 0; t < len; t++) best = sg[t] > best ? sg[t] : best;
-        for (int64_t t = 0; t < len; t++) {
-            sg[t] = expf(sg[t] - best);
-            total += sg[t];
-        }
+        for (int64_t t = 0; t < len; t++) sg[t] = inferd_exp(sg[t] - best); /* vectorises */
+        for (int64_t t = 0; t < len; t++) total += sg[t];
         mx[g] = best;
         sum[g] = total;
     }

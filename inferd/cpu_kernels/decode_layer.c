@@ -16,6 +16,7 @@
 #include <string.h>
 
 #include "kernels.h"
+#include "vec_exp.h"
 
 #define MAX_PARTS 4
 
@@ -79,10 +80,14 @@ static void rope(float* x, int64_t heads, int64_t D, const float* restrict cos,
     }
 }
 
-static float gelu_tanh(float x) {
-    const float c = 0.7978845608028654f; /* sqrt(2 / pi) */
-    return 0.5f * x * (1.0f + tanhf(c * (x + 0.044715f * x * x * x)));
+/* GELU's tanh approximation, 0.5 x (1 + tanh(u)), written as x / (1 + e^(-2u)) (the same
+ * function: 1 + tanh(u) = 2 / (1 + e^(-2u))) so that it needs only e^x, which vectorises. */
+static inline float gelu_tanh(float x) {
+    const float u = 0.7978845608028654f * (x + 0.044715f * x * x * x); /* sqrt(2 / pi) (...) */
+    return x / (1.0f + inferd_exp(-2.0f * u));
 }
+
+static inline float silu(float x) { return x / (1.0f + inferd_exp(-x)); }
 
 /* h [n, hidden] in place. Returns 0, or the first failing kernel's code. */
 int inferd_decode_layer(const LayerSpec* L, const StepSpec* S, float* h) {
@@ -132,10 +137,11 @@ int inferd_decode_layer(const LayerSpec* L, const StepSpec* S, float* h) {
     const int64_t I = L->inter;
     for (int64_t i = 0; i < n; i++) { /* act(gate) * up, into the gate half */
         float* g = mlp + i * 2 * I;
-        for (int64_t c = 0; c < I; c++) {
-            const float a = g[c];
-            g[c] = (L->gelu ? gelu_tanh(a) : a / (1.0f + expf(-a))) * g[I + c];
-        }
+        /* two loops rather than a test per value, so that each vectorises */
+        if (L->gelu)
+            for (int64_t c = 0; c < I; c++) g[c] = gelu_tanh(g[c]) * g[I + c];
+        else
+            for (int64_t c = 0; c < I; c++) g[c] = silu(g[c]) * g[I + c];
     }
     /* the down projection reads rows of 2I floats; pack the gated halves together first */
     for (int64_t i = 1; i < n; i++) memmove(mlp + i * I, mlp + i * 2 * I, sizeof(float) * I);

@@ -1,7 +1,9 @@
 """The chat model users get with `inferd pull smollm2-135m-instruct` answers a plain question,
-greedy, through the offline API and through `inferd chat` (which picks it without --model).
+greedy, through the offline API and through `inferd chat` (which picks it without --model);
+tests/server/test_chat_model_served.py asks `inferd serve smollm2-135m-instruct`.
 
-It runs when the model is in the cache (the suite never downloads); HF transformers' float32
+It runs when the model is in the cache: the suite never downloads, and the README's test command
+(what CI runs) pulls it first. HF transformers' float32
 greedy answer on the same file is "The capital of France is Paris."."""
 
 from __future__ import annotations

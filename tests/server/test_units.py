@@ -20,6 +20,7 @@ from inferd.server.choices import DeltaTracker
 from inferd.server.errors import error_status, from_validation_error
 from inferd.server.metrics import ServerMetrics
 from inferd.server.protocol import ChatCompletionRequest, CompletionRequest
+from inferd.server.request_params import chat_params, completion_params
 from inferd.server.responses import (
     LOGPROB_FLOOR,
     TokenText,
@@ -40,13 +41,13 @@ def test_completion_prompt_shapes(prompt, expected):
 
 
 def test_completion_sampling_mapping_keeps_openai_defaults_and_vllm_extras():
-    p = CompletionRequest(prompt="x").sampling_params()
+    p = completion_params(CompletionRequest(prompt="x"))
     assert p.max_tokens == 16 and p.temperature == 1.0 and p.logprobs is None
     body = dict(prompt="x", max_tokens=5, temperature=0, top_k=3, min_p=0.1, n=2, seed=7,
                 repetition_penalty=1.2, min_tokens=2, ignore_eos=True, stop=["\n"],
                 stop_token_ids=[9], logit_bias={"5": -100}, logprobs=2, echo=True,
                 include_stop_str_in_output=True, skip_special_tokens=False)  # fmt: skip
-    p = CompletionRequest(**body).sampling_params()
+    p = completion_params(CompletionRequest(**body))
     assert (p.max_tokens, p.temperature, p.top_k, p.min_p, p.n, p.seed) == (5, 0, 3, 0.1, 2, 7)
     assert p.repetition_penalty == 1.2 and p.min_tokens == 2 and p.ignore_eos
     assert p.stop == ["\n"] and p.stop_token_ids == [9] and p.logit_bias == {5: -100.0}
@@ -56,13 +57,13 @@ def test_completion_sampling_mapping_keeps_openai_defaults_and_vllm_extras():
 
 def test_chat_sampling_mapping():
     msgs = [{"role": "user", "content": "hi"}]
-    p = ChatCompletionRequest(messages=msgs).sampling_params()
+    p = chat_params(ChatCompletionRequest(messages=msgs))
     assert p.max_tokens is None and p.logprobs is None  # None: what the context leaves
-    p = ChatCompletionRequest(messages=msgs, max_tokens=9, max_completion_tokens=4,
-                              logprobs=True, top_logprobs=3).sampling_params()  # fmt: skip
+    p = chat_params(ChatCompletionRequest(messages=msgs, max_tokens=9, max_completion_tokens=4,
+                                          logprobs=True, top_logprobs=3))  # fmt: skip
     assert p.max_tokens == 4 and p.logprobs == 3
     with pytest.raises(ValueError, match="top_logprobs"):
-        ChatCompletionRequest(messages=msgs, top_logprobs=2).sampling_params()
+        chat_params(ChatCompletionRequest(messages=msgs, top_logprobs=2))
     parts = ChatCompletionRequest(messages=[{"role": "user", "content": [
         {"type": "text", "text": "a"}]}]).template_messages()  # fmt: skip
     assert parts == [{"role": "user", "content": [{"type": "text", "text": "a"}]}]
@@ -83,7 +84,7 @@ def test_types_are_strict(field, value):
 
 def test_range_errors_name_the_parameter():
     with pytest.raises(ValueError, match="top_p"):
-        CompletionRequest(prompt="x", top_p=2.0).sampling_params()
+        completion_params(CompletionRequest(prompt="x", top_p=2.0))
 
 
 # ---- errors ---------------------------------------------------------------------------------
@@ -210,7 +211,8 @@ def test_usage_counts_each_prompt_once_whatever_n():
                                              CompletionOutput(1, "", [6])], True),
         RequestOutput("b", None, [1], [CompletionOutput(0, "", [7])], True),
     ]  # fmt: skip
-    assert usage_of(outs) == {"prompt_tokens": 4, "completion_tokens": 4, "total_tokens": 8}
+    assert usage_of(outs) == {"prompt_tokens": 4, "completion_tokens": 4, "total_tokens": 8,
+                              "prompt_tokens_details": {"cached_tokens": 0}}  # fmt: skip
 
 
 def test_delta_tracker_sends_only_what_is_new_and_finishes_once():
@@ -273,19 +275,21 @@ def test_metrics_counters_advance_by_stats_deltas():
     assert _sample(text, "inferd:spec_decode_num_drafts_total") == 0  # no speculation
 
 
-def _spec(drafts: int, draft_tokens: int, accepted: int, per_pos: tuple[int, ...]) -> dict:
-    return dict(spec_decode_num_drafts=drafts, spec_decode_num_draft_tokens=draft_tokens,
-                spec_decode_num_accepted_tokens=accepted,
-                spec_decode_num_accepted_tokens_per_pos=per_pos)  # fmt: skip
-
-
 def test_speculative_decoding_counters_with_vllm_names_and_positions():
     from inferd.engine.engine import EngineStats
 
     m = ServerMetrics("m")
-    m.update_stats(EngineStats(1, 0, 0.1, 0, 0, 0, 10, 5, 3, **_spec(2, 8, 5, (2, 2, 1, 0))))
-    later = EngineStats(1, 0, 0.1, 0, 0, 0, 10, 9, 4, **_spec(3, 12, 8, (3, 3, 1, 1)))
-    text = m.render(later).decode()
+
+    def stats(generated, steps, drafts, draft_tokens, accepted, per_pos):
+        # NOTE: the spec_decode_* fields by name: they come after `step_timing`.
+        return EngineStats(1, 0, 0.1, 0, 0, 0, 10, generated, steps,
+                           spec_decode_num_drafts=drafts,
+                           spec_decode_num_draft_tokens=draft_tokens,
+                           spec_decode_num_accepted_tokens=accepted,
+                           spec_decode_num_accepted_tokens_per_pos=per_pos)  # fmt: skip
+
+    m.update_stats(stats(5, 3, 2, 8, 5, (2, 2, 1, 0)))
+    text = m.render(stats(9, 4, 3, 12, 8, (3, 3, 1, 1))).decode()
     assert _sample(text, "inferd:spec_decode_num_drafts_total") == 3
     assert _sample(text, "inferd:spec_decode_num_draft_tokens_total") == 12
     assert _sample(text, "inferd:spec_decode_num_accepted_tokens_total") == 8
@@ -315,6 +319,9 @@ class _BrokenTokenizer:
         return [None for _ in ids]
 
     def apply_chat_template(self, messages, add_generation_prompt=True, **kwargs):
+        raise ValueError("this model has no chat template; pass one with --chat-template")
+
+    def chat_prompt(self, messages, add_generation_prompt=True, **kwargs):
         raise ValueError("this model has no chat template; pass one with --chat-template")
 
 
