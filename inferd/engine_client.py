@@ -19,7 +19,8 @@ from inferd.sampling_params import SamplingParams
 from inferd.step_timing import StepTiming
 
 # A prompt as the engine takes it: text, token ids, or {"prompt": text or None,
-# "prompt_token_ids": ids} when the caller tokenized it already.
+# "prompt_token_ids": ids} when the caller tokenized it already; a dict may add "cache_salt"
+# (a non-empty string mixed into the prefix-cache hashes, vLLM's field).
 PromptInput = str | list[int] | dict[str, Any]
 
 

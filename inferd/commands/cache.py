@@ -18,6 +18,8 @@ import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
+from inferd.cache import SUM_SUFFIX
+
 KINDS = {
     "models": "model files (the embedded one is assembled again on use; pulled ones: pull)",
     "weights": "converted weights for a fast start (rebuilt on the next start)",
@@ -47,9 +49,10 @@ def _size(path: Path) -> int:
 
 
 def _sidecars(path: Path) -> list[Path]:
-    """Where a small JSON about a cached file may sit beside it (stamp, metadata)."""
+    """Where a small file about a cached file may sit beside it (stamp, metadata, checksum)."""
     names = {path.with_suffix(".json"), path.with_suffix(".verified.json"),
-             path.with_name(path.name + ".json")}  # fmt: skip
+             path.with_name(path.name + ".json"),
+             path.with_name(path.name + SUM_SUFFIX)}  # fmt: skip
     return [p for p in names if p != path]
 
 
@@ -87,6 +90,8 @@ def inventory(root: Path) -> list[Entry]:
         for path in sorted(folder.iterdir()):
             if path.suffix == ".json" and kind in ("models", "weights"):
                 continue  # a stamp or sidecar: listed with its file
+            if path.name.endswith(SUM_SUFFIX):
+                continue  # a checksum (inferd/cache.py): removed with its file
             entry = Entry(kind, path, _size(path))
             meta = _sidecar(path)
             if path.name.endswith(".part") or path.name.startswith(".download-"):

@@ -21,6 +21,8 @@ from inferd.commands.serve_features import (
 
 log = logging.getLogger("inferd.serve")
 
+DEFAULT_MAX_QUEUED_TOKENS = 1 << 20  # prompt tokens waiting: minutes of prefill on a CPU
+
 
 def _positive(kind: type):
     def parse(text: str):
@@ -33,6 +35,16 @@ def _positive(kind: type):
         return value
 
     return parse
+
+
+def _non_negative(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(f"expected a number of seconds, got {text!r}") from e
+    if not value >= 0:
+        raise argparse.ArgumentTypeError(f"expected a number of seconds >= 0, got {text!r}")
+    return value
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -62,7 +74,22 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--max-queued-requests",
         type=_positive(int),
         default=None,
-        help="answer 503 (Retry-After) when this many requests are waiting (default: no limit)",
+        help="answer 503 (Retry-After) when this many requests already wait for a sequence "
+        "slot; requests that can start at once never count, one with n samples counts n "
+        "(default: no limit)",
+    )
+    parser.add_argument(
+        "--max-queued-tokens",
+        type=_positive(int),
+        default=DEFAULT_MAX_QUEUED_TOKENS,
+        help="answer 503 (Retry-After) when the prompts of the requests not yet started "
+        "would hold more tokens; a request over it alone is a 400 (at least max_model_len)",
+    )
+    parser.add_argument(
+        "--max-prompts-per-request",
+        type=_positive(int),
+        default=256,
+        help="most prompts one completions request may carry (more is a 400)",
     )
     parser.add_argument(
         "--max-request-bytes",
@@ -74,8 +101,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--stall-timeout",
         type=float,
         default=60.0,
-        help="/health answers 503 when no engine step finished for this many "
-        "seconds while requests are pending",
+        help="/health answers 503 when no engine step finished for this many seconds, plus "
+        "what the largest step may take at the speed of recent ones, while requests are pending",
+    )
+    parser.add_argument(
+        "--shutdown-timeout",
+        type=_non_negative,
+        default=20.0,
+        help="on SIGTERM/SIGINT: refuse new requests (503) and let those in flight run this "
+        "many seconds before ending them (streams get an error event and [DONE])",
     )
     parser.add_argument(
         "--disable-log-requests",
@@ -138,6 +172,8 @@ def run(args: argparse.Namespace) -> int:
     from inferd.engine.async_engine import AsyncEngine
     from inferd.engine.engine import LLMEngine
     from inferd.server.app import DEFAULT_MAX_REQUEST_BYTES, ServerSettings, create_app
+    from inferd.server.drain import DrainingServer
+    from inferd.tokenizer.byte_bound import max_bytes_per_token
     from inferd.tokenizer.chat_template import ChatTemplate, load_chat_template
 
     # Check the template and flags before the model loads: a typo should not cost a model load.
@@ -153,6 +189,10 @@ def run(args: argparse.Namespace) -> int:
     engine = LLMEngine(with_request_limits(engine_config_from_args(args), args))
     _set_chat_template(engine, template)
     model_arg = args.model or args.model_pos
+    max_queued_tokens = max(args.max_queued_tokens, engine.max_model_len)
+    if max_queued_tokens != args.max_queued_tokens:
+        log.warning("--max-queued-tokens raised to max_model_len (%d): one prompt must fit",
+                    engine.max_model_len)  # fmt: skip
     settings = ServerSettings(
         # Like vLLM: the name clients send is the model argument as given, unless renamed.
         served_model_names=args.served_model_name or ([model_arg] if model_arg else []),
@@ -163,8 +203,14 @@ def run(args: argparse.Namespace) -> int:
         cors=cors,
         profiler_dir=args.profiler_dir,
         enable_request_timeline=args.enable_request_timeline,
+        seats=engine.setup.max_num_seqs,
+        max_queued_requests=args.max_queued_requests,
+        max_queued_tokens=max_queued_tokens,
+        max_prompts_per_request=args.max_prompts_per_request,
+        max_bytes_per_token=max_bytes_per_token(engine.tokenizer.backend),
+        shutdown_timeout_s=args.shutdown_timeout,
     )
-    client = AsyncEngine(engine, args.max_queued_requests, args.stall_timeout)
+    client = AsyncEngine(engine, args.stall_timeout)
     app = create_app(client, settings)
     level = logging.getLogger().getEffectiveLevel()
     config = uvicorn.Config(
@@ -173,9 +219,10 @@ def run(args: argparse.Namespace) -> int:
         port=args.port,
         access_log=False,  # inferd.access logs each request, with its latency
         log_level=logging.getLevelName(level).lower(),
+        # Backstop only: the drain (server/drain.py) has ended every request by then.
         timeout_graceful_shutdown=5,
     )
-    server = uvicorn.Server(config)
+    server = DrainingServer(config, app.state.drain)
     log.info(
         "starting the HTTP server on http://%s:%d%s",
         args.host,

@@ -30,6 +30,7 @@ from pathlib import Path
 
 import torch  # noqa: F401  (loaded first, so its OpenMP runtime is the one the kernels bind to)
 
+from inferd.cache import cache_dir, publish, verified
 from inferd.cpu_info import cpu_flags, machine
 from inferd.cpu_kernels.variants import BY_NAME, ENV, Variant, requested, runnable, target_flags
 from inferd.progress import status
@@ -83,8 +84,6 @@ def compiler_version(cc: str) -> str:
 
 
 def library_path(variant: Variant, cc: str) -> Path:
-    from inferd.cache import cache_dir
-
     key = hashlib.sha256()
     for path in [*SOURCES, *HEADERS, CHECK_SOURCE]:
         key.update(path.name.encode() + b"\0" + path.read_bytes())
@@ -105,7 +104,9 @@ def build(variant: Variant | str) -> tuple[Path, float | None]:
     variant = BY_NAME[variant] if isinstance(variant, str) else variant
     cc = compiler()
     path = library_path(variant, cc)
-    if path.exists():
+    # NOTE: a damaged library would crash the process when loaded (SIGSEGV, SIGBUS), so only
+    # one that matches the checksum written with it is ever opened (inferd/cache.py).
+    if verified(path):
         return path, None
     t0 = time.monotonic()
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -118,7 +119,10 @@ def build(variant: Variant | str) -> tuple[Path, float | None]:
                   "-o", str(check)], "the CPU feature check")  # fmt: skip
             _run([cc, *FLAGS, *target_flags(variant), "-shared", *map(str, SOURCES), str(check),
                   "-o", str(out), "-lm"], f"the {variant.name} CPU kernels")  # fmt: skip
-        os.replace(out, path)  # atomic: concurrent processes never load a half-written file
+        try:  # checksum, then an atomic rename: no process loads a half-written file
+            publish(out, path)
+        except OSError as e:
+            raise KernelsUnavailable(f"cannot write the compiled kernels to {path}: {e}") from e
     seconds = time.monotonic() - t0
     log.info("built the %s CPU kernels in %.1f s: %s", variant.name, seconds, path)
     return path, seconds

@@ -8,23 +8,31 @@ The engine is not thread-safe, so only the loop thread touches it; the event loo
 on a step. Commands are applied between steps, so an abort takes effect (and frees its KV
 blocks) before the next step. With no work the thread blocks on the command queue instead of
 spinning. Requests are validated by the engine itself in `add_request`: the caller awaits the
-verdict, so a bad request is still answered with a 400 before any streaming starts.
+verdict, so a bad request is still answered with a 400 before any streaming starts. How many
+requests may queue is the server's decision, taken on the event loop (server/admission.py).
+
+Health is judged by progress: the engine is stalled when no step has completed for longer than
+a bound while work is pending. The bound grows with what a step may legitimately take here: the
+slowest seconds per token of recent steps times the most tokens a step can hold, four times over,
+on top of `stall_timeout`; a busy server making slow but steady steps stays healthy.
 """
 
 from __future__ import annotations
 
 import asyncio
 import copy
+import ctypes
 import logging
 import queue
 import threading
 import time
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from inferd.engine_client import EngineStats, ModelInfo, PromptInput, TokenizerLike, TraceFiles
-from inferd.errors import EngineDeadError, Overloaded, RequestFailed
+from inferd.errors import EngineDeadError, RequestFailed
 from inferd.outputs import RequestOutput
 from inferd.sampling_params import SamplingParams
 
@@ -36,6 +44,16 @@ log = logging.getLogger(__name__)
 # When steps schedule nothing although requests exist (nothing fits yet), the thread waits
 # this long for a command before trying again, rather than spinning on the GIL.
 _STUCK_WAIT_S = 0.005
+_RECENT_STEPS = 32  # steps whose speed sets the stall bound
+_STEP_MARGIN = 4.0  # how many times its slowest recent speed a step may take
+
+
+def _malloc_trim() -> Callable[[int], int] | None:
+    """glibc's malloc_trim, or None elsewhere (musl, macOS, Windows)."""
+    try:
+        return ctypes.CDLL("libc.so.6").malloc_trim
+    except (OSError, AttributeError):
+        return None
 
 
 @dataclass
@@ -70,12 +88,17 @@ class AsyncEngine:
     def __init__(
         self,
         engine: LLMEngine,
-        max_queued_requests: int | None = None,
-        stall_timeout: float = 60.0,  # health() fails after this long without a step while busy
+        stall_timeout: float = 60.0,  # health(): seconds without a step while busy, at least
     ):
         self.engine = engine
-        self.max_queued_requests = max_queued_requests
         self.stall_timeout = stall_timeout
+        setup = getattr(engine, "setup", None)
+        # The most tokens one step can hold (a fake engine has no setup: learned from steps).
+        self._step_tokens = getattr(setup, "max_num_batched_tokens", 0) or 0
+        self._seconds_per_token: deque[float] = deque(maxlen=_RECENT_STEPS)  # loop thread
+        self._slowest_per_token = 0.0  # max of the above, replaced whole (read by health())
+        self._trim = _malloc_trim()
+        self._worked_since_trim = False
         self._observers: list[Callable[[RequestOutput], None]] = []
         self._stats = engine.stats()  # latest snapshot, replaced (never mutated) by the thread
         self._commands: queue.SimpleQueue = queue.SimpleQueue()
@@ -123,9 +146,15 @@ class AsyncEngine:
         if self._thread is None or not self._thread.is_alive():
             return "the engine loop is not running"
         idle_for = time.monotonic() - self._progress_at
-        if self._busy and idle_for > self.stall_timeout:
-            return f"the engine made no progress for {idle_for:.0f} s with requests pending"
+        bound = self.stall_bound()
+        if self._busy and idle_for > bound:
+            return (f"the engine made no progress for {idle_for:.0f} s with requests pending "
+                    f"(a step may take up to {bound:.0f} s here)")  # fmt: skip
         return None
+
+    def stall_bound(self) -> float:
+        """Seconds without a completed step, while busy, after which the engine is stalled."""
+        return self.stall_timeout + _STEP_MARGIN * self._slowest_per_token * self._step_tokens
 
     # ---- requests (event loop) ---------------------------------------------------------------
     async def add_request(
@@ -136,8 +165,9 @@ class AsyncEngine:
         outputs: asyncio.Queue,
         arrival_time: float | None = None,
     ) -> None:
-        """Queue a request; its outputs (or an exception) go to `outputs`. Raises InvalidRequest,
-        Overloaded or EngineDeadError, with nothing left queued."""
+        """Queue a request; its outputs (or an exception) go to `outputs`. Raises InvalidRequest
+        or EngineDeadError, with nothing left queued (the server's admission decides about
+        overload before this: inferd/server/admission.py)."""
         if self._dead_reason is not None or self._loop is None:
             raise EngineDeadError(self._dead_reason or "the engine loop is not running")
         await self._grammar_compiled(params)
@@ -233,6 +263,7 @@ class AsyncEngine:
         commands = []
         try:
             if not busy:
+                self._return_free_memory()
                 commands.append(self._commands.get())  # idle: sleep until there is work
             elif stuck:
                 commands.append(self._commands.get(timeout=_STUCK_WAIT_S))
@@ -243,6 +274,14 @@ class AsyncEngine:
                 commands.append(self._commands.get_nowait())
             except queue.Empty:
                 return commands
+
+    def _return_free_memory(self) -> None:
+        """On going idle after work: glibc keeps what threads freed in their malloc arenas
+        (up to 64 MiB each), so a busy spell leaves resident memory behind that no one uses;
+        `malloc_trim` hands the free pages back (a few milliseconds, only between bursts)."""
+        if self._trim is not None and self._worked_since_trim:
+            self._trim(0)
+            self._worked_since_trim = False
 
     def _apply(self, commands: list[Any]) -> list[tuple[asyncio.Future, BaseException | None]]:
         settled = []
@@ -269,9 +308,6 @@ class AsyncEngine:
 
     def _add(self, cmd: _Add) -> BaseException | None:
         try:
-            limit = self.max_queued_requests
-            if limit is not None and self.engine.stats().num_waiting >= limit:
-                raise Overloaded(f"the server's queue is full ({limit} requests waiting)")
             self.engine.add_request(
                 cmd.request_id, cmd.prompt, cmd.params, cmd.arrival_time, stream=True
             )
@@ -284,6 +320,7 @@ class AsyncEngine:
 
     def _step(self) -> tuple[list[RequestOutput], list[tuple[str, str]], bool]:
         steps_before = self._stats.steps
+        started = time.monotonic()
         try:
             outputs = self.engine.step()
         except EngineDeadError:
@@ -301,6 +338,8 @@ class AsyncEngine:
             self._progress_at = time.monotonic()
             return [], failed, False
         self._progress_at = time.monotonic()
+        self._worked_since_trim = True
+        self._note_speed(self._progress_at - started)
         for out in outputs:
             # NOTE: the engine keeps mutating a request's metrics object; consumers on the event
             # loop get a snapshot that matches this output.
@@ -310,6 +349,24 @@ class AsyncEngine:
                 self._active.discard(out.request_id)
         stuck = not outputs and self.engine.stats().steps == steps_before
         return outputs, [], stuck
+
+    def _note_speed(self, seconds: float) -> None:
+        """Remember the step's seconds per token (loop thread; read by health())."""
+        before, after = self._stats, self.engine.stats()
+        # Computed rows: prompt and generated tokens, plus the speculative drafts the step
+        # verified and rejected (accepted ones are among the generated).
+        rejected = (after.spec_decode_num_draft_tokens - before.spec_decode_num_draft_tokens) - (
+            after.spec_decode_num_accepted_tokens - before.spec_decode_num_accepted_tokens
+        )
+        tokens = (
+            (after.prompt_tokens - before.prompt_tokens)
+            + (after.generation_tokens - before.generation_tokens)
+            + max(0, rejected)
+        )
+        if tokens > 0:
+            self._seconds_per_token.append(seconds / tokens)
+            self._step_tokens = max(self._step_tokens, tokens)
+            self._slowest_per_token = max(self._seconds_per_token)
 
     def _post(self, callback: Callable[..., None], *args: Any) -> None:
         if self._loop is None:

@@ -80,10 +80,19 @@ class InputProcessor:
                 f"prompt ({len(ids)} tokens) + max_tokens ({max_tokens}) = "
                 f"{len(ids) + max_tokens} exceeds max_model_len ({self.max_model_len})",
             )
+        if params.min_tokens > max_tokens:  # max_tokens unset: the room the context leaves
+            raise ContextTooLong(
+                "min_tokens",
+                f"min_tokens ({params.min_tokens}) exceeds the {max_tokens} tokens the context "
+                f"leaves after the prompt ({len(ids)} tokens, max_model_len {self.max_model_len})",
+            )
+        salt = prompt.get("cache_salt") if isinstance(prompt, dict) else None
+        if salt is not None and (not isinstance(salt, str) or not salt):
+            raise InvalidRequest("cache_salt", "cache_salt must be a non-empty string if given")
         metrics = RequestMetrics(arrival_time=arrival_time or time.monotonic())
         metrics.num_prompt_tokens = len(ids)
         req = Request(request_id, text, ids, params, metrics, max_tokens, forked=params.n == 1,
-                      stream=stream)  # fmt: skip
+                      stream=stream, cache_salt=salt)  # fmt: skip
         samples = [self._new_sequence(req, i) for i in range(params.n)]
         req.sequences, req.forks = samples[:1], samples[1:]
         if params.prompt_logprobs is not None:

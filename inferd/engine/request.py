@@ -93,6 +93,9 @@ class Request:
     prompt_logprobs: list[PositionLogprobs | None] | None = None
     error: str | None = None
     stream: bool = False  # emit an output every step, not only when finished
+    # A tenant's secret mixed into its prefix-cache hashes (vLLM's `cache_salt`): requests with
+    # different salts never share cached blocks, so one cannot time another's prompts.
+    cache_salt: str | None = None
     # Structured outputs: the grammar's compilation (a Future), until the scheduler attaches
     # a matcher to every sample; None when the reply is free.
     grammar: Any = None
@@ -108,12 +111,22 @@ def block_hash(parent: bytes, token_ids: list[int] | tuple[int, ...]) -> bytes:
     return hashlib.sha256(parent + array("q", token_ids).tobytes()).digest()
 
 
+def salted_root(root: bytes, salt: str | None) -> bytes:
+    """The first block's parent hash: the engine's root, mixed with the request's salt."""
+    if not salt:
+        return root
+    return hashlib.sha256(root + b"cache_salt\0" + salt.encode("utf-8")).digest()
+
+
 def update_block_hashes(seq: Sequence, block_size: int, root: bytes) -> None:
     """Extend `seq.block_hashes` to cover every full block of its known tokens."""
     full = seq.num_tokens // block_size
     while len(seq.block_hashes) < full:
         i = len(seq.block_hashes)
-        parent = seq.block_hashes[-1] if seq.block_hashes else root
+        if seq.block_hashes:
+            parent = seq.block_hashes[-1]
+        else:
+            parent = salted_root(root, seq.request.cache_salt)
         seq.block_hashes.append(
             block_hash(parent, seq.token_ids[i * block_size : (i + 1) * block_size])
         )

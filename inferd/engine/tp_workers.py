@@ -24,9 +24,10 @@ from inferd.config import EngineConfig
 from inferd.distributed.control import broadcast, gather_reports
 from inferd.distributed.launch import (
     DEFAULT_TIMEOUT_S,
-    free_port,
+    end_rendezvous,
     join_group,
     launched_by_torchrun,
+    local_rendezvous,
 )
 from inferd.distributed.state import TPGroup
 from inferd.engine.model_setup import load_rank_model
@@ -48,7 +49,7 @@ def start_ranks(config: EngineConfig, device: torch.device) -> tuple[TPGroup, ob
             raise ValueError(f"WORLD_SIZE={os.environ['WORLD_SIZE']} but tensor_parallel_size={n}")
         tp, control = join_group(0, n, "env://", device, timeout)
         return tp, control, []
-    init_method = f"tcp://127.0.0.1:{free_port()}"
+    init_method = local_rendezvous()  # a private file, no listening port (launch.py)
     ctx = mp.get_context("spawn")
     procs = []
     for rank in range(1, n):
@@ -58,7 +59,10 @@ def start_ranks(config: EngineConfig, device: torch.device) -> tuple[TPGroup, ob
         p.start()
         procs.append(p)
     log.info("started %d tensor-parallel worker processes", len(procs))
-    tp, control = join_group(0, n, init_method, device, timeout)
+    try:
+        tp, control = join_group(0, n, init_method, device, timeout)
+    finally:
+        end_rendezvous(init_method)
     return tp, control, procs
 
 

@@ -16,12 +16,16 @@ open_checkpoint resolves it with `resolve`.
 
 from __future__ import annotations
 
+import hashlib
 import json
+import logging
 from dataclasses import dataclass
 from pathlib import Path
 
 from inferd.cache import cache_dir
 from inferd.errors import ModelLoadError
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -108,12 +112,62 @@ def known_names() -> list[str]:
 def is_present(model: CatalogModel) -> bool:
     """The file is in the cache and was verified: its stamp, written after the sha256 check,
     still matches its size and modification time (re-hashing on every start would cost more)."""
+    stamp = read_stamp(model)
+    try:
+        return stamp.get("file") == file_identity(model.path)
+    except OSError:
+        return False
+
+
+def read_stamp(model: CatalogModel) -> dict:
+    """The stamp's fields; {} when it is missing or damaged (then the file is re-checked)."""
     try:
         stamp = json.loads(model.stamp_path.read_text())
-        st = model.path.stat()
-        return stamp.get("file") == {"size": st.st_size, "mtime_ns": st.st_mtime_ns}
-    except (OSError, ValueError, AttributeError):
+    except (OSError, ValueError):
+        return {}
+    return stamp if isinstance(stamp, dict) else {}
+
+
+def file_identity(path: Path) -> dict:
+    st = path.stat()
+    return {"size": st.st_size, "mtime_ns": st.st_mtime_ns}
+
+
+def sha256_of(path: Path, step: str) -> str:
+    from inferd.progress import byte_progress
+
+    digest = hashlib.sha256()
+    with byte_progress(step, path.stat().st_size) as advance, open(path, "rb") as f:
+        while block := f.read(1 << 22):
+            digest.update(block)
+            advance(len(block))
+    return digest.hexdigest()
+
+
+def verify_file(model: CatalogModel, expected_sha256: str | None = None) -> bool:
+    """Whether the cached file is intact. Cheap when its stamp still matches its size and
+    modification time (any write changes them); otherwise its sha256 is computed again against
+    the stamp's (or `expected_sha256`) and the stamp refreshed. A file that fails (truncated,
+    overwritten) is logged with its path and deleted, with its stamp: the caller assembles or
+    fetches it again. A file with no sha256 to check against is left alone, unverified."""
+    if not model.path.is_file():
         return False
+    stamp = read_stamp(model)
+    expected = expected_sha256 or stamp.get("sha256")
+    if is_present(model) and (expected_sha256 is None or stamp.get("sha256") == expected_sha256):
+        return True
+    if not expected:
+        return False  # nothing to check it against (an interrupted pull, a foreign file)
+    got = sha256_of(model.path, f"checking {model.file_name}'s sha256")
+    if got == expected:
+        model.stamp_path.write_text(json.dumps({**stamp, "sha256": got,
+                                                "file": file_identity(model.path)}))  # fmt: skip
+        return True
+    log.warning("model file %s is damaged (sha256 %s, expected %s): deleted", model.path, got,
+                expected)  # fmt: skip
+    for path in (model.path, model.stamp_path):
+        path.unlink(missing_ok=True)
+    return False
 
 
 def resolve(name: str) -> Path | None:
@@ -126,10 +180,10 @@ def resolve(name: str) -> Path | None:
         from inferd.loader.default_model import default_model_path
 
         return default_model_path()
-    if not is_present(model):
+    if not verify_file(model):
         raise ModelLoadError(
-            f"model {model.name!r} is not in the cache ({models_dir()}); "
-            f"fetch it with: inferd pull {model.name}"
+            f"model {model.name!r} is not in the cache ({models_dir()}), or its file was "
+            f"damaged; fetch it with: inferd pull {model.name}"
         )
     return model.path
 

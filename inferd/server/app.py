@@ -5,8 +5,10 @@
 The server knows the engine only through `inferd.engine_client.EngineClient` (`inferd serve`
 passes an `AsyncEngine`; tests may pass a fake). The client starts with the app (lifespan) and
 stops with it. Middlewares, outermost first: CORS, the access log, the API key check, the
-body-size limit, then the internal-error guard; none uses BaseHTTPMiddleware, which would hide
-client disconnects from the routes. `/docs` and `/openapi.json` describe every route and field.
+body-size limit (and the body's Unicode), the release of a request's admission, then the
+internal-error guard; none uses BaseHTTPMiddleware, which would hide client disconnects from the
+routes. Admission (server/admission.py) and the drain on shutdown (server/drain.py) are
+configured by `ServerSettings`. `/docs` and `/openapi.json` describe every route and field.
 """
 
 from __future__ import annotations
@@ -20,8 +22,10 @@ from fastapi import FastAPI
 
 from inferd.engine_client import EngineClient, ProfilingClient
 from inferd.server.access_log import AccessLogMiddleware
+from inferd.server.admission import Admission, AdmissionLimits
 from inferd.server.auth import APIKeyMiddleware
 from inferd.server.cors import CORSSettings, add_cors
+from inferd.server.drain import Drain
 from inferd.server.errors import install_error_handlers
 from inferd.server.limits import BodyLimitMiddleware
 from inferd.server.metrics import ServerMetrics
@@ -30,7 +34,7 @@ from inferd.server.routes_chat import router as chat_router
 from inferd.server.routes_extra import router as extra_router
 from inferd.server.routes_openai import router as openai_router
 from inferd.server.routes_profile import router as profile_router
-from inferd.server.state import ServerState
+from inferd.server.state import ReleaseMiddleware, ServerState
 from inferd.server.timeline import log_timeline
 from inferd.server.tool_calls import ToolSettings
 from inferd.version import __version__
@@ -50,6 +54,13 @@ class ServerSettings:
     cors: CORSSettings = field(default_factory=CORSSettings)
     profiler_dir: str | None = None  # set: /start_profile and /stop_profile (routes_profile.py)
     enable_request_timeline: bool = False  # honour "return_timeline" (server/timeline.py)
+    # Admission control (server/admission.py); None: no limit.
+    seats: int = 1  # the engine's max_num_seqs
+    max_queued_requests: int | None = None
+    max_queued_tokens: int | None = None
+    max_prompts_per_request: int = 256
+    max_bytes_per_token: int | None = None  # a bound from the tokenizer; None: none known
+    shutdown_timeout_s: float = 20.0  # SIGTERM: how long requests in flight may still run
 
 
 def create_app(client: EngineClient, settings: ServerSettings | None = None) -> FastAPI:
@@ -59,7 +70,17 @@ def create_app(client: EngineClient, settings: ServerSettings | None = None) -> 
     metrics = ServerMetrics(names[0], info.max_model_len)
     client.observe_outputs(metrics.observe_output)
     client.observe_outputs(log_timeline)
-    state = ServerState(client, names, metrics, TokenText(client.tokenizer), tools=settings.tools,
+    limits = AdmissionLimits(
+        max_model_len=info.max_model_len,
+        seats=settings.seats,
+        max_queued_requests=settings.max_queued_requests,
+        max_queued_tokens=settings.max_queued_tokens,
+        max_prompts_per_request=settings.max_prompts_per_request,
+        max_bytes_per_token=settings.max_bytes_per_token,
+    )
+    admission = Admission(limits)
+    state = ServerState(client, names, metrics, TokenText(client.tokenizer), admission,
+                        tools=settings.tools,
                         request_timeline=settings.enable_request_timeline)  # fmt: skip
     if settings.profiler_dir and not isinstance(client, ProfilingClient):
         raise ValueError("--profiler-dir: this engine client cannot be profiled")
@@ -82,6 +103,7 @@ def create_app(client: EngineClient, settings: ServerSettings | None = None) -> 
         openapi_url="/openapi.json",
     )
     app.state.inferd = state
+    app.state.drain = Drain(admission, settings.shutdown_timeout_s)
     install_error_handlers(app)
     app.include_router(openai_router)
     app.include_router(chat_router)
@@ -89,6 +111,7 @@ def create_app(client: EngineClient, settings: ServerSettings | None = None) -> 
     if settings.profiler_dir:  # as vLLM: the profiling routes exist only when asked for
         app.state.profiler_dir = settings.profiler_dir
         app.include_router(profile_router)
+    app.add_middleware(ReleaseMiddleware)  # outside the error guard: runs last, whatever happened
     app.add_middleware(BodyLimitMiddleware, max_bytes=settings.max_request_bytes)
     if settings.api_key:
         app.add_middleware(APIKeyMiddleware, api_key=settings.api_key)  # outside the body limit

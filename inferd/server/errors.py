@@ -3,14 +3,17 @@
 Each typed error of `inferd/errors.py` has its status here, its `param` and `code` taken from the
 exception itself (`error_status`); FastAPI's own validation errors (which would be 422 with
 internal locations) become 400s naming the field. Anything else is a bug in inferd: a 500 whose
-body carries an error id and no internals, with the traceback logged once under that id
-(`InternalErrorMiddleware`).
+body carries an error id and no internals, logged as one line under that id, with its traceback
+at most once a minute (`ErrorLog`), so that a client repeating a request that trips a bug
+cannot flood the log (`InternalErrorMiddleware`).
 """
 
 from __future__ import annotations
 
 import logging
+import math
 import re
+import time
 import uuid
 from typing import Any
 
@@ -77,6 +80,8 @@ def error_body(
 def error_status(error: BaseException, chat: bool = False) -> APIError | None:
     """The HTTP answer to one of inferd's typed errors; None for anything else (a bug). On the
     chat route the prompt is the `messages` field."""
+    if isinstance(error, APIError):
+        return error
     status = next((s for kind, s in _STATUS if isinstance(error, kind)), None)
     if status is None:
         return None
@@ -90,11 +95,43 @@ def error_status(error: BaseException, chat: bool = False) -> APIError | None:
     return APIError(status, str(error), SERVER_ERROR, code=code, headers=headers)
 
 
-def internal_error(error: BaseException, where: str) -> APIError:
-    """Log an unexpected error once, with its traceback, under an id the client also gets."""
-    error_id = f"err-{uuid.uuid4().hex[:12]}"
-    log.error("internal error %s in %s", error_id, where, exc_info=error)
-    return APIError(500, f"internal server error (id {error_id})", SERVER_ERROR)
+class ErrorLog:
+    """Unexpected errors, each one log line with an id the client also gets; the traceback is
+    added to the first one and then at most once every `traceback_every_s` seconds."""
+
+    def __init__(self, traceback_every_s: float = 60.0):
+        self.traceback_every_s = traceback_every_s
+        self._last_traceback = -math.inf
+        self._without_traceback = 0
+
+    def internal(self, error: BaseException, where: str) -> APIError:
+        error_id = f"err-{uuid.uuid4().hex[:12]}"
+        what = " ".join(f"{type(error).__name__}: {error}".split())[:500]
+        now = time.monotonic()
+        if now - self._last_traceback >= self.traceback_every_s:
+            skipped = self._without_traceback
+            note = f" ({skipped} more since the last traceback)" if skipped else ""
+            log.error("internal error %s in %s: %s%s", error_id, where, what, note,
+                      exc_info=error)  # fmt: skip
+            self._last_traceback, self._without_traceback = now, 0
+        else:
+            self._without_traceback += 1
+            log.error("internal error %s in %s: %s (traceback logged at most every %.0f s)",
+                      error_id, where, what, self.traceback_every_s)  # fmt: skip
+        return APIError(500, f"internal server error (id {error_id})", SERVER_ERROR)
+
+
+def internal_error(error: BaseException, where: str, errors: ErrorLog | None = None) -> APIError:
+    """Log an unexpected error (one line, a rate-limited traceback) under an id the client gets;
+    `errors` is the app's log (a fresh one logs the traceback)."""
+    return (errors or ErrorLog()).internal(error, where)
+
+
+def app_errors(scope: Scope) -> ErrorLog | None:
+    """The ErrorLog of the app serving `scope` (server/state.py), when there is one."""
+    app = scope.get("app")
+    state = getattr(getattr(app, "state", None), "inferd", None)
+    return getattr(state, "errors", None)
 
 
 def _location(loc: tuple[Any, ...]) -> list[str]:
@@ -154,7 +191,8 @@ class InternalErrorMiddleware:
         try:
             await self.app(scope, receive, send_and_note)
         except Exception as exc:  # noqa: BLE001 - the last line before the client
-            error = internal_error(exc, f"{scope.get('method')} {scope.get('path')}")
+            where = f"{scope.get('method')} {scope.get('path')}"
+            error = internal_error(exc, where, app_errors(scope))
             if not started:  # else the status line is out: the connection just ends
                 await error.response()(scope, receive, send)
 
@@ -174,7 +212,9 @@ def install_error_handlers(app: FastAPI) -> None:
         chat = request.url.path.endswith("/chat/completions")
         error = error_status(exc, chat)
         if error is None:  # not reached: registered for the typed errors only
-            error = internal_error(exc, f"{request.method} {request.url.path}")
+            error = internal_error(
+                exc, f"{request.method} {request.url.path}", app_errors(request.scope)
+            )
         return error.response()
 
     for kind, _ in _STATUS:
@@ -183,6 +223,11 @@ def install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(StarletteHTTPException)
     async def _http(request: Request, exc: StarletteHTTPException) -> JSONResponse:
         message = exc.detail if isinstance(exc.detail, str) else "request failed"
+        if message == "There was an error parsing the body":  # FastAPI's, for non-UTF-8 bytes
+            message = (
+                "the request body is not JSON that can be read: not UTF-8, nested too deep, "
+                "or a number too long"
+            )
         if exc.status_code == 404:
             message = f"no route {request.method} {request.url.path}"
         type_ = INVALID_REQUEST if exc.status_code < 500 else SERVER_ERROR

@@ -12,8 +12,23 @@ from inferd.engine_client import TokenizerLike
 from inferd.errors import InvalidRequest
 from inferd.tools.templates import prepare_messages
 
-# Template variables the server sets from request fields; chat_template_kwargs may not.
-_RESERVED = frozenset({"messages", "add_generation_prompt", "tools"})
+# Template variables the server sets from request fields, or names of the tokenizer's own
+# parameters: chat_template_kwargs may not set them (they could not be honoured as asked).
+_RESERVED = frozenset({"messages", "add_generation_prompt", "tools", "continue_final_message",
+                       "split_special_tokens", "chat_template_kwargs", "self",
+                       "tokenize"})  # fmt: skip
+
+
+def checked_template_kwargs(kwargs: dict[str, Any] | None) -> dict[str, Any]:
+    """`chat_template_kwargs`, unless it names a reserved variable (400)."""
+    reserved = sorted(_RESERVED & (kwargs or {}).keys())
+    if reserved:
+        raise InvalidRequest(
+            "chat_template_kwargs",
+            f"chat_template_kwargs may not set {', '.join(reserved)} (reserved names: "
+            f"{', '.join(sorted(_RESERVED))}); use the request's own fields",
+        )
+    return dict(kwargs or {})
 
 
 def checked_text(param: str, text: str) -> str:
@@ -59,6 +74,13 @@ def truncated(
     return out
 
 
+def salted(prompts: list[dict[str, Any]], cache_salt: str | None) -> list[dict[str, Any]]:
+    """The prompts with the request's `cache_salt` (the engine checks it and hashes with it)."""
+    if cache_salt is None:
+        return prompts
+    return [{**p, "cache_salt": cache_salt} for p in prompts]
+
+
 def prompt_text(tokenizer: TokenizerLike, prompt: dict[str, Any], vocab_size: int) -> str:
     """The prompt as text, for `echo` (token-id prompts are decoded)."""
     if prompt["prompt"] is not None:
@@ -88,13 +110,7 @@ def chat_prompt(
     at fault. `chat_template`: a template object to render with instead of the model's (the
     tool template); `add_special_tokens`: the tokenizer's own special tokens (BOS) go in front,
     on top of what the template wrote (vLLM's meaning)."""
-    extra = dict(template_kwargs or {})
-    reserved = sorted(_RESERVED & extra.keys())
-    if reserved:
-        raise InvalidRequest(
-            "chat_template_kwargs",
-            f"chat_template_kwargs may not set {', '.join(reserved)}: use the request's own field",
-        )
+    extra = checked_template_kwargs(template_kwargs)
     try:
         # Assistant tool calls in the history carry JSON-text arguments: templates get objects.
         messages = prepare_messages(messages)

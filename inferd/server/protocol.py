@@ -93,6 +93,9 @@ class GenerationFields(Body):
     # The end user, for the operator's logs (OpenAI's `user`, and its successor).
     user: str | None = None
     safety_identifier: str | None = None
+    # vLLM's: mixed into the prefix-cache hashes, so only requests with the same salt share
+    # cached blocks (tenants cannot time each other's prompts). Not a sampling parameter.
+    cache_salt: str | None = Field(default=None, min_length=1)
     # inferd's extension (vLLM style): the request's own timeline in the response
     # (server/timeline.py), on servers started with --enable-request-timeline.
     return_timeline: bool = False

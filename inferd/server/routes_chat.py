@@ -11,8 +11,10 @@ from fastapi.responses import JSONResponse
 
 from inferd.errors import InvalidRequest
 from inferd.outputs import CompletionOutput, RequestOutput
+from inferd.sampling_params import SamplingParams
+from inferd.server.admission import all_text
 from inferd.server.choices import DeltaTracker
-from inferd.server.prompts import chat_prompt, truncated
+from inferd.server.prompts import chat_prompt, salted, truncated
 from inferd.server.protocol import ChatCompletionRequest, StreamOptions
 from inferd.server.request_params import chat_params
 from inferd.server.responses import chat_logprobs, new_id, prompt_logprobs_json, usage_of
@@ -27,7 +29,7 @@ from inferd.server.serving import ClientDisconnected, RequestGroup, arrival_now,
 from inferd.server.sse import sse_response
 from inferd.server.state import get_state, note_user
 from inferd.server.streaming import stream_events
-from inferd.server.tool_calls import plan_tools
+from inferd.server.tool_calls import ToolPlan, plan_tools
 
 router = APIRouter()
 
@@ -45,14 +47,20 @@ def echoed(body: ChatCompletionRequest, role: str) -> str:
     return last.text() if body.echo and last.role == role else ""
 
 
-async def _submit(body: ChatCompletionRequest, request: Request, group: RequestGroup, plan):
-    """Render, tokenize and submit; returns the SamplingParams and the prompt."""
+async def _submit(
+    body: ChatCompletionRequest, request: Request, plan: ToolPlan
+) -> tuple[RequestGroup, SamplingParams, dict[str, Any]]:
+    """Admit, render, tokenize and submit; returns the group, the SamplingParams and the
+    prompt."""
     arrival = arrival_now()
     state = get_state(request)
     params = chat_params(body, plan.spec)
     refuse_streamed_prompt_logprobs(body.stream, params.prompt_logprobs)
     messages = body.template_messages()
-    prompt = await state.tokenize(
+    # 400/503 before rendering: the messages' text bounds the prompt's tokens from below.
+    keep = params.truncate_prompt_tokens
+    group = state.admit(request, [all_text(messages)], params.n, "messages", keep=keep)
+    prompt = await group.tokenize(
         lambda: chat_prompt(
             state.tokenizer, messages, body.add_generation_prompt, body.chat_template_kwargs,
             continue_final_message=body.continue_final_message,
@@ -61,7 +69,7 @@ async def _submit(body: ChatCompletionRequest, request: Request, group: RequestG
             add_special_tokens=bool(body.add_special_tokens),
         )
     )  # fmt: skip
-    [prompt] = truncated([prompt], params.truncate_prompt_tokens, state.info.max_model_len)
+    [prompt] = salted(truncated([prompt], keep, state.info.max_model_len), body.cache_salt)
     try:
         await group.submit(new_id("chatcmpl"), [prompt], params, arrival)
     except InvalidRequest as e:
@@ -69,7 +77,7 @@ async def _submit(body: ChatCompletionRequest, request: Request, group: RequestG
             message = e.message.replace("logprobs", "top_logprobs", 1)
             raise InvalidRequest("top_logprobs", message) from e
         raise
-    return params, prompt
+    return group, params, prompt
 
 
 @router.post("/v1/chat/completions")
@@ -79,8 +87,7 @@ async def create_chat_completion(body: ChatCompletionRequest, request: Request) 
     note_user(request, body)
     timeline = state.check_timeline(body.return_timeline)
     plan = plan_tools(body, state.tools)
-    group = RequestGroup(state.client)
-    params, prompt = await _submit(body, request, group, plan)
+    group, params, prompt = await _submit(body, request, plan)
     top = (body.top_logprobs or 0) if body.logprobs else None
     texts = state.token_texts(body.return_tokens_as_token_ids)
     role = reply_role(body)

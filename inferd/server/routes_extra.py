@@ -10,9 +10,10 @@ from fastapi import APIRouter, Request, Response
 
 from inferd.errors import InvalidRequest
 from inferd.outputs import RequestMetrics
+from inferd.server.admission import all_text, text_bytes
 from inferd.server.errors import SERVER_ERROR, APIError
 from inferd.server.metrics import CONTENT_TYPE
-from inferd.server.prompts import chat_prompt, checked_text, completion_prompts, truncated
+from inferd.server.prompts import chat_prompt, checked_text, completion_prompts, salted, truncated
 from inferd.server.protocol import (
     ChatTemplateFields,
     DetokenizeRequest,
@@ -22,7 +23,7 @@ from inferd.server.protocol import (
 from inferd.server.request_params import generate_params
 from inferd.server.responses import new_id
 from inferd.server.routes_openai import CLIENT_GONE
-from inferd.server.serving import ClientDisconnected, RequestGroup, arrival_now, collect
+from inferd.server.serving import ClientDisconnected, arrival_now, collect
 from inferd.server.state import get_state, note_user
 from inferd.server.timeline import timeline_json
 from inferd.version import __version__
@@ -60,9 +61,10 @@ async def generate(body: GenerateRequest, request: Request) -> Any:
     note_user(request, body)
     params = generate_params(body)
     timeline = state.check_timeline(body.return_timeline)
-    prompts = await state.tokenize(completion_prompts, state.tokenizer, [body.prompt])
-    prompts = truncated(prompts, params.truncate_prompt_tokens, state.info.max_model_len)
-    group = RequestGroup(state.client)
+    keep = params.truncate_prompt_tokens
+    group = state.admit(request, [body.prompt], params.n, keep=keep)  # 400/503 before tokenizing
+    prompts = await group.tokenize(completion_prompts, state.tokenizer, [body.prompt])
+    prompts = salted(truncated(prompts, keep, state.info.max_model_len), body.cache_salt)
     await group.submit(new_id("gen"), prompts, params, arrival)
     try:
         out = (await collect(group, request))[group.request_ids[0]]
@@ -106,7 +108,8 @@ async def tokenize(body: TokenizeRequest, request: Request) -> dict[str, Any]:
                 split_special_tokens=chat.split_special_tokens, tools=chat.tools,
                 chat_template=state.tools.template if chat.tools else None,
                 add_special_tokens=bool(body.add_special_tokens),
-            )
+            ),
+            nbytes=text_bytes(all_text(messages)),
         )  # fmt: skip
         ids = rendered["prompt_token_ids"]
     else:
@@ -116,7 +119,8 @@ async def tokenize(body: TokenizeRequest, request: Request) -> dict[str, Any]:
             if name in body.model_fields_set:
                 raise InvalidRequest(name, f"{name} applies to 'messages', not to 'prompt'")
         text = checked_text("prompt", body.prompt)
-        ids = await state.tokenize(tok.encode, text, body.add_special_tokens is not False)
+        ids = await state.tokenize(tok.encode, text, body.add_special_tokens is not False,
+                                   nbytes=text_bytes(text))  # fmt: skip
     out: dict[str, Any] = {"tokens": ids, "count": len(ids),
                            "max_model_len": state.info.max_model_len}  # fmt: skip
     if body.return_token_strs:
@@ -139,7 +143,10 @@ async def detokenize(body: DetokenizeRequest, request: Request) -> dict[str, Any
 
 @router.get("/health")
 async def health(request: Request) -> Response:
-    problem = get_state(request).client.health()
+    state = get_state(request)
+    problem = state.client.health()
+    if problem is None and state.admission.draining:
+        problem = "the server is shutting down"
     if problem is not None:
         raise APIError(503, problem, SERVER_ERROR, code="engine_unhealthy")
     return Response(status_code=200)

@@ -19,7 +19,7 @@ from inferd.errors import InvalidRequest
 from inferd.outputs import CompletionOutput, RequestOutput
 from inferd.server.choices import DeltaTracker, Echo, completion_choice, full_sample
 from inferd.server.errors import APIError
-from inferd.server.prompts import completion_prompts, prompt_text, truncated
+from inferd.server.prompts import completion_prompts, prompt_text, salted, truncated
 from inferd.server.protocol import CompletionRequest, StreamOptions
 from inferd.server.request_params import completion_params
 from inferd.server.responses import (
@@ -28,7 +28,7 @@ from inferd.server.responses import (
     prompt_logprobs_json,
     usage_of,
 )
-from inferd.server.serving import ClientDisconnected, RequestGroup, arrival_now, collect
+from inferd.server.serving import ClientDisconnected, arrival_now, collect
 from inferd.server.sse import sse_response
 from inferd.server.state import ServerState, get_state, note_user
 from inferd.server.streaming import stream_events
@@ -96,16 +96,17 @@ async def create_completion(body: CompletionRequest, request: Request) -> Respon
     params = completion_params(body)
     timeline = state.check_timeline(body.return_timeline)
     refuse_streamed_prompt_logprobs(body.stream, params.prompt_logprobs)
+    keep = params.truncate_prompt_tokens
+    group = state.admit(request, body.prompts(), params.n, keep=keep)  # 400/503 before tokenizing
     add_special = body.add_special_tokens is not False
-    prompts = await state.tokenize(completion_prompts, state.tokenizer, body.prompts(), add_special)
-    prompts = truncated(prompts, params.truncate_prompt_tokens, state.info.max_model_len)
+    prompts = await group.tokenize(completion_prompts, state.tokenizer, body.prompts(), add_special)
+    prompts = salted(truncated(prompts, keep, state.info.max_model_len), body.cache_salt)
     echo_texts: list[str] = []
     if body.echo:
         vocab = state.info.vocab_size
         echo_texts = await state.tokenize(
             lambda: [prompt_text(state.tokenizer, p, vocab) for p in prompts]
         )
-    group = RequestGroup(state.client)
     await group.submit(new_id("cmpl"), prompts, params, arrival)
     head = head_of(state, response_id("cmpl", body.request_id), "text_completion", model)
     want_logprobs = params.logprobs is not None

@@ -2,21 +2,26 @@
 their outputs, and abort them the moment the client goes away.
 
 One HTTP request may carry several prompts (completions) and each prompt n samples; each prompt
-is one engine request, and all of them feed one asyncio queue owned by a `RequestGroup`.
+is one engine request, and all of them feed one asyncio queue owned by a `RequestGroup`. The
+group also carries the request's admission (server/admission.py): its place in the queue is
+given up as each engine request produces its first output, and entirely when the group ends.
 """
 
 from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator
-from typing import Any
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import TYPE_CHECKING, Any
 
 from fastapi import Request
 
 from inferd.engine_client import EngineClient
 from inferd.errors import RequestFailed
 from inferd.outputs import RequestOutput
+
+if TYPE_CHECKING:
+    from inferd.server.admission import Reservation
 
 _CLOSED = object()  # wakes a reader blocked on the queue after an abort
 
@@ -28,17 +33,38 @@ class ClientDisconnected(Exception):
 class RequestGroup:
     """The engine requests serving one HTTP request, and their shared output queue."""
 
-    def __init__(self, client: EngineClient):
+    def __init__(
+        self,
+        client: EngineClient,
+        reservation: Reservation | None = None,
+        tokenize: Callable[..., Awaitable[Any]] | None = None,
+        param: str = "prompt",
+    ):
         self.client = client
         self.queue: asyncio.Queue = asyncio.Queue()
         self.request_ids: list[str] = []
         self._open: set[str] = set()
+        self._started: set[str] = set()
         self.closed = False
+        self.failure: BaseException | None = None  # why the server ended it (fail)
+        self.reservation = reservation
+        self.param = param
+        # Runs tokenizer work off the event loop (ServerState.tokenize, sized for this request).
+        self.tokenize = tokenize or (lambda function, *args: asyncio.to_thread(function, *args))
+        if reservation is not None:
+            reservation.group = self
 
     async def submit(self, base_id: str, prompts: list[Any], params: Any, arrival: float) -> None:
         """Queue one engine request per prompt, all or none: they are sent together (so the loop
-        thread takes them in one batch) and the first failure aborts the others."""
+        thread takes them in one batch) and the first failure aborts the others. The exact
+        prompt lengths are checked against the queue first (Overloaded, InvalidRequest)."""
+        if self.failure is not None:
+            raise self.failure
         ids = [f"{base_id}-{i}" for i in range(len(prompts))]
+        if self.reservation is not None:
+            counts = [len(p["prompt_token_ids"]) if isinstance(p, dict) else 1 for p in prompts]
+            self.reservation.tokenized(counts, self.param)
+            self.reservation.bind(ids)
         pairs = zip(ids, prompts, strict=True)
         adds = [self.client.add_request(rid, p, params, self.queue, arrival) for rid, p in pairs]
         try:
@@ -61,19 +87,35 @@ class RequestGroup:
         while self._open and not self.closed:
             item = await self.queue.get()
             if item is _CLOSED:
-                return
+                break
             if isinstance(item, BaseException):
                 self.abort()
                 raise item
+            self._note(item)
             if item.finished:
                 self._open.discard(item.request_id)
             if item.error:
                 self.abort()
                 raise RequestFailed(item.error)
             yield item
+        if self.failure is not None:
+            raise self.failure
+
+    def _note(self, out: RequestOutput) -> None:
+        """Admission bookkeeping: the first output takes a request out of the queue."""
+        if self.reservation is None:
+            return
+        rid = out.request_id
+        if rid not in self._started:
+            self._started.add(rid)
+            self.reservation.started(rid)
+        if out.finished:
+            self.reservation.finished(rid)
 
     def abort(self) -> None:
         """Abort what is still running (frees its KV blocks before the next step)."""
+        if self.reservation is not None:
+            self.reservation.release()
         if self.closed:
             return
         self.closed = True
@@ -81,6 +123,13 @@ class RequestGroup:
             self.client.abort(rid)
         self._open.clear()
         self.queue.put_nowait(_CLOSED)
+
+    def fail(self, error: BaseException) -> None:
+        """End the group with `error` (the server is shutting down): its engine requests are
+        aborted and its reader raises `error` (a stream sends it as an event, then [DONE])."""
+        if self.failure is None:
+            self.failure = error
+        self.abort()
 
 
 async def wait_for_disconnect(request: Request) -> None:

@@ -1,4 +1,5 @@
-"""What the routes share: the engine client, the served names and the metrics."""
+"""What the routes share: the engine client, the served names, the metrics, admission control
+and the error log."""
 
 from __future__ import annotations
 
@@ -11,10 +12,17 @@ from fastapi import Request
 
 from inferd.engine_client import EngineClient, ModelInfo, TokenizerLike
 from inferd.errors import InvalidRequest
-from inferd.server.errors import APIError
+from inferd.server.admission import Admission, text_bytes
+from inferd.server.errors import APIError, ErrorLog
 from inferd.server.metrics import ServerMetrics
 from inferd.server.responses import TokenIdText, TokenText
+from inferd.server.serving import RequestGroup
 from inferd.server.tool_calls import ToolSettings
+
+# Texts above this size are tokenized one at a time: an encode of megabytes keeps a core busy
+# for seconds, and several at once would take every core from the engine.
+LARGE_INPUT_BYTES = 256 << 10
+RESERVATIONS = "inferd.reservations"  # ASGI scope key: what an HTTP request holds
 
 
 @dataclass
@@ -23,9 +31,12 @@ class ServerState:
     model_names: list[str]  # the first is the one reported in responses
     metrics: ServerMetrics
     texts: TokenText
+    admission: Admission
+    errors: ErrorLog = field(default_factory=ErrorLog)
     created: int = field(default_factory=lambda: int(time.time()))
     tools: ToolSettings = field(default_factory=ToolSettings)
     request_timeline: bool = False  # the server returns a request's timeline when asked
+    _large_inputs: asyncio.Semaphore | None = None
 
     def token_texts(self, as_token_ids: bool) -> TokenText:
         """How logprobs name tokens: their text, or "token_id:N" (return_tokens_as_token_ids)."""
@@ -55,10 +66,31 @@ class ServerState:
             )
         return name or self.model_name
 
-    async def tokenize(self, function: Any, *args: Any) -> Any:
-        """Tokenizer work runs in a worker thread: templates and long prompts take milliseconds
-        that other clients' streams should not wait for."""
-        return await asyncio.to_thread(function, *args)
+    async def tokenize(self, function: Any, *args: Any, nbytes: int = 0) -> Any:
+        """Tokenizer work runs in a worker thread (the tokenizer releases Python's lock for
+        long texts: `encode_unlocked` in inferd/tokenizer/text_guard.py); inputs of `nbytes`
+        over LARGE_INPUT_BYTES wait for each other."""
+        if nbytes <= LARGE_INPUT_BYTES:
+            return await asyncio.to_thread(function, *args)
+        if self._large_inputs is None:
+            self._large_inputs = asyncio.Semaphore(1)  # created inside the running loop
+        async with self._large_inputs:
+            return await asyncio.to_thread(function, *args)
+
+    def admit(self, request: Request, prompts: list[Any], n: int, param: str = "prompt",
+              keep: int | None = None) -> RequestGroup:  # fmt: skip
+        """Admission (server/admission.py) for a generation request, before any tokenization:
+        raises 400 for a request that can never be served, 503 when the queue is full. `keep`:
+        the request's truncate_prompt_tokens. The group returned holds the request's place
+        until it ends."""
+        reservation = self.admission.admit(prompts, n, param, keep)
+        request.scope.setdefault(RESERVATIONS, []).append(reservation)
+        nbytes = sum(text_bytes(p) for p in prompts if isinstance(p, str))
+
+        async def tokenize(function: Any, *args: Any) -> Any:
+            return await self.tokenize(function, *args, nbytes=nbytes)
+
+        return RequestGroup(self.client, reservation, tokenize, param)
 
     def check_timeline(self, wanted: bool) -> bool:
         """Whether to return the request's timeline; refused (400) unless the server allows it:
@@ -70,6 +102,24 @@ class ServerState:
                 "with --enable-request-timeline)",
             )
         return wanted
+
+
+class ReleaseMiddleware:
+    """Gives back whatever admission a request still holds when its ASGI call ends (a stream's
+    call ends with the stream), however it ended: an error, a disconnect, a cancellation."""
+
+    def __init__(self, app: Any):
+        self.app = app
+
+    async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        held: list = scope.setdefault(RESERVATIONS, [])
+        try:
+            await self.app(scope, receive, send)
+        finally:
+            for reservation in held:
+                reservation.release()
 
 
 def get_state(request: Request) -> ServerState:

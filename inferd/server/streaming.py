@@ -13,7 +13,7 @@ from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 from inferd.outputs import RequestOutput
-from inferd.server.errors import error_status, internal_error
+from inferd.server.errors import app_errors, error_status, internal_error
 from inferd.server.responses import usage_of
 from inferd.server.serving import RequestGroup, abort_on_disconnect
 from inferd.server.sse import DONE, encode_event, error_event
@@ -21,10 +21,11 @@ from inferd.server.sse import DONE, encode_event, error_event
 ChunkChoices = Callable[[int, RequestOutput], list[dict[str, Any]]]
 
 
-def stream_error(error: BaseException) -> bytes:
+def stream_error(error: BaseException, request: Any = None) -> bytes:
     """The error event for a failure after the stream started (RequestFailed, EngineDeadError,
-    or a bug, logged once under the id the event carries)."""
-    known = error_status(error) or internal_error(error, "a stream")
+    the server shutting down, or a bug, logged under the id the event carries)."""
+    errors = app_errors(request.scope) if hasattr(request, "scope") else None
+    known = error_status(error) or internal_error(error, "a stream", errors)
     return error_event(known.message, code=known.code)
 
 
@@ -68,7 +69,7 @@ async def stream_events(
             yield encode_event({**head, "choices": [], "usage": so_far()})
         yield DONE
     except Exception as e:  # noqa: BLE001 - the status line is sent: report in the stream
-        yield stream_error(e)
+        yield stream_error(e, request)
         yield DONE
     finally:
         watcher.cancel()

@@ -14,6 +14,7 @@ tokenizer's (Gemma 3 pads to 262,144): ids without a token are never allowed.
 from __future__ import annotations
 
 import hashlib
+import logging
 import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -25,6 +26,8 @@ import numpy as np
 
 if TYPE_CHECKING:
     from inferd.tokenizer import Tokenizer
+
+log = logging.getLogger(__name__)
 
 _FORMAT = "1"  # bump when the cache file's layout changes
 
@@ -138,24 +141,33 @@ def _cache_path(digest: str) -> Path:
 
 
 def _load(path: Path) -> tuple[list[bytes], list[int]] | None:
-    if not path.is_file():
+    from inferd.cache import discard, verified  # local: keeps the import light
+
+    if not verified(path):  # missing, or damaged (then logged and deleted): rebuild
         return None
     try:
         with np.load(path, allow_pickle=False) as f:
             offsets, data, special = f["offsets"], f["data"].tobytes(), f["special"]
-    except (OSError, ValueError, KeyError):
-        return None  # a damaged cache file is rebuilt, not an error
+    except Exception as e:  # noqa: BLE001 - zipfile, numpy: intact but unreadable here
+        discard(path, f"unreadable: {e}")
+        return None
     tokens = [data[a:b] for a, b in zip(offsets[:-1].tolist(), offsets[1:].tolist())]
     return tokens, special.tolist()
 
 
 def _save(path: Path, tokens: list[bytes], special: list[int]) -> None:
+    from inferd.cache import publish
+
     offsets = np.zeros(len(tokens) + 1, dtype=np.int64)
     np.cumsum([len(t) for t in tokens], out=offsets[1:])
     data = np.frombuffer(b"".join(tokens), dtype=np.uint8)
     path.parent.mkdir(parents=True, exist_ok=True)
-    # NOTE: written under a unique name then renamed, so a concurrent reader never sees half a
-    # file (two processes building at once both write the same content).
+    # NOTE: written under a unique name, then its checksum, then renamed (inferd/cache.py), so
+    # a concurrent reader never sees half a file (two processes building write the same bytes).
     tmp = path.with_name(f"{path.stem}.{os.getpid()}.tmp.npz")
-    np.savez(tmp, offsets=offsets, data=data, special=np.asarray(special, dtype=np.int32))
-    os.replace(tmp, path)
+    try:
+        np.savez(tmp, offsets=offsets, data=data, special=np.asarray(special, dtype=np.int32))
+        publish(tmp, path)
+    except OSError as e:  # a read-only cache only costs time
+        log.warning("could not cache the token bytes at %s: %s", path, e)
+        tmp.unlink(missing_ok=True)

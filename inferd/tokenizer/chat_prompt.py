@@ -11,7 +11,12 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from inferd.tokenizer.chat_template import ChatTemplate
-from inferd.tokenizer.text_guard import check_unicode, check_unicode_in, strip_marks
+from inferd.tokenizer.text_guard import (
+    check_unicode,
+    check_unicode_in,
+    encode_unlocked,
+    strip_marks,
+)
 
 if TYPE_CHECKING:
     from inferd.tokenizer.tokenizer import Tokenizer
@@ -61,7 +66,7 @@ def build_chat_prompt(
         return text, []
     if marks:
         return text, tokenizer.special_token_guard.encode_marked(rendered)
-    return text, tokenizer.backend.encode(text, add_special_tokens=False).ids
+    return text, encode_unlocked(tokenizer.backend, text, False).ids
 
 
 def _cut_after_final_message(rendered: str, messages: list[dict[str, Any]]) -> str:

@@ -299,13 +299,16 @@ def build_tokenizer_json(v: GGUFVocab) -> str:
 
 
 def load_gguf_backend(v: GGUFVocab, cache_folder: Path | None) -> Tokenizer:
-    """The tokenizer for this vocabulary, from `cache_folder/<key>.json` when present."""
+    """The tokenizer for this vocabulary, from `cache_folder/<key>.json` when present and intact
+    (its checksum matches: inferd/cache.py); a damaged file is logged, deleted and rebuilt."""
+    from inferd.cache import discard, verified
+
     path = cache_folder / f"{v.cache_key()}.json" if cache_folder is not None else None
-    if path is not None and path.exists():
+    if path is not None and verified(path):
         try:
             return Tokenizer.from_file(str(path))
-        except Exception as e:  # a damaged or foreign file: rebuild and overwrite it
-            log.warning("ignoring unreadable tokenizer cache %s: %s", path, e)
+        except Exception as e:  # noqa: BLE001 - intact but foreign (another tokenizers version)
+            discard(path, f"unreadable: {e}")
     from inferd.progress import status
 
     with status(f"building the tokenizer from the GGUF vocabulary ({len(v.tokens)} tokens)"):
@@ -317,8 +320,10 @@ def load_gguf_backend(v: GGUFVocab, cache_folder: Path | None) -> Tokenizer:
 
 
 def _write_atomically(path: Path, text: str) -> None:
-    # Temp file in the same folder + rename: a reader sees the old file or the whole new one,
-    # never half of one, even with two processes building at once.
+    # Temp file in the same folder, checksum, rename (inferd/cache.py `publish`): a reader sees
+    # the old file or the whole new one, even with two processes building at once.
+    from inferd.cache import publish
+
     tmp_name = None
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -328,7 +333,7 @@ def _write_atomically(path: Path, text: str) -> None:
             tmp_name = tmp.name
             tmp.write(text)
         os.chmod(tmp_name, 0o644)  # NamedTemporaryFile makes it private; it is a plain cache
-        os.replace(tmp_name, path)
+        publish(Path(tmp_name), path)
     except OSError as e:  # a read-only cache only costs speed
         log.warning("could not cache the tokenizer at %s: %s", path, e)
         if tmp_name is not None:

@@ -36,6 +36,19 @@ from tokenizers import Tokenizer as Backend
 MARK = "\ufdd0"
 
 
+# Texts longer than this are encoded with `encode_batch`, which releases Python's lock while the
+# Rust code runs; `encode` holds it throughout, and megabytes of text would freeze every other
+# thread of the process (the server's event loop, the engine loop) for seconds.
+UNLOCKED_ABOVE_CHARS = 16 << 10
+
+
+def encode_unlocked(backend: Backend, text: str, add_special_tokens: bool) -> Encoding:
+    """`backend.encode(text)`, without holding Python's lock for long texts."""
+    if len(text) <= UNLOCKED_ABOVE_CHARS:
+        return backend.encode(text, add_special_tokens=add_special_tokens)
+    return backend.encode_batch([text], add_special_tokens=add_special_tokens)[0]
+
+
 def check_unicode(text: str, where: str) -> None:
     """ValueError naming `where` if `text` holds a surrogate code point (not encodable)."""
     if text.isascii():
@@ -127,7 +140,7 @@ class SpecialTokenGuard:
             text = text.replace(MARK, "")
         if len(self._first_chars) <= 8 and not any(c in text for c in self._first_chars):
             return text, 0  # fast path: no special token can start anywhere in it
-        enc = self._detector.encode(text, add_special_tokens=False)
+        enc = encode_unlocked(self._detector, text, False)
         pairs = zip(enc.ids, enc.offsets, strict=True)
         starts = [start for i, (start, _) in pairs if i in self.special_ids]
         if not starts:
@@ -146,8 +159,8 @@ class SpecialTokenGuard:
         special, each marked one becomes plain text."""
         text, marks = strip_marks(rendered)
         if not marks:
-            return self._backend.encode(text, add_special_tokens=False).ids
-        enc = self._backend.encode(text, add_special_tokens=False)
+            return encode_unlocked(self._backend, text, False).ids
+        enc = encode_unlocked(self._backend, text, False)
         ids: list[int] = []
         pending = iter(marks)
         mark = next(pending, None)
@@ -163,12 +176,12 @@ class SpecialTokenGuard:
     def encode_plain(self, text: str, add_special_tokens: bool = True) -> list[int]:
         """Ids of `text` with every special-token string in it as plain text; BOS/EOS added
         as the tokenizer's post-processor says when `add_special_tokens`."""
-        enc = self._plain_first.encode(text, add_special_tokens=add_special_tokens)
+        enc = encode_unlocked(self._plain_first, text, add_special_tokens)
         return self._scrub(enc, text)
 
     def plain_ids(self, text: str, at_start: bool = False) -> list[int]:
         plain = self._plain_first if at_start else self._plain_mid
-        return self._scrub(plain.encode(text, add_special_tokens=False), text)
+        return self._scrub(encode_unlocked(plain, text, False), text)
 
     def _scrub(self, enc: Encoding, text: str) -> list[int]:
         """A vocabulary whose merges can rebuild a special token from its characters (Gemma's

@@ -31,7 +31,7 @@ from inferd.tokenizer.hf_tokenizer_files import (
     token_content,
     token_ids,
 )
-from inferd.tokenizer.text_guard import SpecialTokenGuard, check_unicode
+from inferd.tokenizer.text_guard import SpecialTokenGuard, check_unicode, encode_unlocked
 
 if TYPE_CHECKING:
     from inferd.loader.checkpoint import Checkpoint
@@ -156,13 +156,14 @@ class Tokenizer:
     ) -> list[int]:
         """Token ids of `text`. `split_special_tokens=True` (HF's name) encodes special-token
         strings in it as plain text; by default they become their ids, as in HF and vLLM.
-        Invalid Unicode (a lone surrogate) is a ValueError."""
+        Invalid Unicode (a lone surrogate) is a ValueError. A long text does not hold Python's
+        lock while it is encoded (text_guard.py `encode_unlocked`)."""
         if not isinstance(text, str):
             raise ValueError(f"text to tokenize must be a string, got {type(text).__name__}")
         check_unicode(text, "text to tokenize")
         if split_special_tokens:
             return self.special_token_guard.encode_plain(text, add_special_tokens)
-        return self._backend.encode(text, add_special_tokens=add_special_tokens).ids
+        return encode_unlocked(self._backend, text, add_special_tokens).ids
 
     def decode(self, ids: Sequence[int], skip_special_tokens: bool = True) -> str:
         if not isinstance(ids, list):

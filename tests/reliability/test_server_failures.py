@@ -264,6 +264,29 @@ def test_idle_loop_blocks_and_a_stuck_queue_does_not_spin():
     assert with_engine(stuck, watch) < 300  # a 5 ms nap per try, not hundreds of thousands
 
 
+def test_free_memory_is_handed_back_once_after_work_never_while_idle():
+    """glibc's malloc_trim runs when the loop goes idle after steps, not on every wake-up."""
+    trims: list[int] = []
+
+    async def main():
+        engine = AsyncEngine(FakeEngine())
+        engine._trim = lambda pad: trims.append(pad) or 1
+        engine.start()
+        try:
+            await asyncio.sleep(0.05)
+            assert trims == []  # idle from the start: nothing to hand back
+            await run_request(engine, "a")
+            await asyncio.sleep(0.1)
+            assert trims == [0]
+            engine.abort("nobody")  # a wake-up without a step
+            await asyncio.sleep(0.1)
+            assert trims == [0]
+        finally:
+            engine.stop(5)
+
+    asyncio.run(main())
+
+
 # ---- through HTTP (in-process app, fake engine) ------------------------------------------------
 def sse_payloads(response) -> list:
     return [line[6:] for line in response.iter_lines() if line.startswith("data: ")]

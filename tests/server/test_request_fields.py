@@ -232,6 +232,8 @@ row(GENERATION, "guided_decoding_backend", "llguidance", ok)
 row(GENERATION, "guided_decoding_backend", "xgrammar", unsupported("guided_decoding_backend"))
 row(GENERATION, "user", "alice", logged_user("alice"))
 row(GENERATION, "safety_identifier", "bob", logged_user("bob"))
+row(GENERATION, "cache_salt", "t-a", that(lambda s: s.fake.last[1]["cache_salt"] == "t-a"))
+row(GENERATION, "cache_salt", "", refused("cache_salt"))
 row(GENERATION, "return_timeline", False, that(lambda s: "timeline" not in s.json))
 row(GENERATION, "return_timeline", True, refused("return_timeline"))  # not enabled
 TIMELINE_ON = {"enable_request_timeline": True}
@@ -409,6 +411,7 @@ row(
     that(lambda s: s.template_call["chat_template_kwargs"] == {"x": 1}),
 )
 row((CHAT, TOK), "chat_template_kwargs", {"tools": []}, refused("chat_template_kwargs"))
+row((CHAT, TOK), "chat_template_kwargs", {"tokenize": True}, refused("chat_template_kwargs"))
 row(
     (CHAT, TOK),
     "split_special_tokens",

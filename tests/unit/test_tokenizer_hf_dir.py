@@ -237,8 +237,9 @@ def test_gguf_tokenizer_cache_is_written_once_and_reused(byte_level_gguf, monkey
     monkeypatch.setenv("INFERD_CACHE", str(tmp_path))
     path, original = byte_level_gguf
     first = Tokenizer.from_gguf(GGUFFile(path))
-    cached = list((tmp_path / "tokenizers").iterdir())
-    assert [p.suffix for p in cached] == [".json"]  # no temporary file left behind
+    cached = sorted((tmp_path / "tokenizers").iterdir())
+    # the tokenizer and its checksum (inferd/cache.py); no temporary file left behind
+    assert [p.suffix for p in cached] == [".json", ".sum"]
     assert (
         cached[0].stem
         == gguf_vocab.GGUFVocab.from_metadata(GGUFFile(path).metadata, "qwen2").cache_key()
