@@ -44,6 +44,11 @@ class ConstrainedSystem(InferdSystem):
         self.info = {**base.info, "structured_outputs": spec.kind}
         self.llm.engine.check_grammar(self.sampling_params(BenchRequest([0], 1)))  # compile now
 
+    def prompt(self, request: BenchRequest) -> dict:
+        # NOTE: both systems get the same prompts in an iteration, on one engine: without a salt
+        # of its own, whichever ran second would find the prompt in the prefix cache.
+        return {"prompt_token_ids": request.prompt_token_ids, "cache_salt": self.name}
+
     def sampling_params(self, request: BenchRequest) -> SamplingParams:
         return SamplingParams(temperature=self.temperature, max_tokens=request.output_len,
                               structured_outputs=self.spec)  # fmt: skip

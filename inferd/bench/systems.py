@@ -100,9 +100,12 @@ class InferdSystem:
         return SamplingParams(temperature=self.temperature, max_tokens=request.output_len,
                               ignore_eos=True)  # fmt: skip
 
+    def prompt(self, request: BenchRequest) -> list[int] | dict:
+        return request.prompt_token_ids
+
     def generate(self, requests: Sequence[BenchRequest]) -> list[RequestTiming]:
         params = [self.sampling_params(r) for r in requests]
-        prompts = [r.prompt_token_ids for r in requests]
+        prompts = [self.prompt(r) for r in requests]
         before = self.llm.step_timing() if self._measuring else None
         outs = self.llm.generate(prompts, params, use_tqdm=False)
         if before is not None:

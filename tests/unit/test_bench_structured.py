@@ -42,7 +42,7 @@ def test_constrained_and_free_run_side_by_side(tmp_path):
                                      kv_cache_memory=16 << 20, max_model_len=128))  # fmt: skip
     constrained = ConstrainedSystem(free, bench._structured_spec(
         argparse.Namespace(structured_outputs=None, preset="json")))  # fmt: skip
-    workload = resolve_workload("json", input_len=8, output_len=12, range_ratio=0.0,
+    workload = resolve_workload("json", input_len=40, output_len=12, range_ratio=0.0,
                                 num_prompts=2, seed=0, default_prompts=1)  # fmt: skip
     warm, batches = latency_batches(workload, workload_vocab(free.tokenizer), 0, 1)
     results = run_latency([constrained, free], warm, batches)
@@ -53,6 +53,8 @@ def test_constrained_and_free_run_side_by_side(tmp_path):
     # prefilled in one step, then 11 decode steps for the other 11 tokens).
     for r in results:
         assert [(b.kind, b.steps) for b in r.step_phases] == [("decode", 11), ("prefill", 1)]
+        # each prefills both whole prompts: the second to run finds none of the first's blocks
+        assert r.step_phases[1].tokens_per_step == 80
     costs = constrained.constraint_costs()
     assert costs.startswith("24 constrained tokens: ") and "µs per token" in costs
     free.llm.shutdown()
