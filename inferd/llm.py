@@ -17,7 +17,6 @@ from inferd.loader.catalog import with_engine_defaults
 from inferd.outputs import RequestOutput
 from inferd.sampling_params import SamplingParams
 from inferd.step_timing import StepTiming
-from inferd.tokenizer.chat_template import ChatTemplate, load_chat_template
 from inferd.tools.templates import prepare_messages
 
 PromptType = str | list[int] | dict
@@ -139,6 +138,9 @@ class LLM:
         a new turn."""
         conversations = [messages] if messages and isinstance(messages[0], dict) else messages
         tok = self.engine.tokenizer
+        from inferd.tokenizer.chat_template import ChatTemplate  # Jinja only when chatting
+        from inferd.tokenizer.template_files import load_chat_template
+
         template = ChatTemplate(load_chat_template(chat_template)) if chat_template else None
         extra = {} if tools is None else {"tools": tools}
         prompts = []

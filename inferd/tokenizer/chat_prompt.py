@@ -10,7 +10,6 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from inferd.tokenizer.chat_template import ChatTemplate
 from inferd.tokenizer.text_guard import (
     check_unicode,
     check_unicode_in,
@@ -19,6 +18,7 @@ from inferd.tokenizer.text_guard import (
 )
 
 if TYPE_CHECKING:
+    from inferd.tokenizer.chat_template import ChatTemplate
     from inferd.tokenizer.tokenizer import Tokenizer
 
 

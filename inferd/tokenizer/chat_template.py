@@ -12,7 +12,6 @@ from __future__ import annotations
 import json
 from collections.abc import Mapping
 from datetime import datetime
-from pathlib import Path
 from typing import Any
 
 import jinja2
@@ -22,8 +21,6 @@ from jinja2.ext import Extension, loopcontrols
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 from jinja2.utils import Namespace
 
-TEMPLATES_DIR = Path(__file__).resolve().parent.parent / "templates"
-_DEFAULT_TEMPLATES = {"gemma": "gemma.jinja", "gemma2": "gemma.jinja", "gemma3": "gemma.jinja"}
 # Names a variable may not take: the render arguments themselves, and Jinja's `self` (which
 # would silently stay the template's block reference).
 RESERVED_VARIABLES = ("add_generation_prompt", "messages", "self")
@@ -174,37 +171,3 @@ def render_chat_template(
 ) -> str:
     """One-off render (compiles every call; keep a ChatTemplate to render repeatedly)."""
     return ChatTemplate(source).render(messages, add_generation_prompt, variables)
-
-
-def load_chat_template(value: str) -> str:
-    """The template named by `--chat-template`: a file path (.jinja, or .json holding a
-    "chat_template" key) or the template text itself."""
-    if not isinstance(value, str) or not value.strip():
-        raise ValueError("--chat-template: expected a file path or a Jinja template, got nothing")
-    path = Path(value).expanduser()
-    try:
-        is_file = "\n" not in value and path.is_file()
-    except OSError:  # e.g. a long inline template is not a valid file name
-        is_file = False
-    if is_file:
-        text = path.read_text(encoding="utf-8")
-        if path.suffix == ".json":
-            try:
-                text = json.loads(text)["chat_template"]
-            except (ValueError, KeyError, TypeError) as e:
-                raise ValueError(
-                    f"--chat-template: {path} is not a JSON object with a 'chat_template' key"
-                ) from e
-        return text
-    if "{{" in value or "{%" in value:
-        return value
-    raise ValueError(
-        f"--chat-template: {value!r} is neither an existing file nor a Jinja template "
-        "(inline templates contain '{{' or '{%')"
-    )
-
-
-def default_chat_template(architecture: str) -> str | None:
-    """The bundled template for architectures whose files often lack one (Gemma GGUFs)."""
-    name = _DEFAULT_TEMPLATES.get(architecture)
-    return (TEMPLATES_DIR / name).read_text(encoding="utf-8") if name else None

@@ -21,7 +21,6 @@ from tokenizers import processors
 from inferd.errors import ModelLoadError
 from inferd.loader.gguf_file import GGUFFile
 from inferd.tokenizer.chat_prompt import build_chat_prompt
-from inferd.tokenizer.chat_template import ChatTemplate, default_chat_template
 from inferd.tokenizer.gguf_vocab import GEMMA_ARCHITECTURES, GGUFVocab, load_gguf_backend
 from inferd.tokenizer.hf_tokenizer_files import (
     NAMED_SPECIALS,
@@ -31,10 +30,12 @@ from inferd.tokenizer.hf_tokenizer_files import (
     token_content,
     token_ids,
 )
+from inferd.tokenizer.template_files import default_chat_template
 from inferd.tokenizer.text_guard import SpecialTokenGuard, check_unicode, encode_unlocked
 
 if TYPE_CHECKING:
     from inferd.loader.checkpoint import Checkpoint
+    from inferd.tokenizer.chat_template import ChatTemplate
 
 
 class Tokenizer:
@@ -58,7 +59,10 @@ class Tokenizer:
             self._set_post_processor(bool(add_bos_token), bool(add_eos_token))
         eos = [self.eos_token_id, *extra_eos_token_ids]
         self._eos_token_ids = tuple(dict.fromkeys(int(i) for i in eos if i is not None))
-        self._chat_template: ChatTemplate | None = None
+        # NOTE: the source, compiled on first use (`compiled_chat_template`): compiling needs
+        # Jinja, whose import would otherwise cost every start, chat or not.
+        self._chat_source: str | None = None
+        self._compiled: ChatTemplate | None = None
         self.chat_template = chat_template
 
     # --- loaders -----------------------------------------------------------------------------
@@ -210,7 +214,7 @@ class Tokenizer:
         Unicode anywhere in the input is a ValueError naming where. `continue_final_message`
         ends the prompt inside the final message (the model continues it); `chat_template`
         renders with that template instead of the tokenizer's (e.g. a tool-aware one)."""
-        template = chat_template if chat_template is not None else self._chat_template
+        template = chat_template if chat_template is not None else self.compiled_chat_template()
         return build_chat_prompt(self, template, messages, add_generation_prompt,
                                  chat_template_kwargs, kwargs, split_special_tokens,
                                  tokenize, continue_final_message)  # fmt: skip
@@ -280,11 +284,19 @@ class Tokenizer:
 
     @property
     def chat_template(self) -> str | None:
-        return None if self._chat_template is None else self._chat_template.source
+        return self._chat_source
 
     @chat_template.setter
     def chat_template(self, source: str | None) -> None:
-        self._chat_template = ChatTemplate(source) if source else None
+        self._chat_source, self._compiled = source or None, None
+
+    def compiled_chat_template(self) -> ChatTemplate | None:
+        """The chat template compiled (once; ValueError with the line of a syntax error)."""
+        if self._compiled is None and self._chat_source is not None:
+            from inferd.tokenizer.chat_template import ChatTemplate
+
+            self._compiled = ChatTemplate(self._chat_source)
+        return self._compiled
 
     # --- helpers ---------------------------------------------------------------------------------
 

@@ -12,7 +12,7 @@ import copy
 import json
 from typing import Any
 
-from inferd.tokenizer.chat_template import TEMPLATES_DIR
+from inferd.tokenizer.template_files import TEMPLATES_DIR
 from inferd.tools import TOOL_PARSERS
 
 

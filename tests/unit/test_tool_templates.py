@@ -8,7 +8,8 @@ import json
 
 import pytest
 
-from inferd.tokenizer.chat_template import ChatTemplate, default_chat_template
+from inferd.tokenizer.chat_template import ChatTemplate
+from inferd.tokenizer.template_files import default_chat_template
 from inferd.tools import get_tool_parser
 from inferd.tools.templates import prepare_messages, template_handles_tools, tool_chat_template
 
