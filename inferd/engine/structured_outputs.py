@@ -25,21 +25,33 @@ from typing import TYPE_CHECKING
 import torch
 
 from inferd.errors import InvalidRequest
-from inferd.structured.manager import GrammarManager
-from inferd.structured.sampling import ConstrainedSampling
-from inferd.structured.tokenizer_info import build_tokenizer_info
 from inferd.structured_params import StructuredOutputsParams
 
 if TYPE_CHECKING:
     from inferd.engine.request import Request, Sequence
     from inferd.engine.sampler import Sampler, SampleResult, SamplingRow
+    from inferd.structured.manager import GrammarManager
+    from inferd.structured.sampling import ConstrainedSampling
 
 
 class StructuredOutputs:
     def __init__(self, tokenizer, vocab_size: int, max_rows: int = 256):
-        self.manager = GrammarManager(lambda: build_tokenizer_info(tokenizer, vocab_size))
+        self._tokenizer, self._vocab_size = tokenizer, vocab_size
+        self._manager: GrammarManager | None = None
         self._max_rows = max_rows
         self._sampling: ConstrainedSampling | None = None
+
+    @property
+    def manager(self) -> GrammarManager:
+        """Made on the first constrained request. NOTE: importing the grammar engine
+        (llguidance) costs a tenth of a second, which no start should pay before it is needed."""
+        if self._manager is None:
+            from inferd.structured.manager import GrammarManager
+            from inferd.structured.tokenizer_info import build_tokenizer_info
+
+            tokenizer, vocab_size = self._tokenizer, self._vocab_size
+            self._manager = GrammarManager(lambda: build_tokenizer_info(tokenizer, vocab_size))
+        return self._manager
 
     # ---- compiling (any thread) -----------------------------------------------------------------
     def submit(self, spec: StructuredOutputsParams) -> Future:
@@ -93,6 +105,8 @@ class StructuredOutputs:
         if all(m is None for m in matchers):
             return sampler(logits, rows)
         if self._sampling is None:
+            from inferd.structured.sampling import ConstrainedSampling
+
             self._sampling = ConstrainedSampling(self.manager.info, self._max_rows)
         # Check first only where the result is exactly the masked one and nothing else reads
         # the logits: greedy rows without logprobs (see inferd/structured/sampling.py).
@@ -115,4 +129,5 @@ class StructuredOutputs:
         return None if self._sampling is None else self._sampling.stats
 
     def shutdown(self) -> None:
-        self.manager.shutdown()
+        if self._manager is not None:
+            self._manager.shutdown()
