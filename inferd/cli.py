@@ -15,6 +15,7 @@ import os
 import sys
 import traceback
 
+from inferd.commands.startup_gc import HOLDING_COMMANDS, holding_collector
 from inferd.version import __version__
 
 # name → help; each module inferd.commands.<name> has add_arguments(parser) and run(args) -> int
@@ -81,7 +82,16 @@ def build_parser(command: str | None) -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    argv = sys.argv[1:] if argv is None else argv
+    # NOTE: the collector is held only when this is the process's own start (no argv given):
+    # a program or test calling main(argv) keeps its collector as it was.
+    command = next((a for a in (sys.argv[1:] if argv is None else argv) if a in COMMANDS), None)
+    if argv is None and command in HOLDING_COMMANDS:
+        with holding_collector():  # until the command's engine is built (commands/startup_gc.py)
+            return _main(sys.argv[1:])
+    return _main(sys.argv[1:] if argv is None else argv)
+
+
+def _main(argv: list[str]) -> int:
     command = next((a for a in argv if a in COMMANDS), None)
     args = build_parser(command).parse_args(argv)
     logging.basicConfig(

@@ -18,6 +18,7 @@ from inferd.commands.engine_args import (
     model_sampling_defaults,
     sampling_params_from_args,
 )
+from inferd.commands.startup_gc import engine_started
 
 COMMANDS_HELP = """\
 while chatting:
@@ -64,11 +65,12 @@ def choose_model(args: argparse.Namespace) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from inferd.engine.engine import LLMEngine
-    from inferd.tokenizer.chat_template import load_chat_template
+    from inferd.tokenizer.template_files import load_chat_template
 
     sampling_params_from_args(args)  # bad flags fail before the model loads
     choose_model(args)
     engine = LLMEngine(engine_config_from_args(args))
+    engine_started()
     tok = engine.tokenizer
     if args.chat_template:
         tok.chat_template = load_chat_template(args.chat_template)

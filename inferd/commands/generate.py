@@ -19,6 +19,7 @@ from inferd.commands.engine_args import (
     model_sampling_defaults,
     sampling_params_from_args,
 )
+from inferd.commands.startup_gc import engine_started
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -45,6 +46,7 @@ def run(args: argparse.Namespace) -> int:
 
         trace_directory(args.profile)  # an unwritable directory fails before the model loads
     engine = LLMEngine(engine_config_from_args(args))
+    engine_started()
     params = sampling_params_from_args(args, model_sampling_defaults(engine))
     if args.profile:
         engine.start_profile(args.profile)

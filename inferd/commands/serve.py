@@ -18,6 +18,7 @@ from inferd.commands.serve_features import (
     tool_settings,
     with_request_limits,
 )
+from inferd.commands.startup_gc import engine_started
 
 log = logging.getLogger("inferd.serve")
 
@@ -140,13 +141,14 @@ def _show_startup_logs() -> None:
 
 
 def _set_chat_template(engine, template: str | None) -> None:
-    from inferd.tokenizer.chat_template import default_chat_template
+    from inferd.tokenizer.template_files import default_chat_template
 
     tok = engine.tokenizer
     if template:
         tok.chat_template = template
         log.info("chat template: from --chat-template")
         return
+    tok.compiled_chat_template()  # the model's own: a broken one stops the start, not a request
     default = default_chat_template(engine.model_config.architecture)
     gguf = engine.setup.checkpoint.gguf
     shipped = gguf is not None and gguf.metadata.get("tokenizer.chat_template")
@@ -174,7 +176,8 @@ def run(args: argparse.Namespace) -> int:
     from inferd.server.app import DEFAULT_MAX_REQUEST_BYTES, ServerSettings, create_app
     from inferd.server.drain import DrainingServer
     from inferd.tokenizer.byte_bound import max_bytes_per_token
-    from inferd.tokenizer.chat_template import ChatTemplate, load_chat_template
+    from inferd.tokenizer.chat_template import ChatTemplate
+    from inferd.tokenizer.template_files import load_chat_template
 
     # Check the template and flags before the model loads: a typo should not cost a model load.
     template = load_chat_template(args.chat_template) if args.chat_template else None
@@ -187,6 +190,7 @@ def run(args: argparse.Namespace) -> int:
     check_tool_flags(args)
     cors = cors_settings(args)
     engine = LLMEngine(with_request_limits(engine_config_from_args(args), args))
+    engine_started()
     _set_chat_template(engine, template)
     model_arg = args.model or args.model_pos
     max_queued_tokens = max(args.max_queued_tokens, engine.max_model_len)
