@@ -22,7 +22,11 @@ import math
 import time
 
 from inferd.bench.presets import PRESETS
-from inferd.commands.engine_args import add_engine_arguments, engine_config_from_args
+from inferd.commands.engine_args import (
+    add_engine_arguments,
+    engine_config_from_args,
+    engine_flags_of,
+)
 
 DEFAULT_PROMPTS = dict(throughput=32, latency=1, serve=64)
 
@@ -369,28 +373,12 @@ def _run_serve(args: argparse.Namespace) -> int:
     return 0 if result.metrics.completed else 1
 
 
-def _engine_flags(args: argparse.Namespace) -> list[str]:
-    """The engine flags the user set, handed on to `inferd generate`."""
-    flags = []
-    names = ("model", "dtype", "device", "quantization", "threads", "max_model_len")
-    for name in names:
-        value = getattr(args, name)
-        default = {"dtype": "auto", "kv_cache_dtype": "auto"}.get(name)
-        if value is not None and value != default:
-            flags += [f"--{name.replace('_', '-')}", str(value)]
-    if args.speculative_config is not None:
-        import json
-
-        flags += ["--speculative-config", json.dumps(args.speculative_config.to_dict())]
-    return flags
-
-
 def _run_startup(args: argparse.Namespace) -> int:
     from inferd.bench import report, startup
     from inferd.bench.peers import parse_peers
 
     console = _console(args)
-    commands = {"inferd": startup.inferd_command(_engine_flags(args))}
+    commands = {"inferd": startup.inferd_command(engine_flags_of(args))}
     for name in parse_peers(args.compare):
         if name != "llamacpp":
             console.print(f"[yellow]startup compares with llamacpp only; {name} skipped[/]")

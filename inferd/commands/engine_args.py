@@ -123,6 +123,31 @@ def add_engine_arguments(parser: argparse.ArgumentParser, model_positional: bool
                              '"prompt_lookup_min": 2}\' (default: off)')  # fmt: skip
 
 
+def engine_flags_of(args: argparse.Namespace) -> list[str]:
+    """The engine flags set in `args` (those not at their default), written as a command line
+    again: what a command that runs another (`bench startup` → `inferd generate`) hands on, so
+    that no engine flag it accepted is lost on the way."""
+    import json
+
+    reference = argparse.ArgumentParser(add_help=False)
+    add_engine_arguments(reference)
+    flags: list[str] = []
+    for action in reference._actions:  # NOTE: argparse has no public list of its actions
+        value = getattr(args, action.dest, action.default)
+        if value == action.default:
+            continue
+        option = action.option_strings[0]
+        if isinstance(action, argparse.BooleanOptionalAction):
+            flags.append(option if value else "--no-" + option.removeprefix("--"))
+        elif action.nargs == 0:  # store_true
+            flags.append(option)
+        elif action.dest == "speculative_config":
+            flags += [option, json.dumps(value.to_dict())]
+        else:
+            flags += [option, str(value)]
+    return flags
+
+
 def engine_config_from_args(args: argparse.Namespace):
     """The EngineConfig of the flags. NOTE: under torchrun (RANK, WORLD_SIZE, MASTER_ADDR,
     MASTER_PORT set) a rank other than 0 becomes a tensor-parallel worker right here and exits

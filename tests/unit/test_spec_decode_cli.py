@@ -60,8 +60,24 @@ def test_bench_compare_nospec_needs_a_config_and_sampling_only_against_inferd():
 
 
 def test_bench_startup_hands_the_config_on_to_generate():
-    from inferd.commands.bench import _engine_flags
+    from inferd.commands.engine_args import engine_flags_of
 
     args = cli.build_parser("bench").parse_args(["bench", "startup", "--speculative-config", FLAG])
-    flags = _engine_flags(args)
+    flags = engine_flags_of(args)
     assert json.loads(flags[flags.index("--speculative-config") + 1]) == json.loads(FLAG)
+
+
+def test_bench_startup_hands_every_engine_flag_it_was_given_on_to_generate():
+    from inferd.commands.engine_args import engine_flags_of
+
+    given = ["--kv-cache-memory", "1GiB", "--no-enable-prefix-caching", "--enforce-eager",
+             "--dtype", "float32", "-tp", "2", "--attention-backend", "torch",
+             "--speculative-config", FLAG]  # fmt: skip
+    args = cli.build_parser("bench").parse_args(["bench", "startup", *given])
+    again = cli.build_parser("generate").parse_args(["generate", "x", *engine_flags_of(args)])
+    for name in ("kv_cache_memory", "enable_prefix_caching", "enforce_eager", "dtype",
+                 "tensor_parallel_size", "attention_backend"):  # fmt: skip
+        assert getattr(again, name) == getattr(args, name)
+    assert again.speculative_config.to_dict() == args.speculative_config.to_dict()
+    defaults = cli.build_parser("bench").parse_args(["bench", "startup"])
+    assert engine_flags_of(defaults) == []
