@@ -84,15 +84,16 @@ def build_parser(command: str | None) -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     # NOTE: the collector is held only when this is the process's own start (no argv given):
     # a program or test calling main(argv) keeps its collector as it was.
-    command = next((a for a in (sys.argv[1:] if argv is None else argv) if a in COMMANDS), None)
-    if argv is None and command in HOLDING_COMMANDS:
-        with holding_collector():  # until the command's engine is built (commands/startup_gc.py)
-            return _main(sys.argv[1:])
-    return _main(sys.argv[1:] if argv is None else argv)
-
-
-def _main(argv: list[str]) -> int:
+    process_start = argv is None
+    argv = sys.argv[1:] if argv is None else argv
     command = next((a for a in argv if a in COMMANDS), None)
+    if process_start and command in HOLDING_COMMANDS:
+        with holding_collector():  # until the command's engine is built (commands/startup_gc.py)
+            return _run(argv, command)
+    return _run(argv, command)
+
+
+def _run(argv: list[str], command: str | None) -> int:
     args = build_parser(command).parse_args(argv)
     logging.basicConfig(
         level=args.log_level,
