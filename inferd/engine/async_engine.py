@@ -46,6 +46,10 @@ log = logging.getLogger(__name__)
 _STUCK_WAIT_S = 0.005
 _RECENT_STEPS = 32  # steps whose speed sets the stall bound
 _STEP_MARGIN = 4.0  # how many times its slowest recent speed a step may take
+# A step's seconds per token count toward a full step's only when it held at least this share
+# of the step budget: in a small step, fixed costs (a kernel compiled on first use, a one-token
+# decode's launch overhead) would pass for per-token cost and inflate the bound without end.
+_RATE_SHARE = 1 / 8
 
 
 def _malloc_trim() -> Callable[[int], int] | None:
@@ -95,8 +99,9 @@ class AsyncEngine:
         setup = getattr(engine, "setup", None)
         # The most tokens one step can hold (a fake engine has no setup: learned from steps).
         self._step_tokens = getattr(setup, "max_num_batched_tokens", 0) or 0
-        self._seconds_per_token: deque[float] = deque(maxlen=_RECENT_STEPS)  # loop thread
-        self._slowest_per_token = 0.0  # max of the above, replaced whole (read by health())
+        self._recent: deque[tuple[float, int]] = deque(maxlen=_RECENT_STEPS)  # (s, tokens)
+        self._slowest_step = 0.0  # seconds of the slowest recent step (read by health())
+        self._slowest_per_token = 0.0  # the same per token, over the steps that were large
         self._trim = _malloc_trim()
         self._worked_since_trim = False
         self._observers: list[Callable[[RequestOutput], None]] = []
@@ -153,8 +158,10 @@ class AsyncEngine:
         return None
 
     def stall_bound(self) -> float:
-        """Seconds without a completed step, while busy, after which the engine is stalled."""
-        return self.stall_timeout + _STEP_MARGIN * self._slowest_per_token * self._step_tokens
+        """Seconds without a completed step, while busy, after which the engine is stalled: a
+        margin over the slowest recent step, or over a full step at the slowest recent speed."""
+        full_step = self._slowest_per_token * self._step_tokens
+        return self.stall_timeout + _STEP_MARGIN * max(self._slowest_step, full_step)
 
     # ---- requests (event loop) ---------------------------------------------------------------
     async def add_request(
@@ -244,11 +251,11 @@ class AsyncEngine:
                 outputs: list[RequestOutput] = []
                 failed: list[tuple[str, str]] = []
                 if self._active or self.engine.has_unfinished_requests():
-                    outputs, failed, stuck = self._step()
+                    outputs, failed, stuck = self._step()  # it takes the new stats
                 else:
                     stuck = False
+                    self._stats = self.engine.stats()
                 self._busy = bool(self._active)
-                self._stats = self.engine.stats()
                 if settled or outputs or failed:
                     self._post(self._deliver, settled, outputs, failed)
         except BaseException as e:  # noqa: BLE001 - whatever killed the loop, say so in /health
@@ -336,10 +343,13 @@ class AsyncEngine:
                     log.exception("abort of %s failed", rid)
             self._active.clear()
             self._progress_at = time.monotonic()
+            self._stats = self.engine.stats()
             return [], failed, False
         self._progress_at = time.monotonic()
         self._worked_since_trim = True
-        self._note_speed(self._progress_at - started)
+        after = self.engine.stats()  # NOTE: once per step: it snapshots every histogram
+        self._note_speed(self._progress_at - started, after)
+        self._stats = after
         for out in outputs:
             # NOTE: the engine keeps mutating a request's metrics object; consumers on the event
             # loop get a snapshot that matches this output.
@@ -347,12 +357,12 @@ class AsyncEngine:
                 out.metrics = copy.copy(out.metrics)
             if out.finished:
                 self._active.discard(out.request_id)
-        stuck = not outputs and self.engine.stats().steps == steps_before
+        stuck = not outputs and after.steps == steps_before
         return outputs, [], stuck
 
-    def _note_speed(self, seconds: float) -> None:
-        """Remember the step's seconds per token (loop thread; read by health())."""
-        before, after = self._stats, self.engine.stats()
+    def _note_speed(self, seconds: float, after: EngineStats) -> None:
+        """Remember the step's seconds and tokens (loop thread; health() reads the maxima)."""
+        before = self._stats
         # Computed rows: prompt and generated tokens, plus the speculative drafts the step
         # verified and rejected (accepted ones are among the generated).
         rejected = (after.spec_decode_num_draft_tokens - before.spec_decode_num_draft_tokens) - (
@@ -364,9 +374,11 @@ class AsyncEngine:
             + max(0, rejected)
         )
         if tokens > 0:
-            self._seconds_per_token.append(seconds / tokens)
+            self._recent.append((seconds, tokens))
             self._step_tokens = max(self._step_tokens, tokens)
-            self._slowest_per_token = max(self._seconds_per_token)
+            large = [s / n for s, n in self._recent if n >= _RATE_SHARE * self._step_tokens]
+            self._slowest_per_token = max(large, default=0.0)
+            self._slowest_step = max(s for s, _ in self._recent)
 
     def _post(self, callback: Callable[..., None], *args: Any) -> None:
         if self._loop is None:

@@ -105,3 +105,22 @@ def test_unexpected_errors_are_one_line_each_with_one_traceback_per_period(caplo
     assert sum(r.exc_info is not None for r in records) == 1
     assert all("\n" not in r.getMessage() for r in records)
     assert all(i.split("id ")[1].rstrip(")") in r.getMessage() for i, r in zip(ids, records))
+
+
+def test_a_slow_small_step_does_not_pass_for_a_slow_speed_per_token():
+    # A one-token step that takes 0.3 s (a kernel built on first use) is not 0.3 s per token:
+    # taken as a speed, a full 64-token step would get 77 s before it counted as a stall.
+    plan = [(0.3, 1), (0.01, 60), (0.01, 60)]
+    gate = threading.Event()
+
+    async def body(engine):
+        task = asyncio.ensure_future(run_request(engine, "a", max_tokens=10))
+        while engine.engine.steps < 3:
+            await asyncio.sleep(0.005)
+        bound = engine.stall_bound()
+        gate.set()
+        await task
+        return bound
+
+    bound = with_engine(TimedEngine(plan, 64, gate), body, stall_timeout=0.2)
+    assert 0.2 + 4 * 0.3 <= bound < 3  # a margin over the slowest step, not 64 x its rate
