@@ -102,9 +102,12 @@ def precheck_prompts(body: bytes, admission) -> APIError | None:  # noqa: ANN001
     prompt sizes), found without validating the whole body; None when it passes or is not
     shaped so (the route's validation then says what is wrong)."""
     try:
-        prompt = json.loads(body).get("prompt")
+        document = json.loads(body)
+        prompt, keep = document.get("prompt"), document.get("truncate_prompt_tokens")
     except (ValueError, AttributeError, RecursionError):
         return None
+    if keep is not None and (isinstance(keep, bool) or not isinstance(keep, int)):
+        return None  # the route's validation names the field
     if isinstance(prompt, str) or (isinstance(prompt, list) and prompt and
                                    all(isinstance(t, int) for t in prompt)):  # fmt: skip
         prompts = [prompt]
@@ -113,7 +116,7 @@ def precheck_prompts(body: bytes, admission) -> APIError | None:  # noqa: ANN001
     else:
         return None
     try:
-        admission.check_request(prompts)
+        admission.check_request(prompts, keep=keep)  # truncated prompts count what they keep
     except InvalidRequest as e:
         return error_status(e)
     return None

@@ -136,3 +136,16 @@ def test_truncated_prompts_count_what_they_keep():
         adm.admit([[1] * 5000], n=1)
     held.release()
     assert adm.queued_tokens == 1024
+
+
+def test_the_body_precheck_counts_truncated_prompts_as_the_route_does():
+    import json
+
+    from inferd.server.limits import precheck_prompts
+
+    too_long = {"prompt": [1] * 5000, "max_tokens": 1}
+    assert precheck_prompts(json.dumps(too_long).encode(), admission()).status == 400
+    kept = {**too_long, "truncate_prompt_tokens": 100}
+    assert precheck_prompts(json.dumps(kept).encode(), admission()) is None
+    odd = {**too_long, "truncate_prompt_tokens": "x"}  # left to the route's validation
+    assert precheck_prompts(json.dumps(odd).encode(), admission()) is None
