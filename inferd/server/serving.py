@@ -76,7 +76,10 @@ class RequestGroup:
         for rid, result in zip(ids, results, strict=True):
             if result is None:
                 self.request_ids.append(rid)
-                self._open.add(rid)
+                if self.closed:  # ended (a drain's fail) while the adds were in flight
+                    self.client.abort(rid)
+                else:
+                    self._open.add(rid)
         error = next((r for r in results if isinstance(r, BaseException)), None)
         if error is not None:
             self.abort()
