@@ -59,14 +59,34 @@ def sum_path(path: Path) -> Path:
     return path.with_name(path.name + SUM_SUFFIX)
 
 
-def write_text_atomically(path: Path, text: str) -> None:
-    """Temp file in the same folder, then a rename: readers see the old text or the new."""
+def _text_beside(path: Path, text: str) -> Path:
+    """A temp file holding `text` in `path`'s folder (so that a rename to `path` is atomic)."""
     with tempfile.NamedTemporaryFile(
         "w", encoding="utf-8", dir=path.parent, suffix=".part", delete=False
     ) as tmp:
-        tmp.write(text)
+        try:
+            tmp.write(text)
+        except BaseException:
+            Path(tmp.name).unlink(missing_ok=True)
+            raise
     os.chmod(tmp.name, 0o644)  # NamedTemporaryFile makes it private; it is a plain cache
-    os.replace(tmp.name, path)
+    return Path(tmp.name)
+
+
+def write_text_atomically(path: Path, text: str) -> None:
+    """Temp file in the same folder, then a rename: readers see the old text or the new."""
+    os.replace(_text_beside(path, text), path)
+
+
+def publish_text(path: Path, text: str) -> None:
+    """`text` as a cache entry at `path`, with its checksum (`publish`). Raises OSError."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = _text_beside(path, text)
+    try:
+        publish(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
 
 
 def publish(tmp: Path, path: Path) -> None:

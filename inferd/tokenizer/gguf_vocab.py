@@ -22,8 +22,6 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-import os
-import tempfile
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -320,21 +318,11 @@ def load_gguf_backend(v: GGUFVocab, cache_folder: Path | None) -> Tokenizer:
 
 
 def _write_atomically(path: Path, text: str) -> None:
-    # Temp file in the same folder, checksum, rename (inferd/cache.py `publish`): a reader sees
-    # the old file or the whole new one, even with two processes building at once.
-    from inferd.cache import publish
+    # Temp file, checksum, rename (inferd/cache.py `publish_text`): a reader sees the old file
+    # or the whole new one, even with two processes building at once.
+    from inferd.cache import publish_text
 
-    tmp_name = None
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        with tempfile.NamedTemporaryFile(
-            "w", encoding="utf-8", dir=path.parent, suffix=".part", delete=False
-        ) as tmp:
-            tmp_name = tmp.name
-            tmp.write(text)
-        os.chmod(tmp_name, 0o644)  # NamedTemporaryFile makes it private; it is a plain cache
-        publish(Path(tmp_name), path)
+        publish_text(path, text)
     except OSError as e:  # a read-only cache only costs speed
         log.warning("could not cache the tokenizer at %s: %s", path, e)
-        if tmp_name is not None:
-            Path(tmp_name).unlink(missing_ok=True)
