@@ -13,6 +13,7 @@ validate requests without them.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 from dataclasses import dataclass
 from typing import Any
@@ -84,9 +85,10 @@ class StructuredOutputsParams:
     def kind(self) -> str:
         return next(k for k in KINDS if getattr(self, k) not in (None, False))
 
-    @property
+    @functools.cached_property
     def key(self) -> tuple[str, str]:
-        """(kind, canonical spec text + options): equal keys compile to the same grammar."""
+        """(kind, canonical spec text + options): equal keys compile to the same grammar.
+        Computed once (a large schema's canonical JSON costs; every compile lookup asks)."""
         spec: Any = getattr(self, self.kind)
         if self.kind in ("json", "choice", "json_object"):
             text = json.dumps(spec, sort_keys=True, ensure_ascii=False)
