@@ -44,7 +44,6 @@ class RequestGroup:
         self.queue: asyncio.Queue = asyncio.Queue()
         self.request_ids: list[str] = []
         self._open: set[str] = set()
-        self._started: set[str] = set()
         self.closed = False
         self.failure: BaseException | None = None  # why the server ended it (fail)
         self.reservation = reservation
@@ -108,12 +107,9 @@ class RequestGroup:
         """Admission bookkeeping: the first output takes a request out of the queue."""
         if self.reservation is None:
             return
-        rid = out.request_id
-        if rid not in self._started:
-            self._started.add(rid)
-            self.reservation.started(rid)
+        self.reservation.started(out.request_id)  # a no-op after the first output
         if out.finished:
-            self.reservation.finished(rid)
+            self.reservation.finished(out.request_id)
 
     def abort(self) -> None:
         """Abort what is still running (frees its KV blocks before the next step)."""

@@ -41,8 +41,7 @@ class ToolSettings:
 class ToolPlan:
     """What one chat request does with tools."""
 
-    mode: str = "none"  # "none" | "auto" | "forced"
-    parser: ToolParser | None = None
+    parser: ToolParser | None = None  # None: no tools; with `spec`: a forced call
     spec: StructuredOutputsParams | None = None  # the grammar of a forced call
     tools: list[dict[str, Any]] | None = None  # shown to the template
     named: bool = False
@@ -119,7 +118,7 @@ def plan_tools(body: ChatCompletionRequest, settings: ToolSettings) -> ToolPlan:
                 '--tool-call-parser; "required" or a named function work without them',
             )
         parser = get_tool_parser(settings.parser)
-        return ToolPlan("auto", parser, None, body.tools, parallel=body.parallel_tool_calls)
+        return ToolPlan(parser, None, body.tools, parallel=body.parallel_tool_calls)
     spec = tool_call_spec(body.tools, choice, settings.forced_format, body.parallel_tool_calls)
-    return ToolPlan("forced", get_tool_parser(settings.forced_format), spec, body.tools,
+    return ToolPlan(get_tool_parser(settings.forced_format), spec, body.tools,
                     named=isinstance(choice, dict), parallel=body.parallel_tool_calls)  # fmt: skip
