@@ -6,11 +6,15 @@ takes without tokenizing again; the engine checks what is left (empty, vocabular
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
 from inferd.engine_client import TokenizerLike
 from inferd.errors import InvalidRequest
 from inferd.tools.templates import prepare_messages
+
+if TYPE_CHECKING:
+    from inferd.server.protocol import ChatTemplateFields
 
 # Template variables the server sets from request fields, or names of the tokenizer's own
 # parameters: chat_template_kwargs may not set them (they could not be honoured as asked).
@@ -89,6 +93,25 @@ def prompt_text(tokenizer: TokenizerLike, prompt: dict[str, Any], vocab_size: in
     if any(not 0 <= t < vocab_size for t in ids):
         return ""  # the engine rejects it with the precise message
     return tokenizer.decode(ids, skip_special_tokens=True)
+
+
+def chat_render(
+    tokenizer: TokenizerLike,
+    fields: ChatTemplateFields,
+    messages: list[dict[str, Any]],
+    tools: list[dict[str, Any]] | None,
+    tool_template: Any,
+    add_special_tokens: bool | None,
+) -> Callable[[], dict[str, Any]]:
+    """`chat_prompt` of a request's chat fields, as the call to run off the event loop (the
+    chat route and /tokenize render alike); the tool template renders when tools are shown."""
+    return lambda: chat_prompt(
+        tokenizer, messages, fields.add_generation_prompt, fields.chat_template_kwargs,
+        continue_final_message=fields.continue_final_message,
+        split_special_tokens=fields.split_special_tokens, tools=tools,
+        chat_template=tool_template if tools else None,
+        add_special_tokens=bool(add_special_tokens),
+    )  # fmt: skip
 
 
 def chat_prompt(

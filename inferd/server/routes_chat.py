@@ -14,7 +14,7 @@ from inferd.outputs import CompletionOutput, RequestOutput
 from inferd.sampling_params import SamplingParams
 from inferd.server.admission import all_text
 from inferd.server.choices import DeltaTracker
-from inferd.server.prompts import chat_prompt, salted, truncated
+from inferd.server.prompts import chat_render, salted, truncated
 from inferd.server.protocol import ChatCompletionRequest, StreamOptions
 from inferd.server.request_params import chat_params
 from inferd.server.responses import chat_logprobs, new_id, prompt_logprobs_json, usage_of
@@ -61,14 +61,15 @@ async def _submit(
     keep = params.truncate_prompt_tokens
     group = state.admit(request, [all_text(messages)], params.n, "messages", keep=keep)
     prompt = await group.tokenize(
-        lambda: chat_prompt(
-            state.tokenizer, messages, body.add_generation_prompt, body.chat_template_kwargs,
-            continue_final_message=body.continue_final_message,
-            split_special_tokens=body.split_special_tokens, tools=plan.tools,
-            chat_template=state.tools.template if plan.tools else None,
-            add_special_tokens=bool(body.add_special_tokens),
+        chat_render(
+            state.tokenizer,
+            body,
+            messages,
+            plan.tools,
+            state.tools.template,
+            body.add_special_tokens,
         )
-    )  # fmt: skip
+    )
     [prompt] = salted(truncated([prompt], keep, state.info.max_model_len), body.cache_salt)
     try:
         await group.submit(new_id("chatcmpl"), [prompt], params, arrival)

@@ -13,7 +13,7 @@ from inferd.outputs import RequestMetrics
 from inferd.server.admission import all_text, text_bytes
 from inferd.server.errors import SERVER_ERROR, APIError
 from inferd.server.metrics import CONTENT_TYPE
-from inferd.server.prompts import chat_prompt, checked_text, completion_prompts, salted, truncated
+from inferd.server.prompts import chat_render, checked_text, completion_prompts, salted, truncated
 from inferd.server.protocol import (
     ChatTemplateFields,
     DetokenizeRequest,
@@ -102,13 +102,8 @@ async def tokenize(body: TokenizeRequest, request: Request) -> dict[str, Any]:
         )
         messages = chat.template_messages()
         rendered = await state.tokenize(
-            lambda: chat_prompt(
-                tok, messages, chat.add_generation_prompt,
-                chat.chat_template_kwargs, continue_final_message=chat.continue_final_message,
-                split_special_tokens=chat.split_special_tokens, tools=chat.tools,
-                chat_template=state.tools.template if chat.tools else None,
-                add_special_tokens=bool(body.add_special_tokens),
-            ),
+            chat_render(tok, chat, messages, chat.tools, state.tools.template,
+                        body.add_special_tokens),
             nbytes=text_bytes(all_text(messages)),
         )  # fmt: skip
         ids = rendered["prompt_token_ids"]
