@@ -152,24 +152,32 @@ class ChatMessage(Body):
     role: str
     content: str | list[ContentPart] | None = None
 
-    def to_template(self) -> dict[str, Any]:
+    def to_template(self, where: str = "messages") -> dict[str, Any]:
+        """The message as templates take it. Text parts stay a list: the tokenizer joins them
+        for templates that want a string (inferd/tokenizer/content_format.py). Other parts
+        (images, audio, files) are a 400 naming the part and its type."""
         message = self.model_dump(exclude_none=True)
         if isinstance(self.content, list):
-            for part in self.content:
+            for j, part in enumerate(self.content):
+                at = f"{where}.content[{j}]"
                 if part.type != "text":
                     raise InvalidRequest(
-                        "messages",
-                        f"content parts of type {part.type!r} are not supported (only 'text')",
+                        f"{at}.type",
+                        f"{at}: content parts of type {part.type!r} are not supported (this "
+                        "server reads text only: 'text' parts)",
                     )
+                if part.text is None:
+                    raise InvalidRequest(f"{at}.text", f"{at}.text is required in a 'text' part")
             message["content"] = [p.model_dump(exclude_none=True) for p in self.content]
         elif self.content is None:
             message["content"] = ""
         return message
 
     def text(self) -> str:
-        """The message's text (text parts joined)."""
+        """The message's text: text parts joined by a line break, as string templates see
+        them (the tokenizer's rule, vLLM's too)."""
         if isinstance(self.content, list):
-            return "".join(p.text or "" for p in self.content)
+            return "\n".join(p.text or "" for p in self.content)
         return self.content or ""
 
 
@@ -194,7 +202,7 @@ class ChatTemplateFields(Body):
                 "continue_final_message cannot be combined with add_generation_prompt: "
                 "set add_generation_prompt to false to continue the final message",
             )
-        return [m.to_template() for m in self.messages]
+        return [m.to_template(f"messages[{i}]") for i, m in enumerate(self.messages)]
 
 
 class ChatCompletionRequest(ChatTemplateFields, OpenAIFields):

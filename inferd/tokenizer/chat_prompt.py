@@ -1,15 +1,17 @@
 """A chat request's prompt: messages checked, guarded, rendered with the template, encoded.
 
 The order matters: Unicode is checked first (so errors name the message part, not the
-rendered prompt); special-token strings in user-supplied values are marked before the template
-runs (text_guard.py), so the template sees the user's text and the encoder can tell the
-template's markers from typed ones.
+rendered prompt); text parts are then joined for templates that want strings
+(content_format.py); special-token strings in user-supplied values are marked before the
+template runs (text_guard.py), so the template sees the user's text and the encoder can tell
+the template's markers from typed ones.
 """
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from inferd.tokenizer.content_format import STRING, flatten_text_parts
 from inferd.tokenizer.text_guard import (
     check_unicode,
     check_unicode_in,
@@ -50,6 +52,8 @@ def build_chat_prompt(
     check_unicode_in(messages, "messages")
     for name, value in user_vars.items():
         check_unicode_in(value, str(name))
+    if template.content_format == STRING:
+        messages = flatten_text_parts(messages)  # text parts joined: the template wants strings
     marks = 0
     if split_special_tokens:
         guard = tokenizer.special_token_guard

@@ -21,6 +21,8 @@ from jinja2.ext import Extension, loopcontrols
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 from jinja2.utils import Namespace
 
+from inferd.tokenizer.content_format import detect_content_format
+
 # Names a variable may not take: the render arguments themselves, and Jinja's `self` (which
 # would silently stay the template's block reference).
 RESERVED_VARIABLES = ("add_generation_prompt", "messages", "self")
@@ -127,8 +129,12 @@ class ChatTemplate:
         if not isinstance(source, str) or not source:
             raise ValueError("chat_template must be a non-empty Jinja template string")
         self.source = source
+        env = _environment()
         try:
-            self._template = _environment().from_string(source)
+            self._template = env.from_string(source)
+            # NOTE: "string" or "openai" (content_format.py): whether messages' content may
+            # reach this template as a list of parts, or must be joined into a string first.
+            self.content_format = detect_content_format(env.parse(source))
         except TemplateSyntaxError as e:
             raise ValueError(f"chat template syntax error (line {e.lineno}): {e.message}") from e
 
