@@ -11,6 +11,7 @@ import logging
 import os
 
 from inferd.commands.engine_args import add_engine_arguments, engine_config_from_args, size_arg
+from inferd.commands.serve_api import add_api_arguments, api_settings
 from inferd.commands.serve_features import (
     add_feature_arguments,
     check_tool_flags,
@@ -130,6 +131,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "default: its cached-prefix count shows whether others sent the same prompt",
     )
     add_feature_arguments(parser)
+    add_api_arguments(parser)
 
 
 def _show_startup_logs() -> None:
@@ -213,6 +215,7 @@ def run(args: argparse.Namespace) -> int:
         max_prompts_per_request=args.max_prompts_per_request,
         max_bytes_per_token=max_bytes_per_token(engine.tokenizer.backend),
         shutdown_timeout_s=args.shutdown_timeout,
+        api=api_settings(args),
     )
     client = AsyncEngine(engine, args.stall_timeout)
     app = create_app(client, settings)

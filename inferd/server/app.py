@@ -23,6 +23,7 @@ from fastapi import FastAPI
 from inferd.engine_client import EngineClient, ProfilingClient
 from inferd.server.access_log import AccessLogMiddleware
 from inferd.server.admission import Admission, AdmissionLimits
+from inferd.server.api_settings import APISettings
 from inferd.server.auth import APIKeyMiddleware
 from inferd.server.cors import CORSSettings, add_cors
 from inferd.server.drain import Drain
@@ -61,6 +62,7 @@ class ServerSettings:
     max_prompts_per_request: int = 256
     max_bytes_per_token: int | None = None  # a bound from the tokenizer; None: none known
     shutdown_timeout_s: float = 20.0  # SIGTERM: how long requests in flight may still run
+    api: APISettings = field(default_factory=APISettings)  # the APIs' own flags
 
 
 def create_app(client: EngineClient, settings: ServerSettings | None = None) -> FastAPI:
@@ -80,7 +82,7 @@ def create_app(client: EngineClient, settings: ServerSettings | None = None) -> 
     )
     admission = Admission(limits)
     state = ServerState(client, names, metrics, TokenText(client.tokenizer), admission,
-                        tools=settings.tools,
+                        tools=settings.tools, api=settings.api,
                         request_timeline=settings.enable_request_timeline)  # fmt: skip
     if settings.profiler_dir and not isinstance(client, ProfilingClient):
         raise ValueError("--profiler-dir: this engine client cannot be profiled")

@@ -86,13 +86,14 @@ def salted(prompts: list[dict[str, Any]], cache_salt: str | None) -> list[dict[s
 
 
 def prompt_text(tokenizer: TokenizerLike, prompt: dict[str, Any], vocab_size: int) -> str:
-    """The prompt as text, for `echo` (token-id prompts are decoded)."""
+    """The prompt as text, for `echo`. Token-id prompts are decoded with their special tokens,
+    as the echoed logprobs name each token (`<pad>` is in both), and as vLLM echoes them."""
     if prompt["prompt"] is not None:
         return prompt["prompt"]
     ids = prompt["prompt_token_ids"]
     if any(not 0 <= t < vocab_size for t in ids):
         return ""  # the engine rejects it with the precise message
-    return tokenizer.decode(ids, skip_special_tokens=True)
+    return tokenizer.decode(ids, skip_special_tokens=False)
 
 
 def chat_render(

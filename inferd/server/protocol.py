@@ -56,7 +56,13 @@ NO_OP_VALUES: dict[str, tuple[Any, ...]] = {
 
 class StreamOptions(Body):
     include_usage: bool = False
-    continuous_usage_stats: bool = False  # vLLM: usage in every chunk
+    continuous_usage_stats: bool = False  # vLLM: usage in every chunk, with include_usage
+
+    @property
+    def usage_in_every_chunk(self) -> bool:
+        # NOTE: vLLM's rule: continuous_usage_stats adds to include_usage, it never turns
+        # usage on by itself (a client that said include_usage: false gets none).
+        return self.include_usage and self.continuous_usage_stats
 
 
 class GenerationFields(Body):

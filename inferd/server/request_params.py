@@ -17,6 +17,7 @@ from inferd.server.protocol import (
 from inferd.structured.request_fields import GUIDED_FIELDS, resolve
 from inferd.structured_params import StructuredOutputsParams
 
+SEED_RANGE = (-(1 << 63), (1 << 63) - 1)  # a 64-bit signed integer, as vLLM's seed field
 _SAMPLING_NAMES = (
     "temperature", "top_p", "top_k", "min_p", "n", "seed", "stop", "stop_token_ids",
     "presence_penalty", "frequency_penalty", "repetition_penalty", "logit_bias", "min_tokens",
@@ -37,6 +38,10 @@ def structured_spec(body: GenerationFields) -> StructuredOutputsParams | None:
 
 def _common(body: GenerationFields, forced: StructuredOutputsParams | None) -> dict[str, Any]:
     body.unsupported_values()
+    if body.seed is not None and not SEED_RANGE[0] <= body.seed <= SEED_RANGE[1]:
+        raise InvalidRequest(
+            "seed", f"seed must be a 64-bit integer in [-2**63, 2**63 - 1], got {body.seed}"
+        )
     kwargs = {k: getattr(body, k) for k in _SAMPLING_NAMES if getattr(body, k) is not None}
     spec = structured_spec(body)
     if forced is not None:

@@ -138,7 +138,7 @@ async def create_chat_completion(body: ChatCompletionRequest, request: Request) 
         first = {"prompt_token_ids": prompt["prompt_token_ids"]} if body.return_token_ids else {}
         options = body.stream_options or StreamOptions()
         events = stream_events(group, request, head, chunk, options.include_usage, opening,
-                               continuous_usage=options.continuous_usage_stats,
+                               continuous_usage=options.usage_in_every_chunk,
                                opening_fields=first,
                                trailer=timelines if timeline else None)  # fmt: skip
         return sse_response(events)
@@ -165,8 +165,11 @@ async def create_chat_completion(body: ChatCompletionRequest, request: Request) 
         choices.append(choice)
     response = {**head_of(state, rid, "chat.completion", model), "choices": choices,
                 "usage": usage_of([out])}  # fmt: skip
-    if params.prompt_logprobs is not None:
-        response["prompt_logprobs"] = prompt_logprobs_json(out.prompt_logprobs, texts)
+    # vLLM's field, null unless asked for (clients read it)
+    wanted = params.prompt_logprobs is not None
+    response["prompt_logprobs"] = (
+        prompt_logprobs_json(out.prompt_logprobs, texts) if wanted else None
+    )
     if body.return_token_ids:
         response["prompt_token_ids"] = list(out.prompt_token_ids)
     if timeline:

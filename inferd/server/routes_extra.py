@@ -118,8 +118,8 @@ async def tokenize(body: TokenizeRequest, request: Request) -> dict[str, Any]:
                                    nbytes=text_bytes(text))  # fmt: skip
     out: dict[str, Any] = {"tokens": ids, "count": len(ids),
                            "max_model_len": state.info.max_model_len}  # fmt: skip
-    if body.return_token_strs:
-        out["token_strs"] = tok.convert_ids_to_tokens(ids)
+    # vLLM's field, null unless asked for (clients read it)
+    out["token_strs"] = tok.convert_ids_to_tokens(ids) if body.return_token_strs else None
     return out
 
 

@@ -159,7 +159,7 @@ async def create_completion(body: CompletionRequest, request: Request) -> Respon
 
         options = body.stream_options or StreamOptions()
         events = stream_events(group, request, head, chunk, options.include_usage,
-                               continuous_usage=options.continuous_usage_stats,
+                               continuous_usage=options.usage_in_every_chunk,
                                trailer=timelines if timeline else None)  # fmt: skip
         return sse_response(events)
 
@@ -174,8 +174,11 @@ async def create_completion(body: CompletionRequest, request: Request) -> Respon
             index = p * params.n + c.index
             choice = completion_choice(index, c, echo_of(p, out), want_logprobs, texts)
             choice.update(extras(c, out, None))
-            if params.prompt_logprobs is not None:
-                choice["prompt_logprobs"] = prompt_logprobs_json(out.prompt_logprobs, texts)
+            choice["prompt_logprobs"] = (  # vLLM's field, null unless asked for
+                prompt_logprobs_json(out.prompt_logprobs, texts)
+                if params.prompt_logprobs is not None
+                else None
+            )
             choices.append(choice)
     choices.sort(key=lambda c: c["index"])
     extra = timelines(outs) if timeline else {}

@@ -13,6 +13,7 @@ from fastapi import Request
 from inferd.engine_client import EngineClient, ModelInfo, TokenizerLike
 from inferd.errors import InvalidRequest
 from inferd.server.admission import Admission, text_bytes
+from inferd.server.api_settings import APISettings
 from inferd.server.errors import APIError, ErrorLog
 from inferd.server.metrics import ServerMetrics
 from inferd.server.responses import TokenIdText, TokenText
@@ -36,11 +37,14 @@ class ServerState:
     created: int = field(default_factory=lambda: int(time.time()))
     tools: ToolSettings = field(default_factory=ToolSettings)
     request_timeline: bool = False  # the server returns a request's timeline when asked
+    api: APISettings = field(default_factory=APISettings)
     _large_inputs: asyncio.Semaphore | None = None
 
     def token_texts(self, as_token_ids: bool) -> TokenText:
-        """How logprobs name tokens: their text, or "token_id:N" (return_tokens_as_token_ids)."""
-        return TokenIdText(self.texts) if as_token_ids else self.texts
+        """How logprobs name tokens: their text, or "token_id:N" (return_tokens_as_token_ids,
+        asked for by the request or for all by the server's flag)."""
+        as_ids = as_token_ids or self.api.return_tokens_as_token_ids
+        return TokenIdText(self.texts) if as_ids else self.texts
 
     @property
     def model_name(self) -> str:

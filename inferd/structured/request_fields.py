@@ -22,29 +22,56 @@ GUIDED_FIELDS = {
 }
 
 
+# The keys each response_format type takes: anything else is refused, never ignored.
+_FORMAT_KEYS = {"text": {"type"}, "json_object": {"type", "schema"},
+                "json_schema": {"type", "json_schema"}}  # fmt: skip
+_JSON_SCHEMA_KEYS = {"name", "description", "schema", "strict"}
+
+
+def _refuse_unknown(value: dict[str, Any], allowed: set[str], where: str) -> None:
+    unknown = sorted(set(value) - allowed)
+    if unknown:
+        raise InvalidRequest(
+            f"{where}.{unknown[0]}",
+            f"unsupported parameter: {where}.{unknown[0]} ({where} takes "
+            f"{', '.join(sorted(allowed))})",
+        )
+
+
 def from_response_format(value: Any) -> StructuredOutputsParams | None:
-    """OpenAI's `response_format`: {"type": "text" | "json_object" | "json_schema", ...}."""
+    """OpenAI's `response_format`: {"type": "text" | "json_object" | "json_schema", ...}, and
+    llama.cpp's `{"type": "json_object", "schema": {...}}` (a JSON object of that schema)."""
     if value is None:
         return None
     if not isinstance(value, dict):
         message = f"response_format must be an object, got {type(value).__name__}"
         raise InvalidRequest("response_format", message)
     kind = value.get("type")
-    if kind == "text":
-        return None
-    if kind == "json_object":
-        return StructuredOutputsParams(json_object=True, origin="response_format")
-    if kind != "json_schema":
+    if kind not in _FORMAT_KEYS:
         raise InvalidRequest(
             "response_format.type",
             f"response_format.type must be one of text, json_object, json_schema, got {kind!r}",
         )
+    _refuse_unknown(value, _FORMAT_KEYS[kind], "response_format")
+    if kind == "text":
+        return None
+    if kind == "json_object":
+        schema = value.get("schema")
+        if schema is None:
+            return StructuredOutputsParams(json_object=True, origin="response_format")
+        if not isinstance(schema, dict):
+            raise InvalidRequest(
+                "response_format.schema",
+                f"response_format.schema must be a JSON schema object, got {type(schema).__name__}",
+            )
+        return StructuredOutputsParams(json=schema, origin="response_format.schema")
     spec = value.get("json_schema")
     if not isinstance(spec, dict) or not isinstance(spec.get("schema"), dict):
         raise InvalidRequest(
             "response_format.json_schema.schema",
             "response_format.json_schema.schema must be a JSON schema object",
         )
+    _refuse_unknown(spec, _JSON_SCHEMA_KEYS, "response_format.json_schema")
     strict = spec.get("strict", False)
     if not isinstance(strict, bool | None):
         raise InvalidRequest(

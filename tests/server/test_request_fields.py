@@ -192,6 +192,8 @@ for name, value, expected in [
     ("top_k", 5, 5),
     ("min_p", 0.1, 0.1),
     ("seed", 7, 7),
+    ("seed", -(1 << 63), -(1 << 63)),
+    ("seed", (1 << 63) - 1, (1 << 63) - 1),
     ("stop", ["x"], ["x"]),
     ("stop", "x", ["x"]),
     ("stop_token_ids", [9], [9]),
@@ -206,6 +208,7 @@ for name, value, expected in [
     ("allowed_token_ids", [105, 104], [104, 105]),
 ]:
     row(GENERATION, name, value, param(name, expected))
+row(GENERATION, "seed", 1 << 63, refused("seed"))  # vLLM's bound: a 64-bit signed integer
 row(OPENAI, "n", 2, param("n", 2))
 row(GEN, "n", 1, param("n", 1))
 row(GEN, "n", 2, refused("n"))
@@ -213,6 +216,24 @@ row(GENERATION, "truncate_prompt_tokens", 2, that(lambda s: len(s.prompt_ids) ==
 row(GENERATION, "response_format", {"type": "json_object"}, spec("json_object", True))
 row(GENERATION, "response_format", {"type": "text"}, param("structured_outputs", None))
 row(GENERATION, "response_format", {"type": "sound"}, refused("response_format.type"))
+row(  # llama.cpp's way to give a schema
+    GENERATION,
+    "response_format",
+    {"type": "json_object", "schema": {"const": "42"}},
+    spec("json", {"const": "42"}),
+)
+row(GENERATION, "response_format", {"type": "json_object", "schema": 123},
+    refused("response_format.schema"))  # fmt: skip
+row(GENERATION, "response_format", {"type": "json_object", "foo": 1},
+    unsupported("response_format.foo"))  # fmt: skip
+row(GENERATION, "response_format", {"type": "text", "schema": {}},
+    unsupported("response_format.schema"))  # fmt: skip
+row(
+    GENERATION,
+    "response_format",
+    {"type": "json_schema", "json_schema": {"schema": {"type": "object"}, "strcit": True}},
+    unsupported("response_format.json_schema.strcit"),
+)
 row(
     GENERATION,
     "response_format",
@@ -278,8 +299,15 @@ row(
 row(
     OPENAI,
     "stream_options",
-    {"continuous_usage_stats": True},
+    {"include_usage": True, "continuous_usage_stats": True},
     that(lambda s: all("usage" in e for e in s.events())),
+    stream=True,
+)
+row(
+    OPENAI,
+    "stream_options",
+    {"include_usage": False, "continuous_usage_stats": True},  # vLLM: no usage at all
+    that(lambda s: not any("usage" in e for e in s.events())),
     stream=True,
 )
 row(OPENAI, "stream_options", {"include_usage": True}, refused("stream_options"))
