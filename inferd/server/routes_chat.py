@@ -19,13 +19,12 @@ from inferd.server.protocol import ChatCompletionRequest, StreamOptions
 from inferd.server.request_params import chat_params
 from inferd.server.responses import chat_logprobs, new_id, prompt_logprobs_json, usage_of
 from inferd.server.routes_openai import (
-    CLIENT_GONE,
     head_of,
     refuse_streamed_prompt_logprobs,
     response_id,
     timelines,
 )
-from inferd.server.serving import ClientDisconnected, RequestGroup, arrival_now, collect
+from inferd.server.serving import RequestGroup, abandon_when_gone, arrival_now, collect
 from inferd.server.sse import sse_response
 from inferd.server.state import get_state, note_user
 from inferd.server.streaming import stream_events
@@ -82,6 +81,7 @@ async def _submit(
 
 
 @router.post("/v1/chat/completions")
+@abandon_when_gone
 async def create_chat_completion(body: ChatCompletionRequest, request: Request) -> Response:
     state = get_state(request)
     model = state.check_model(body.model)
@@ -143,10 +143,7 @@ async def create_chat_completion(body: ChatCompletionRequest, request: Request) 
                                trailer=timelines if timeline else None)  # fmt: skip
         return sse_response(events)
 
-    try:
-        finals = await collect(group, request)
-    except ClientDisconnected:
-        return Response(status_code=CLIENT_GONE)
+    finals = await collect(group)
     out = finals[group.request_ids[0]]
     choices = []
     for c in sorted(out.outputs, key=lambda c: c.index):

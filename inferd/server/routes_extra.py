@@ -22,8 +22,7 @@ from inferd.server.protocol import (
 )
 from inferd.server.request_params import generate_params
 from inferd.server.responses import new_id
-from inferd.server.routes_openai import CLIENT_GONE
-from inferd.server.serving import ClientDisconnected, arrival_now, collect
+from inferd.server.serving import abandon_when_gone, arrival_now, collect
 from inferd.server.state import get_state, note_user
 from inferd.server.timeline import timeline_json
 from inferd.version import __version__
@@ -54,6 +53,7 @@ def timings(m: RequestMetrics | None, num_tokens: int) -> dict[str, float | None
 
 
 @router.post("/generate")
+@abandon_when_gone
 async def generate(body: GenerateRequest, request: Request) -> Any:
     arrival = arrival_now()
     state = get_state(request)
@@ -66,10 +66,7 @@ async def generate(body: GenerateRequest, request: Request) -> Any:
     prompts = await group.tokenize(completion_prompts, state.tokenizer, [body.prompt])
     prompts = salted(truncated(prompts, keep, state.info.max_model_len), body.cache_salt)
     await group.submit(new_id("gen"), prompts, params, arrival)
-    try:
-        out = (await collect(group, request))[group.request_ids[0]]
-    except ClientDisconnected:
-        return Response(status_code=CLIENT_GONE)
+    out = (await collect(group))[group.request_ids[0]]
     sample = out.outputs[0]
     extra = {"timeline": timeline_json(out)} if timeline else {}
     return {

@@ -28,14 +28,13 @@ from inferd.server.responses import (
     prompt_logprobs_json,
     usage_of,
 )
-from inferd.server.serving import ClientDisconnected, arrival_now, collect
+from inferd.server.serving import abandon_when_gone, arrival_now, collect
 from inferd.server.sse import sse_response
 from inferd.server.state import ServerState, get_state, note_user
 from inferd.server.streaming import stream_events
 from inferd.server.timeline import timeline_json
 
 router = APIRouter()
-CLIENT_GONE = 499  # nginx's code for "client closed request": nobody reads it, logs do
 
 
 def head_of(state: ServerState, response_id: str, obj: str, model: str) -> dict[str, Any]:
@@ -88,6 +87,7 @@ async def retrieve_model(model_id: str, request: Request) -> dict[str, Any]:
 
 
 @router.post("/v1/completions")
+@abandon_when_gone
 async def create_completion(body: CompletionRequest, request: Request) -> Response:
     arrival = arrival_now()
     state = get_state(request)
@@ -163,10 +163,7 @@ async def create_completion(body: CompletionRequest, request: Request) -> Respon
                                trailer=timelines if timeline else None)  # fmt: skip
         return sse_response(events)
 
-    try:
-        finals = await collect(group, request)
-    except ClientDisconnected:
-        return Response(status_code=CLIENT_GONE)
+    finals = await collect(group)
     outs = [finals[rid] for rid in group.request_ids]
     choices = []
     for p, out in enumerate(outs):

@@ -5,16 +5,22 @@ One HTTP request may carry several prompts (completions) and each prompt n sampl
 is one engine request, and all of them feed one asyncio queue owned by a `RequestGroup`. The
 group also carries the request's admission (server/admission.py): its place in the queue is
 given up as each engine request produces its first output, and entirely when the group ends.
+
+A client that goes away costs nothing from the moment it is gone: `abandon_when_gone` watches
+the connection while a route works towards its answer (tokenizing, compiling a grammar, waiting
+for the engine to take or finish its requests) and cancels the route when the client leaves,
+which aborts its engine requests (`RequestGroup.submit`, `collect`) before the next step.
 """
 
 from __future__ import annotations
 
 import asyncio
+import functools
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
-from fastapi import Request
+from fastapi import Request, Response
 
 from inferd.engine_client import EngineClient
 from inferd.errors import RequestFailed
@@ -24,10 +30,7 @@ if TYPE_CHECKING:
     from inferd.server.admission import Reservation
 
 _CLOSED = object()  # wakes a reader blocked on the queue after an abort
-
-
-class ClientDisconnected(Exception):
-    """The client closed the connection before its answer was ready."""
+CLIENT_GONE = 499  # nginx's code for "client closed request": nobody reads it, logs do
 
 
 class RequestGroup:
@@ -140,30 +143,17 @@ async def wait_for_disconnect(request: Request) -> None:
             return
 
 
-async def collect(group: RequestGroup, request: Request) -> dict[str, RequestOutput]:
-    """The final output of each request; raises ClientDisconnected (after aborting everything)
-    if the client leaves first."""
+async def collect(group: RequestGroup) -> dict[str, RequestOutput]:
+    """The final output of each request. NOTE: the route is `abandon_when_gone`: a client that
+    leaves cancels this wait, and the group's requests are aborted on the way out."""
     final: dict[str, RequestOutput] = {}
-
-    async def read() -> None:
+    try:
         async for out in group.outputs():
             if out.finished:
                 final[out.request_id] = out
-
-    reader = asyncio.ensure_future(read())
-    watcher = asyncio.ensure_future(wait_for_disconnect(request))
-    try:
-        await asyncio.wait({reader, watcher}, return_when=asyncio.FIRST_COMPLETED)
-        if reader.done():
-            error = reader.exception()
-            if error is not None:
-                raise error
-            return final
-        raise ClientDisconnected()
+        return final
     finally:
         group.abort()
-        for task in (reader, watcher):
-            task.cancel()
 
 
 async def abort_on_disconnect(group: RequestGroup, request: Request) -> None:
@@ -171,6 +161,31 @@ async def abort_on_disconnect(group: RequestGroup, request: Request) -> None:
     awaits; aborting from here frees the blocks even while the request is still queued."""
     await wait_for_disconnect(request)
     group.abort()
+
+
+def abandon_when_gone(route: Callable[..., Awaitable[Any]]) -> Callable[..., Awaitable[Any]]:
+    """A generation route, cancelled the moment its client disconnects before the route has
+    its answer (a plain reply, or a stream's first byte): the cancellation aborts whatever the
+    route submitted, even requests still queued in the engine or not yet added, so abandoned
+    requests never hold the queue. The route must take `request: Request` by keyword, as
+    FastAPI calls it. Streams are watched further by `abort_on_disconnect`."""
+
+    @functools.wraps(route)
+    async def guarded(*args: Any, **kwargs: Any) -> Any:
+        work = asyncio.ensure_future(route(*args, **kwargs))
+        gone = asyncio.ensure_future(wait_for_disconnect(kwargs["request"]))
+        try:
+            await asyncio.wait({work, gone}, return_when=asyncio.FIRST_COMPLETED)
+            if work.done():
+                return work.result()  # its errors reach the app's handlers
+            work.cancel()
+            await asyncio.wait({work})  # its cleanup (the aborts) runs before the reply
+            return Response(status_code=CLIENT_GONE)
+        finally:
+            gone.cancel()
+            work.cancel()
+
+    return guarded
 
 
 def arrival_now() -> float:

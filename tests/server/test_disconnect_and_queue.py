@@ -4,7 +4,9 @@ checks that --chat-template replaces the model's template and --served-model-nam
 
 from __future__ import annotations
 
+import asyncio
 import threading
+import time
 
 import httpx
 import pytest
@@ -52,6 +54,39 @@ def test_non_streaming_client_that_disconnects_frees_its_blocks(server, http):
     assert wait_for(lambda: running(http) == 0, timeout=30)
     assert metric(http, "inferd:kv_cache_usage_perc") == idle_usage
     assert aborted(http) == aborts + 1
+
+
+def waiting(http) -> float:
+    return metric(http, "inferd:num_requests_waiting")
+
+
+def test_two_hundred_abandoned_requests_do_not_hold_up_the_next(server, http):
+    """vLLM's test_request_cancellation on the embedded model: 200 clients give up after 0.5 s;
+    their requests are aborted, queued or running, and the next request takes its normal time
+    (measured just before, on the same server)."""
+    short = {"prompt": "The capital of France is", "max_tokens": 8, "temperature": 0}
+    start = time.monotonic()
+    assert http.post("/v1/completions", json=short).status_code == 200
+    normal = time.monotonic() - start
+    aborts = aborted(http)
+
+    async def give_up_after_half_a_second() -> list:
+        limits = httpx.Limits(max_connections=256, max_keepalive_connections=0)
+        async with httpx.AsyncClient(base_url=server.url, headers=server.headers(), timeout=0.5,
+                                     limits=limits) as c:  # fmt: skip
+            body = {**LONG, "max_tokens": 200}
+            posts = [c.post("/v1/completions", json=body) for _ in range(200)]
+            return await asyncio.gather(*posts, return_exceptions=True)
+
+    results = asyncio.run(give_up_after_half_a_second())
+    assert all(isinstance(r, httpx.TimeoutException) for r in results), results[:3]
+    start = time.monotonic()
+    r = http.post("/v1/completions", json=short)
+    after = time.monotonic() - start
+    assert r.status_code == 200
+    assert after < 2 * normal + 2.0, (after, normal)
+    assert running(http) == 0 and waiting(http) == 0
+    assert aborted(http) > aborts  # those that reached the engine were aborted, not finished
 
 
 @pytest.fixture(scope="module")
