@@ -18,7 +18,8 @@ import traceback
 from inferd.commands.startup_gc import HOLDING_COMMANDS, holding_collector
 from inferd.version import __version__
 
-# name → help; each module inferd.commands.<name> has add_arguments(parser) and run(args) -> int
+# name → help; each module inferd.commands.<name> ("-" written "_") has add_arguments(parser)
+# and run(args) -> int
 COMMANDS = {
     "generate": "Generate a continuation of a prompt",
     "chat": "Chat with a model in the terminal",
@@ -29,6 +30,7 @@ COMMANDS = {
     "pull": "Fetch a model by name into the cache (e.g. smollm2-135m-instruct, a chat model)",
     "models": "List the models known by name, what is cached, and the defaults",
     "cache": "Show what is cached (models, converted weights, tokenizers, kernels); remove it",
+    "export-tokenizer": "Write the model's tokenizer as an HF tokenizer folder (AutoTokenizer)",
 }
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
 
@@ -74,7 +76,7 @@ def build_parser(command: str | None) -> argparse.ArgumentParser:
     for name, help_text in COMMANDS.items():
         p = sub.add_parser(name, help=help_text, description=help_text)
         if name == command:
-            module = importlib.import_module(f"inferd.commands.{name}")
+            module = importlib.import_module(f"inferd.commands.{name.replace('-', '_')}")
             module.add_arguments(p)
             p.set_defaults(_module=module)
             _finish_parsers(p)

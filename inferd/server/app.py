@@ -28,6 +28,7 @@ from inferd.server.auth import APIKeyMiddleware
 from inferd.server.cors import CORSSettings, add_cors
 from inferd.server.drain import Drain
 from inferd.server.errors import install_error_handlers
+from inferd.server.head import HeadAsGetMiddleware
 from inferd.server.limits import BodyLimitMiddleware
 from inferd.server.metrics import ServerMetrics
 from inferd.server.responses import TokenText
@@ -113,6 +114,7 @@ def create_app(client: EngineClient, settings: ServerSettings | None = None) -> 
     if settings.profiler_dir:  # as vLLM: the profiling routes exist only when asked for
         app.state.profiler_dir = settings.profiler_dir
         app.include_router(profile_router)
+    app.add_middleware(HeadAsGetMiddleware)  # HEAD on every GET route
     app.add_middleware(ReleaseMiddleware)  # outside the error guard: runs last, whatever happened
     app.add_middleware(BodyLimitMiddleware, max_bytes=settings.max_request_bytes)
     if settings.api_key:

@@ -1,6 +1,6 @@
 """Routes beyond the OpenAI API: `/generate` (text, counts and timings of one prompt),
-`/tokenize`, `/detokenize`, and the operational `/health` (also as `/ping`), `/metrics`,
-`/version`."""
+`/tokenize`, `/detokenize`, `/tokenizer_info`, and the operational `/health` (also as `/ping`),
+`/metrics`, `/version`."""
 
 from __future__ import annotations
 
@@ -131,6 +131,19 @@ async def detokenize(body: DetokenizeRequest, request: Request) -> dict[str, Any
             f"tokens: token id {bad} is outside the vocabulary [0, {state.info.vocab_size})",
         )
     return {"prompt": await state.tokenize(state.tokenizer.decode, body.tokens)}
+
+
+@router.get("/tokenizer_info")
+async def tokenizer_info(request: Request) -> dict[str, Any]:
+    """vLLM's route: the tokenizer's tokenizer_config.json (class, special tokens, added tokens,
+    chat template, model_max_length), what `inferd export-tokenizer` writes; clients such as
+    lm-eval read it instead of fetching the model's files from a hub."""
+    state = get_state(request)
+    describe = getattr(state.tokenizer, "hf_tokenizer_config", None)
+    if describe is None:  # an engine client whose tokenizer is not inferd's
+        raise APIError(501, "this server's tokenizer cannot describe itself",
+                       SERVER_ERROR, code="not_implemented")  # fmt: skip
+    return await state.tokenize(describe, state.info.max_model_len)
 
 
 @router.get("/health")

@@ -219,6 +219,13 @@ class Tokenizer:
                                  chat_template_kwargs, kwargs, split_special_tokens,
                                  tokenize, continue_final_message)  # fmt: skip
 
+    def hf_tokenizer_config(self, model_max_length: int | None = None) -> dict[str, Any]:
+        """tokenizer_config.json's contents for this tokenizer (hf_export.py), as
+        `inferd export-tokenizer` writes it and `/tokenizer_info` returns it."""
+        from inferd.tokenizer.hf_export import tokenizer_config
+
+        return tokenizer_config(self, model_max_length)
+
     # --- properties ------------------------------------------------------------------------------
 
     @property

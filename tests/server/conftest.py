@@ -1,11 +1,14 @@
-"""A real `inferd serve` process on loopback with the embedded model, started once per session
-(loading takes ~20 s here) and always reaped, even when a test or the start fails."""
+"""Real `inferd serve` processes on loopback, started once per session (loading takes ~20 s
+here) and always reaped, even when a test or the start fails: the embedded model, and the
+pulled chat model where it is in the cache."""
 
 from __future__ import annotations
 
 import httpx
 import pytest
-from server_helpers import API_KEY, MAX_REQUEST_BYTES, start_server
+from server_helpers import API_KEY, MAX_REQUEST_BYTES, ServerProcess, start_server
+
+from inferd.loader import catalog
 
 
 @pytest.fixture(scope="session")
@@ -36,3 +39,26 @@ def http(server):
 @pytest.fixture(scope="session")
 def model_name(http) -> str:
     return http.get("/v1/models").json()["data"][0]["id"]
+
+
+@pytest.fixture(scope="session")
+def chat_server():
+    """`inferd serve smollm2-135m-instruct` (its catalog defaults: float32), API key on,
+    tool_choice "auto" with the hermes parser (ChatML's call format); skipped when the model
+    was not pulled (CI pulls it first: README's test command)."""
+    if not catalog.is_present(catalog.SMOLLM2_INSTRUCT):
+        pytest.skip("smollm2-135m-instruct is not in the cache (inferd pull smollm2-135m-instruct)")
+    s = ServerProcess("smollm2-135m-instruct", "--kv-cache-memory", "64MiB",
+                      "--enable-auto-tool-choice", "--tool-call-parser", "hermes",
+                      api_key=API_KEY)  # fmt: skip
+    try:
+        s.wait_ready()
+        yield s
+    finally:
+        s.stop()
+
+
+@pytest.fixture(scope="session")
+def chat_http(chat_server):
+    with httpx.Client(base_url=chat_server.url, headers=chat_server.headers(), timeout=120) as c:
+        yield c
