@@ -32,10 +32,13 @@ from inferd.server.head import HeadAsGetMiddleware
 from inferd.server.limits import BodyLimitMiddleware
 from inferd.server.metrics import ServerMetrics
 from inferd.server.responses import TokenText
+from inferd.server.responses_store import ResponseStore
 from inferd.server.routes_chat import router as chat_router
 from inferd.server.routes_extra import router as extra_router
+from inferd.server.routes_messages import router as messages_router
 from inferd.server.routes_openai import router as openai_router
 from inferd.server.routes_profile import router as profile_router
+from inferd.server.routes_responses import router as responses_router
 from inferd.server.state import ReleaseMiddleware, ServerState
 from inferd.server.timeline import log_timeline
 from inferd.server.tool_calls import ToolSettings
@@ -111,6 +114,9 @@ def create_app(client: EngineClient, settings: ServerSettings | None = None) -> 
     app.include_router(openai_router)
     app.include_router(chat_router)
     app.include_router(extra_router)
+    app.include_router(responses_router)
+    app.include_router(messages_router)
+    app.state.responses = ResponseStore(settings.api.max_stored_responses)
     if settings.profiler_dir:  # as vLLM: the profiling routes exist only when asked for
         app.state.profiler_dir = settings.profiler_dir
         app.include_router(profile_router)

@@ -1,6 +1,7 @@
 """API-key check for every route except the probes (`/health`, `/ping`, `/metrics`), which
 monitoring systems call without credentials, the API's description (`/docs`, `/openapi.json`),
-and `OPTIONS` (CORS preflights).
+and `OPTIONS` (CORS preflights). The key comes as `Authorization: Bearer KEY` (OpenAI's
+clients) or `x-api-key: KEY` (Anthropic's).
 
 A plain ASGI middleware rather than a FastAPI dependency: it also guards unknown paths and runs
 before the body is read, so an unauthenticated client cannot make the server buffer a body.
@@ -26,6 +27,10 @@ def bearer_token(headers: list[tuple[bytes, bytes]]) -> bytes | None:
     return None
 
 
+def api_key_header(headers: list[tuple[bytes, bytes]]) -> bytes | None:
+    return next((value.strip() for name, value in headers if name.lower() == b"x-api-key"), None)
+
+
 def key_matches(given: bytes | None, expected: bytes) -> bool:
     # NOTE: compare_digest takes the same time wherever the first differing byte is, so the
     # key cannot be guessed byte by byte from response times.
@@ -42,12 +47,15 @@ class APIKeyMiddleware:
         # answered by the CORS middleware or the router, never with a 401.
         if scope["type"] != "http" or scope["path"] in OPEN_PATHS or scope["method"] == "OPTIONS":
             return await self.app(scope, receive, send)
-        if not key_matches(bearer_token(scope.get("headers", [])), self.expected):
+        headers = scope.get("headers", [])
+        given = [bearer_token(headers), api_key_header(headers)]
+        if not any(key_matches(key, self.expected) for key in given):
             error = APIError(
                 401,
-                "missing or incorrect API key: send 'Authorization: Bearer <key>'",
+                "missing or incorrect API key: send 'Authorization: Bearer <key>' or "
+                "'x-api-key: <key>'",
                 code="invalid_api_key",
                 headers={"WWW-Authenticate": "Bearer"},
             )
-            return await error.response()(scope, receive, send)
+            return await error.response(scope)(scope, receive, send)
         return await self.app(scope, receive, send)

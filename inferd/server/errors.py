@@ -1,4 +1,6 @@
-"""Errors in the OpenAI shape: `{"error": {"message", "type", "param", "code"}}`.
+"""Errors in the OpenAI shape: `{"error": {"message", "type", "param", "code"}}`, and on the
+Anthropic API's paths (`/v1/messages...`) in Anthropic's: `{"type": "error", "error": {"type",
+"message"}}`, the type named from the status.
 
 Each typed error of `inferd/errors.py` has its status here, its `param` and `code` taken from the
 exception itself (`error_status`); FastAPI's own validation errors (which would be 422 with
@@ -39,6 +41,17 @@ _EXPECTED = {
 _IDENTIFIER = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 # pydantic names union members in error locations ('str', 'list[int]'); they are not fields.
 _TYPE_TAGS = {"str", "int", "float", "bool", "list", "dict", "none"}
+ANTHROPIC_PATHS = "/v1/messages"  # the Anthropic API's routes: its error shape
+# HTTP status → Anthropic's error type (its API reference, "Errors").
+_ANTHROPIC_TYPES = {
+    400: "invalid_request_error",
+    401: "authentication_error",
+    403: "permission_error",
+    404: "not_found_error",
+    413: "request_too_large",
+    429: "rate_limit_error",
+    503: "overloaded_error",
+}
 # The error kinds a client can cause or meet, and their HTTP status.
 _STATUS: tuple[tuple[type[Exception], int], ...] = (
     (InvalidRequest, 400),
@@ -64,17 +77,26 @@ class APIError(Exception):
         self.status, self.message, self.type = status, message, type_
         self.param, self.code, self.headers = param, code, headers
 
-    def body(self) -> dict[str, Any]:
+    def body(self, path: str = "") -> dict[str, Any]:
+        if path.startswith(ANTHROPIC_PATHS):
+            return anthropic_error_body(self.status, self.message)
         return error_body(self.message, self.type, self.param, self.code)
 
-    def response(self) -> JSONResponse:
-        return JSONResponse(self.body(), status_code=self.status, headers=self.headers)
+    def response(self, scope: Scope | None = None) -> JSONResponse:
+        """The reply, shaped for the API of the request's path (`scope`)."""
+        body = self.body((scope or {}).get("path", ""))
+        return JSONResponse(body, status_code=self.status, headers=self.headers)
 
 
 def error_body(
     message: str, type_: str = INVALID_REQUEST, param: str | None = None, code: str | None = None
 ) -> dict[str, Any]:
     return {"error": {"message": message, "type": type_, "param": param, "code": code}}
+
+
+def anthropic_error_body(status: int, message: str) -> dict[str, Any]:
+    kind = _ANTHROPIC_TYPES.get(status, "api_error" if status >= 500 else "invalid_request_error")
+    return {"type": "error", "error": {"type": kind, "message": message}}
 
 
 def error_status(error: BaseException, chat: bool = False) -> APIError | None:
@@ -194,7 +216,7 @@ class InternalErrorMiddleware:
             where = f"{scope.get('method')} {scope.get('path')}"
             error = internal_error(exc, where, app_errors(scope))
             if not started:  # else the status line is out: the connection just ends
-                await error.response()(scope, receive, send)
+                await error.response(scope)(scope, receive, send)
 
 
 def install_error_handlers(app: FastAPI) -> None:
@@ -202,11 +224,11 @@ def install_error_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(APIError)
     async def _api_error(request: Request, exc: APIError) -> JSONResponse:
-        return exc.response()
+        return exc.response(request.scope)
 
     @app.exception_handler(RequestValidationError)
     async def _validation(request: Request, exc: RequestValidationError) -> JSONResponse:
-        return from_validation_error(exc).response()
+        return from_validation_error(exc).response(request.scope)
 
     async def _typed(request: Request, exc: Exception) -> JSONResponse:
         chat = request.url.path.endswith("/chat/completions")
@@ -215,7 +237,7 @@ def install_error_handlers(app: FastAPI) -> None:
             error = internal_error(
                 exc, f"{request.method} {request.url.path}", app_errors(request.scope)
             )
-        return error.response()
+        return error.response(request.scope)
 
     for kind, _ in _STATUS:
         app.add_exception_handler(kind, _typed)
@@ -231,6 +253,7 @@ def install_error_handlers(app: FastAPI) -> None:
         if exc.status_code == 404:
             message = f"no route {request.method} {request.url.path}"
         type_ = INVALID_REQUEST if exc.status_code < 500 else SERVER_ERROR
-        return APIError(exc.status_code, message, type_, headers=exc.headers).response()
+        error = APIError(exc.status_code, message, type_, headers=exc.headers)
+        return error.response(request.scope)
 
     app.add_middleware(InternalErrorMiddleware)  # first added: innermost of the middlewares

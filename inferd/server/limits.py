@@ -142,7 +142,7 @@ class BodyLimitMiddleware:
             return await self.app(scope, receive, send)
         declared = _content_length(scope)
         if declared is not None and declared > self.max_bytes:
-            return await _too_large(self.max_bytes).response()(scope, receive, send)
+            return await _too_large(self.max_bytes).response(scope)(scope, receive, send)
         chunks, size = [], 0
         while True:
             message = await receive()
@@ -151,7 +151,7 @@ class BodyLimitMiddleware:
             chunk = message.get("body", b"")
             size += len(chunk)
             if size > self.max_bytes:
-                return await _too_large(self.max_bytes).response()(scope, receive, send)
+                return await _too_large(self.max_bytes).response(scope)(scope, receive, send)
             chunks.append(chunk)
             if not message.get("more_body", False):
                 break
@@ -170,12 +170,12 @@ class BodyLimitMiddleware:
             where = f"{param} holds" if param else f"the request body holds, at byte {at},"
             error = APIError(400, f"{where} a lone UTF-16 surrogate: text must be valid Unicode "
                              "(surrogates only in pairs)", param=param)  # fmt: skip
-            return await error.response()(scope, receive, send)
+            return await error.response(scope)(scope, receive, send)
         state = getattr(getattr(scope.get("app"), "state", None), "inferd", None)
         if len(body) > PRECHECK_BYTES and scope.get("path") in PRECHECKED_PATHS and state:
             error = await asyncio.to_thread(precheck_prompts, body, state.admission)
             if error is not None:
-                return await error.response()(scope, receive, send)
+                return await error.response(scope)(scope, receive, send)
         replayed = False
 
         async def replay() -> Message:

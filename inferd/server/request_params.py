@@ -59,6 +59,13 @@ def _common(body: GenerationFields, forced: StructuredOutputsParams | None) -> d
     return kwargs
 
 
+def refuse_streamed_prompt_logprobs(stream: bool, prompt_logprobs: int | None) -> None:
+    if stream and prompt_logprobs is not None:
+        raise InvalidRequest(
+            "prompt_logprobs", "prompt_logprobs is not supported with stream: true"
+        )
+
+
 def completion_params(body: CompletionRequest) -> SamplingParams:
     kwargs = _common(body, None)
     if body.best_of is not None and body.best_of != body.n:

@@ -1,6 +1,8 @@
 """`/v1/chat/completions`, plain and streamed: the conversation rendered by the chat template
 (special-token strings in messages kept as text unless `split_special_tokens: false`), tools
-(tool_calls.py), structured outputs, `echo` and `continue_final_message` as vLLM has them."""
+(tool_calls.py), structured outputs, `echo` and `continue_final_message` as vLLM has them. The
+way to the engine is the one every chat API takes (chat_pipeline.py); `n` choices, logprobs
+and the chunk format are this route's."""
 
 from __future__ import annotations
 
@@ -9,26 +11,16 @@ from typing import Any
 from fastapi import APIRouter, Request, Response
 from fastapi.responses import JSONResponse
 
-from inferd.errors import InvalidRequest
 from inferd.outputs import CompletionOutput, RequestOutput
-from inferd.sampling_params import SamplingParams
-from inferd.server.admission import all_text
+from inferd.server.chat_pipeline import start_chat
 from inferd.server.choices import DeltaTracker
-from inferd.server.prompts import chat_render, salted, truncated
 from inferd.server.protocol import ChatCompletionRequest, StreamOptions
-from inferd.server.request_params import chat_params
-from inferd.server.responses import chat_logprobs, new_id, prompt_logprobs_json, usage_of
-from inferd.server.routes_openai import (
-    head_of,
-    refuse_streamed_prompt_logprobs,
-    response_id,
-    timelines,
-)
-from inferd.server.serving import RequestGroup, abandon_when_gone, arrival_now, collect
+from inferd.server.responses import chat_logprobs, prompt_logprobs_json, usage_of
+from inferd.server.routes_openai import head_of, response_id, timelines
+from inferd.server.serving import abandon_when_gone, collect
 from inferd.server.sse import sse_response
 from inferd.server.state import get_state, note_user
 from inferd.server.streaming import stream_events
-from inferd.server.tool_calls import ToolPlan, plan_tools
 
 router = APIRouter()
 
@@ -46,40 +38,6 @@ def echoed(body: ChatCompletionRequest, role: str) -> str:
     return last.text() if body.echo and last.role == role else ""
 
 
-async def _submit(
-    body: ChatCompletionRequest, request: Request, plan: ToolPlan
-) -> tuple[RequestGroup, SamplingParams, dict[str, Any]]:
-    """Admit, render, tokenize and submit; returns the group, the SamplingParams and the
-    prompt."""
-    arrival = arrival_now()
-    state = get_state(request)
-    params = chat_params(body, plan.spec)
-    refuse_streamed_prompt_logprobs(body.stream, params.prompt_logprobs)
-    messages = body.template_messages()
-    # 400/503 before rendering: the messages' text bounds the prompt's tokens from below.
-    keep = params.truncate_prompt_tokens
-    group = state.admit(request, [all_text(messages)], params.n, "messages", keep=keep)
-    prompt = await group.tokenize(
-        chat_render(
-            state.tokenizer,
-            body,
-            messages,
-            plan.tools,
-            state.tools.template,
-            body.add_special_tokens,
-        )
-    )
-    [prompt] = salted(truncated([prompt], keep, state.info.max_model_len), body.cache_salt)
-    try:
-        await group.submit(new_id("chatcmpl"), [prompt], params, arrival)
-    except InvalidRequest as e:
-        if e.param == "logprobs" and body.top_logprobs is not None:  # the chat route's name
-            message = e.message.replace("logprobs", "top_logprobs", 1)
-            raise InvalidRequest("top_logprobs", message) from e
-        raise
-    return group, params, prompt
-
-
 @router.post("/v1/chat/completions")
 @abandon_when_gone
 async def create_chat_completion(body: ChatCompletionRequest, request: Request) -> Response:
@@ -87,8 +45,8 @@ async def create_chat_completion(body: ChatCompletionRequest, request: Request) 
     model = state.check_model(body.model)
     note_user(request, body)
     timeline = state.check_timeline(body.return_timeline)
-    plan = plan_tools(body, state.tools)
-    group, params, prompt = await _submit(body, request, plan)
+    run = await start_chat(body, request, "chatcmpl")
+    plan, group, params, prompt = run.plan, run.group, run.params, run.prompt
     top = (body.top_logprobs or 0) if body.logprobs else None
     texts = state.token_texts(body.return_tokens_as_token_ids)
     role = reply_role(body)

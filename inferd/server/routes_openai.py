@@ -15,13 +15,12 @@ from typing import Any
 from fastapi import APIRouter, Request, Response
 from fastapi.responses import JSONResponse
 
-from inferd.errors import InvalidRequest
 from inferd.outputs import CompletionOutput, RequestOutput
 from inferd.server.choices import DeltaTracker, Echo, completion_choice, full_sample
 from inferd.server.errors import APIError
 from inferd.server.prompts import completion_prompts, prompt_text, salted, truncated
 from inferd.server.protocol import CompletionRequest, StreamOptions
-from inferd.server.request_params import completion_params
+from inferd.server.request_params import completion_params, refuse_streamed_prompt_logprobs
 from inferd.server.responses import (
     completion_logprobs,
     new_id,
@@ -51,13 +50,6 @@ def response_id(prefix: str, given: str | None) -> str:
     """The response's id: `request_id` when the client chose one (vLLM), else a fresh one.
     NOTE: engine requests get their own fresh ids, so two clients may send the same one."""
     return f"{prefix}-{given}" if given else new_id(prefix)
-
-
-def refuse_streamed_prompt_logprobs(stream: bool, prompt_logprobs: int | None) -> None:
-    if stream and prompt_logprobs is not None:
-        raise InvalidRequest(
-            "prompt_logprobs", "prompt_logprobs is not supported with stream: true"
-        )
 
 
 def _model_card(state: ServerState, name: str) -> dict[str, Any]:

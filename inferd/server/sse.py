@@ -1,7 +1,8 @@
 """Server-sent events as the OpenAI streaming API frames them: one `data: <json>` event per chunk,
 then `data: [DONE]`. An error after the stream started can no longer change the HTTP status, so
 it travels as an event holding `{"error": {...}}`, still followed by `[DONE]` so that clients
-waiting for the terminator stop reading."""
+waiting for the terminator stop reading. The Responses and Anthropic streams name each event on
+an `event:` line and end without `[DONE]`."""
 
 from __future__ import annotations
 
@@ -22,6 +23,12 @@ def encode_event(payload: dict[str, Any]) -> bytes:
     # Compact separators: a chunk per token makes the framing a visible share of the bytes.
     text = json.dumps(payload, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
     return b"data: " + text.encode("utf-8") + b"\n\n"
+
+
+def encode_named_event(name: str, payload: dict[str, Any]) -> bytes:
+    """An event with its type on an `event:` line (the Responses and Anthropic streams: their
+    clients dispatch on it)."""
+    return b"event: " + name.encode("ascii") + b"\n" + encode_event(payload)
 
 
 def error_event(message: str, type_: str = "server_error", code: str | None = None) -> bytes:

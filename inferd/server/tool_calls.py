@@ -25,7 +25,7 @@ from typing import Any
 from inferd.errors import InvalidRequest
 from inferd.server.protocol import ChatCompletionRequest
 from inferd.structured_params import StructuredOutputsParams
-from inferd.tools import ToolCallStream, ToolParser, get_tool_parser
+from inferd.tools import StreamDelta, ToolCall, ToolCallStream, ToolParser, get_tool_parser
 from inferd.tools.constrain import parse_tools, tool_call_spec
 
 
@@ -47,13 +47,18 @@ class ToolPlan:
     named: bool = False
     parallel: bool = True
 
-    def message(self, role: str, text: str) -> tuple[dict[str, Any], bool]:
-        """The reply's message, and whether it called tools."""
+    def reply(self, text: str) -> tuple[str, list[ToolCall]]:
+        """(content, calls) of a whole reply; the text itself when it called no tools."""
         if self.parser is None:
-            return {"role": role, "content": text}, False
+            return text, []
         content, calls = self.parser.extract(text)
         if not self.parallel:
             calls = calls[:1]
+        return (content, calls) if calls else (text, [])
+
+    def message(self, role: str, text: str) -> tuple[dict[str, Any], bool]:
+        """The reply's chat message, and whether it called tools."""
+        content, calls = self.reply(text)
         if not calls:
             return {"role": role, "content": text}, False
         message = {"role": role, "content": content or None}
@@ -81,22 +86,41 @@ class ChoiceStream:
         if self.plan.parser is not None:
             self._calls = self.plan.parser.stream()
 
-    def feed(self, text: str, final: bool) -> dict[str, Any]:
+    def take(self, text: str, final: bool) -> StreamDelta:
+        """What a text delta adds: content to send now and tool-call fragments."""
         if self._calls is None:
-            return {"content": text} if text else {}
+            return StreamDelta(text)
         out = self._calls.feed(text)
         if final:
             rest = self._calls.finish()
             out.content += rest.content
             out.tool_calls += rest.tool_calls
+        out.tool_calls = [c for c in out.tool_calls if self.plan.parallel or c.index == 0]
+        self.called = self.called or bool(out.tool_calls)
+        return out
+
+    def feed(self, text: str, final: bool) -> dict[str, Any]:
+        """The chat chunk's `delta` fields (content, tool_calls) for a text delta."""
+        out = self.take(text, final)
         delta: dict[str, Any] = {}
         if out.content:
             delta["content"] = out.content
-        calls = [c for c in out.tool_calls if self.plan.parallel or c.index == 0]
-        if calls:
-            self.called = True
-            delta["tool_calls"] = [c.to_openai() for c in calls]
+        if out.tool_calls:
+            delta["tool_calls"] = [c.to_openai() for c in out.tool_calls]
         return delta
+
+
+def checked_tools(tools: list[dict[str, Any]], schema_field: str) -> list[dict[str, Any]]:
+    """`tools` translated into the chat's shape from an API whose tools are flat (the Responses
+    API: name, parameters; Anthropic's: name, input_schema), checked, with errors naming that
+    API's fields."""
+    try:
+        parse_tools(tools)
+    except InvalidRequest as e:
+        param = (e.param or "").replace(".function.parameters", f".{schema_field}")
+        param = param.replace(".function", "")
+        raise InvalidRequest(param, e.message.replace(e.param or "", param)) from e
+    return tools
 
 
 def plan_tools(body: ChatCompletionRequest, settings: ToolSettings) -> ToolPlan:
