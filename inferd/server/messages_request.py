@@ -99,7 +99,7 @@ def _text_of(content: Any, where: str) -> str:
         if block.get("type") != "text" or not isinstance(block.get("text"), str):
             raise InvalidRequest(
                 f"{at}.type",
-                f"{at}: content blocks of type {block.get('type')!r} are not supported here "
+                f"{at}.type: content blocks of type {block.get('type')!r} are not supported here "
                 "(text only)",
             )
         _refuse_keys(block, _TEXT_KEYS, at)
@@ -136,7 +136,7 @@ def _message(message: dict[str, Any], i: int) -> list[dict[str, Any]]:
         else:
             raise InvalidRequest(
                 f"{at}.type",
-                f"{at}: content blocks of type {kind!r} are not "
+                f"{at}.type: content blocks of type {kind!r} are not "
                 f"supported in a {role} message (text, tool_use from the "
                 "assistant, tool_result from the user)",
             )

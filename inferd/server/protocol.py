@@ -169,7 +169,7 @@ class ChatMessage(Body):
                 if part.type != "text":
                     raise InvalidRequest(
                         f"{at}.type",
-                        f"{at}: content parts of type {part.type!r} are not supported (this "
+                        f"{at}.type: content parts of type {part.type!r} are not supported (this "
                         "server reads text only: 'text' parts)",
                     )
                 if part.text is None:

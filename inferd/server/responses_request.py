@@ -123,7 +123,7 @@ def _text(value: Any, where: str) -> str:
         if kind not in _TEXT_PARTS or not isinstance(part.get("text"), str):
             raise InvalidRequest(
                 f"{where}[{j}].type",
-                f"{where}[{j}]: content parts of type {kind!r} are not supported (this server "
+                f"{where}[{j}].type: content parts of type {kind!r} are not supported (this server "
                 "reads text only: input_text and output_text parts)",
             )
         texts.append(part["text"])
