@@ -105,12 +105,17 @@ def chat_render(
     add_special_tokens: bool | None,
 ) -> Callable[[], dict[str, Any]]:
     """`chat_prompt` of a request's chat fields, as the call to run off the event loop (the
-    chat route and /tokenize render alike); the tool template renders when tools are shown."""
+    chat APIs and /tokenize render alike). The tool template renders when tools are shown, and
+    when the conversation holds tool calls or results (tool_choice "none" after a call: the
+    model's own template may have no tool turns)."""
+    with_tools = bool(tools) or any(
+        m.get("role") == "tool" or m.get("tool_calls") for m in messages if isinstance(m, dict)
+    )
     return lambda: chat_prompt(
         tokenizer, messages, fields.add_generation_prompt, fields.chat_template_kwargs,
         continue_final_message=fields.continue_final_message,
         split_special_tokens=fields.split_special_tokens, tools=tools,
-        chat_template=tool_template if tools else None,
+        chat_template=tool_template if with_tools else None,
         add_special_tokens=bool(add_special_tokens),
     )  # fmt: skip
 
