@@ -19,9 +19,15 @@ from inferd.server.messages_request import MessagesRequest
 from inferd.server.tool_calls import ToolSettings
 
 KEY = "k-1"
-WEATHER = {"name": "get_weather", "description": "the weather in a city",
-           "input_schema": {"type": "object", "properties": {"city": {"type": "string"}},
-                            "required": ["city"]}}  # fmt: skip
+WEATHER = {
+    "name": "get_weather",
+    "description": "the weather in a city",
+    "input_schema": {
+        "type": "object",
+        "properties": {"city": {"type": "string"}},
+        "required": ["city"],
+    },
+}
 CALL = '[get_weather(city="Paris")]'
 HI = [{"role": "user", "content": "hi"}]
 
@@ -31,8 +37,9 @@ def served(reply: str = "hello"):
     fake = ScriptedClient(lambda ids, params, k: reply)
     tools = ToolSettings("pythonic", True, "pythonic")
     with TestClient(create_app(fake, ServerSettings(api_key=KEY, tools=tools))) as http:
-        sdk = anthropic.Anthropic(base_url="http://testserver", api_key=KEY, http_client=http,
-                                  max_retries=0)  # fmt: skip
+        sdk = anthropic.Anthropic(
+            base_url="http://testserver", api_key=KEY, http_client=http, max_retries=0
+        )
         yield sdk, fake, http
 
 
@@ -73,24 +80,47 @@ def test_a_tool_use_block_comes_back_with_its_input(stream):
 def test_the_tool_result_goes_back_as_a_tool_message():
     history = [
         {"role": "user", "content": "Weather in Paris?"},
-        {"role": "assistant", "content": [
-            {"type": "text", "text": "Let me look."},
-            {"type": "tool_use", "id": "toolu_1", "name": "get_weather",
-             "input": {"city": "Paris"}}]},
-        {"role": "user", "content": [
-            {"type": "tool_result", "tool_use_id": "toolu_1", "content": "sunny"},
-            {"type": "text", "text": "Thanks"}]},
-    ]  # fmt: skip
+        {
+            "role": "assistant",
+            "content": [
+                {"type": "text", "text": "Let me look."},
+                {
+                    "type": "tool_use",
+                    "id": "toolu_1",
+                    "name": "get_weather",
+                    "input": {"city": "Paris"},
+                },
+            ],
+        },
+        {
+            "role": "user",
+            "content": [
+                {"type": "tool_result", "tool_use_id": "toolu_1", "content": "sunny"},
+                {"type": "text", "text": "Thanks"},
+            ],
+        },
+    ]
     with served("It is sunny.") as (sdk, fake, _):
-        m = sdk.messages.create(model="fake-model", max_tokens=50, tools=[WEATHER],
-                                messages=history)  # fmt: skip
+        m = sdk.messages.create(
+            model="fake-model", max_tokens=50, tools=[WEATHER], messages=history
+        )
         messages = fake.tokenizer.last_call["messages"]
     assert m.content[0].text == "It is sunny."
-    assert messages[1] == {"role": "assistant", "content": "Let me look.", "tool_calls": [
-        {"id": "toolu_1", "type": "function",
-         "function": {"name": "get_weather", "arguments": {"city": "Paris"}}}]}  # fmt: skip
-    assert messages[2:] == [{"role": "tool", "tool_call_id": "toolu_1", "content": "sunny"},
-                            {"role": "user", "content": "Thanks"}]  # fmt: skip
+    assert messages[1] == {
+        "role": "assistant",
+        "content": "Let me look.",
+        "tool_calls": [
+            {
+                "id": "toolu_1",
+                "type": "function",
+                "function": {"name": "get_weather", "arguments": {"city": "Paris"}},
+            }
+        ],
+    }
+    assert messages[2:] == [
+        {"role": "tool", "tool_call_id": "toolu_1", "content": "sunny"},
+        {"role": "user", "content": "Thanks"},
+    ]
 
 
 def test_count_tokens_counts_the_rendered_prompt():
@@ -108,8 +138,9 @@ def test_errors_have_anthropics_shape_and_the_key_may_come_as_x_api_key():
         with pytest.raises(anthropic.BadRequestError) as e:
             sdk.messages.create(model="fake-model", max_tokens=0, messages=HI)
         assert e.value.body["type"] == "error" and "max_tokens" in e.value.body["error"]["message"]
-        wrong = anthropic.Anthropic(base_url="http://testserver", api_key="no", http_client=http,
-                                    max_retries=0)  # fmt: skip
+        wrong = anthropic.Anthropic(
+            base_url="http://testserver", api_key="no", http_client=http, max_retries=0
+        )
         with pytest.raises(anthropic.AuthenticationError):
             wrong.messages.create(model="fake-model", max_tokens=5, messages=HI)
         r = http.post("/v1/messages", json={"max_tokens": 5, "messages": HI})
@@ -127,32 +158,65 @@ def _params(fake):
 
 ROWS = {  # field → [(value, extra body, check(response json, fake) or the refused param)]
     "model": [("fake-model", {}, lambda r, f: r["model"] == "fake-model")],
-    "messages": [([{"role": "user", "content": [{"type": "text", "text": "a"},
-                                                {"type": "text", "text": "b"}]}], {},
-                  lambda r, f: f.last[1]["prompt"] == "user:a\nb|gen|"),
-                 ([{"role": "user", "content": [{"type": "image", "source": {}}]}], {},
-                  "messages[0].content[0].type"),
-                 ([{"role": "system", "content": "x"}], {}, "messages[0]")],
-    "system": [([{"type": "text", "text": "s", "cache_control": {"type": "ephemeral"}}], {},
-                lambda r, f: f.last[1]["prompt"].startswith("system:s|"))],
-    "max_tokens": [(3, {}, lambda r, f: _params(f).max_tokens == 3
-                    and r["stop_reason"] == "max_tokens"), (0, {}, "max_tokens")],
+    "messages": [
+        (
+            [
+                {
+                    "role": "user",
+                    "content": [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}],
+                }
+            ],
+            {},
+            lambda r, f: f.last[1]["prompt"] == "user:a\nb|gen|",
+        ),
+        (
+            [{"role": "user", "content": [{"type": "image", "source": {}}]}],
+            {},
+            "messages[0].content[0].type",
+        ),
+        ([{"role": "system", "content": "x"}], {}, "messages[0]"),
+    ],
+    "system": [
+        (
+            [{"type": "text", "text": "s", "cache_control": {"type": "ephemeral"}}],
+            {},
+            lambda r, f: f.last[1]["prompt"].startswith("system:s|"),
+        )
+    ],
+    "max_tokens": [
+        (3, {}, lambda r, f: _params(f).max_tokens == 3 and r["stop_reason"] == "max_tokens"),
+        (0, {}, "max_tokens"),
+    ],
     "stop_sequences": [(["l"], {}, lambda r, f: _params(f).stop == ["l"])],
     "temperature": [(0.5, {}, lambda r, f: _params(f).temperature == 0.5)],
     "top_p": [(0.5, {}, lambda r, f: _params(f).top_p == 0.5)],
     "top_k": [(5, {}, lambda r, f: _params(f).top_k == 5)],
-    "tools": [([WEATHER], {"tool_choice": {"type": "none"}},
-               lambda r, f: "tools" not in f.tokenizer.last_call),
-              ([{"type": "web_search_20250305", "name": "web_search"}], {}, "tools[0].type"),
-              ([{**WEATHER, "input_schema": {"type": "array"}}], {}, "tools[0].input_schema")],
-    "tool_choice": [({"type": "tool", "name": "get_weather"}, {"tools": [WEATHER]},
-                     lambda r, f: r["content"][0]["type"] == "tool_use"),
-                    ({"type": "any", "disable_parallel_tool_use": True}, {"tools": [WEATHER]},
-                     lambda r, f: len(r["content"]) == 1), ({"type": "auto"}, {}, "tool_choice")],
+    "tools": [
+        (
+            [WEATHER],
+            {"tool_choice": {"type": "none"}},
+            lambda r, f: "tools" not in f.tokenizer.last_call,
+        ),
+        ([{"type": "web_search_20250305", "name": "web_search"}], {}, "tools[0].type"),
+        ([{**WEATHER, "input_schema": {"type": "array"}}], {}, "tools[0].input_schema"),
+    ],
+    "tool_choice": [
+        (
+            {"type": "tool", "name": "get_weather"},
+            {"tools": [WEATHER]},
+            lambda r, f: r["content"][0]["type"] == "tool_use",
+        ),
+        (
+            {"type": "any", "disable_parallel_tool_use": True},
+            {"tools": [WEATHER]},
+            lambda r, f: len(r["content"]) == 1,
+        ),
+        ({"type": "auto"}, {}, "tool_choice"),
+    ],
     "stream": [(True, {}, lambda r, f: r.startswith("event: message_start"))],
     "metadata": [({"user_id": "u1"}, {}, lambda r, f: True), ({"x": 1}, {}, "metadata.x")],
     "service_tier": [("auto", {}, lambda r, f: True), ("priority", {}, "service_tier")],
-}  # fmt: skip
+}
 CASES = [(name, *case) for name, cases in ROWS.items() for case in cases]
 
 
@@ -160,8 +224,9 @@ def test_every_declared_field_has_a_row():
     assert set(MessagesRequest.model_fields) == set(ROWS)
 
 
-@pytest.mark.parametrize("field, value, extra, check", CASES,
-                         ids=[f"{c[0]}={json.dumps(c[1])[:20]}" for c in CASES])  # fmt: skip
+@pytest.mark.parametrize(
+    "field, value, extra, check", CASES, ids=[f"{c[0]}={json.dumps(c[1])[:20]}" for c in CASES]
+)
 def test_each_field_is_honoured_or_refused(field, value, extra, check):
     two_calls = '[get_weather(city="Paris"), get_weather(city="Rome")]'
     reply = (two_calls if field == "tool_choice" else CALL) if "tools" in extra else "hello"

@@ -19,9 +19,16 @@ from inferd.server.app import ServerSettings, create_app
 from inferd.server.responses_request import ResponsesRequest
 from inferd.server.tool_calls import ToolSettings
 
-WEATHER = {"type": "function", "name": "get_weather", "strict": True,
-           "parameters": {"type": "object", "properties": {"city": {"type": "string"}},
-                          "required": ["city"]}}  # fmt: skip
+WEATHER = {
+    "type": "function",
+    "name": "get_weather",
+    "strict": True,
+    "parameters": {
+        "type": "object",
+        "properties": {"city": {"type": "string"}},
+        "required": ["city"],
+    },
+}
 CALL = '[get_weather(city="Paris")]'
 
 
@@ -31,8 +38,9 @@ def served(reply: str = "hello", **api):
     tools = ToolSettings("pythonic", True, "pythonic")
     app = create_app(fake, ServerSettings(tools=tools, api=APISettings(**api)))
     with TestClient(app) as http:
-        sdk = openai.OpenAI(base_url="http://testserver/v1", api_key="-", http_client=http,
-                            max_retries=0)  # fmt: skip
+        sdk = openai.OpenAI(
+            base_url="http://testserver/v1", api_key="-", http_client=http, max_retries=0
+        )
         yield sdk, fake, http
 
 
@@ -54,8 +62,9 @@ def test_a_stored_response_continues_without_its_instructions_and_can_be_deleted
     with served() as (sdk, fake, _):
         first = sdk.responses.create(model="fake-model", input="hi", instructions="be kind")
         assert sdk.responses.retrieve(first.id).output_text == "hello"
-        second = sdk.responses.create(model="fake-model", input="again",
-                                      previous_response_id=first.id)  # fmt: skip
+        second = sdk.responses.create(
+            model="fake-model", input="again", previous_response_id=first.id
+        )
         assert prompt_of(fake) == "user:hi|assistant:hello|user:again|gen|"
         assert second.previous_response_id == first.id
         sdk.responses.delete(first.id)
@@ -88,10 +97,18 @@ def test_the_stream_is_what_the_sdk_helper_consumes():
             events = list(stream)
             final = stream.get_final_response()
     kinds = [e.type for e in events]
-    assert kinds[:4] == ["response.created", "response.in_progress",
-                         "response.output_item.added", "response.content_part.added"]  # fmt: skip
-    assert kinds[-4:] == ["response.output_text.done", "response.content_part.done",
-                          "response.output_item.done", "response.completed"]  # fmt: skip
+    assert kinds[:4] == [
+        "response.created",
+        "response.in_progress",
+        "response.output_item.added",
+        "response.content_part.added",
+    ]
+    assert kinds[-4:] == [
+        "response.output_text.done",
+        "response.content_part.done",
+        "response.output_item.done",
+        "response.completed",
+    ]
     assert "".join(e.delta for e in events if e.type == "response.output_text.delta") == "hello"
     assert [e.sequence_number for e in events] == list(range(len(events)))
     assert final.output_text == "hello" and final.usage.output_tokens == 5
@@ -114,16 +131,24 @@ def test_a_function_call_comes_back_as_an_output_item(stream):
 
 
 def test_a_function_call_output_goes_back_to_the_model_as_a_tool_message():
-    items = [{"role": "user", "content": "weather in Paris?"},
-             {"type": "function_call", "call_id": "call_1", "name": "get_weather",
-              "arguments": '{"city": "Paris"}'},
-             {"type": "function_call_output", "call_id": "call_1", "output": "sunny"}]  # fmt: skip
+    items = [
+        {"role": "user", "content": "weather in Paris?"},
+        {
+            "type": "function_call",
+            "call_id": "call_1",
+            "name": "get_weather",
+            "arguments": '{"city": "Paris"}',
+        },
+        {"type": "function_call_output", "call_id": "call_1", "output": "sunny"},
+    ]
     with served("It is sunny.") as (sdk, fake, _):
         r = sdk.responses.create(model="fake-model", input=items, tools=[WEATHER])
         messages = fake.tokenizer.last_call["messages"]
     assert r.output_text == "It is sunny."
-    assert messages[1]["tool_calls"][0]["function"] == {"name": "get_weather",
-                                                        "arguments": {"city": "Paris"}}  # fmt: skip
+    assert messages[1]["tool_calls"][0]["function"] == {
+        "name": "get_weather",
+        "arguments": {"city": "Paris"},
+    }
     assert messages[2] == {"role": "tool", "tool_call_id": "call_1", "content": "sunny"}
 
 
@@ -134,41 +159,82 @@ def _params(fake):
 
 ROWS = {  # field → [(value, extra body, check(response json, fake) or the refused param)]
     "model": [("fake-model", {}, lambda r, f: r["model"] == "fake-model")],
-    "input": [([{"role": "developer", "content": [{"type": "input_text", "text": "x"}]}], {},
-               lambda r, f: prompt_of(f).startswith("system:x|")),
-              ([{"role": "user", "content": [{"type": "input_image", "image_url": "u"}]}], {},
-               "input[0].content[0].type"),
-              ([{"type": "reasoning", "summary": []}], {}, "input[0].type")],
+    "input": [
+        (
+            [{"role": "developer", "content": [{"type": "input_text", "text": "x"}]}],
+            {},
+            lambda r, f: prompt_of(f).startswith("system:x|"),
+        ),
+        (
+            [{"role": "user", "content": [{"type": "input_image", "image_url": "u"}]}],
+            {},
+            "input[0].content[0].type",
+        ),
+        ([{"type": "reasoning", "summary": []}], {}, "input[0].type"),
+    ],
     "instructions": [("sys", {}, lambda r, f: prompt_of(f).startswith("system:sys|"))],
     "previous_response_id": [("resp_none", {}, "previous_response_id")],
-    "max_output_tokens": [(2, {}, lambda r, f: r["status"] == "incomplete"
-                           and r["incomplete_details"] == {"reason": "max_output_tokens"}),
-                          (0, {}, "max_output_tokens")],
+    "max_output_tokens": [
+        (
+            2,
+            {},
+            lambda r, f: (
+                r["status"] == "incomplete"
+                and r["incomplete_details"] == {"reason": "max_output_tokens"}
+            ),
+        ),
+        (0, {}, "max_output_tokens"),
+    ],
     "temperature": [(0.5, {}, lambda r, f: _params(f).temperature == 0.5 == r["temperature"])],
     "top_p": [(0.5, {}, lambda r, f: _params(f).top_p == 0.5 == r["top_p"])],
-    "top_logprobs": [(1, {}, lambda r, f: len(r["output"][0]["content"][0]["logprobs"][0]
-                                              ["top_logprobs"]) == 1)],
-    "include": [(["message.output_text.logprobs"], {},
-                 lambda r, f: r["output"][0]["content"][0]["logprobs"][0]["token"] == "h"),
-                (["web_search_call.results"], {}, "include[0]")],
-    "text": [({"format": {"type": "json_schema", "name": "x", "schema": {"type": "object"}}}, {},
-              lambda r, f: _params(f).structured_outputs.json == {"type": "object"}),
-             ({"format": {"type": "json_object"}}, {},
-              lambda r, f: _params(f).structured_outputs.json_object),
-             ({"format": {"type": "json_schema", "schema": {}, "strcit": True}}, {},
-              "text.format.strcit"),
-             ({"verbosity": "low"}, {}, "text.verbosity")],
-    "tools": [([WEATHER], {"tool_choice": "none"}, lambda r, f: "tools" not in
-               f.tokenizer.last_call), ([{"type": "web_search"}], {}, "tools[0].type"),
-              ([{**WEATHER, "name": "bad name"}], {}, "tools[0].name")],
-    "tool_choice": [({"type": "function", "name": "get_weather"}, {"tools": [WEATHER]},
-                     lambda r, f: r["output"][0]["type"] == "function_call"),
-                    ({"type": "web_search_preview"}, {"tools": [WEATHER]}, "tool_choice")],
+    "top_logprobs": [
+        (1, {}, lambda r, f: len(r["output"][0]["content"][0]["logprobs"][0]["top_logprobs"]) == 1)
+    ],
+    "include": [
+        (
+            ["message.output_text.logprobs"],
+            {},
+            lambda r, f: r["output"][0]["content"][0]["logprobs"][0]["token"] == "h",
+        ),
+        (["web_search_call.results"], {}, "include[0]"),
+    ],
+    "text": [
+        (
+            {"format": {"type": "json_schema", "name": "x", "schema": {"type": "object"}}},
+            {},
+            lambda r, f: _params(f).structured_outputs.json == {"type": "object"},
+        ),
+        (
+            {"format": {"type": "json_object"}},
+            {},
+            lambda r, f: _params(f).structured_outputs.json_object,
+        ),
+        (
+            {"format": {"type": "json_schema", "schema": {}, "strcit": True}},
+            {},
+            "text.format.strcit",
+        ),
+        ({"verbosity": "low"}, {}, "text.verbosity"),
+    ],
+    "tools": [
+        ([WEATHER], {"tool_choice": "none"}, lambda r, f: "tools" not in f.tokenizer.last_call),
+        ([{"type": "web_search"}], {}, "tools[0].type"),
+        ([{**WEATHER, "name": "bad name"}], {}, "tools[0].name"),
+    ],
+    "tool_choice": [
+        (
+            {"type": "function", "name": "get_weather"},
+            {"tools": [WEATHER]},
+            lambda r, f: r["output"][0]["type"] == "function_call",
+        ),
+        ({"type": "web_search_preview"}, {"tools": [WEATHER]}, "tool_choice"),
+    ],
     "parallel_tool_calls": [(False, {"tools": [WEATHER]}, lambda r, f: len(r["output"]) == 1)],
     "stream": [(True, {}, lambda r, f: r.startswith("event: response.created"))],
-    "stream_options": [({"include_obfuscation": False}, {"stream": True}, lambda r, f: True),
-                       ({"include_obfuscation": True}, {"stream": True},
-                        "stream_options.include_obfuscation")],
+    "stream_options": [
+        ({"include_obfuscation": False}, {"stream": True}, lambda r, f: True),
+        ({"include_obfuscation": True}, {"stream": True}, "stream_options.include_obfuscation"),
+    ],
     "store": [(False, {}, lambda r, f: r["store"] is False)],
     "metadata": [({"k": "v"}, {}, lambda r, f: r["metadata"] == {"k": "v"})],
     "user": [("alice", {}, lambda r, f: r["user"] == "alice")],
@@ -176,7 +242,7 @@ ROWS = {  # field → [(value, extra body, check(response json, fake) or the ref
     "background": [(False, {}, lambda r, f: r["background"] is False), (True, {}, "background")],
     "truncation": [("disabled", {}, lambda r, f: True), ("auto", {}, "truncation")],
     "service_tier": [("auto", {}, lambda r, f: True), ("flex", {}, "service_tier")],
-}  # fmt: skip
+}
 CASES = [(name, *case) for name, cases in ROWS.items() for case in cases]
 
 
@@ -184,8 +250,9 @@ def test_every_declared_field_has_a_row():
     assert set(ResponsesRequest.model_fields) == set(ROWS)
 
 
-@pytest.mark.parametrize("field, value, extra, check", CASES,
-                         ids=[f"{c[0]}={json.dumps(c[1])[:20]}" for c in CASES])  # fmt: skip
+@pytest.mark.parametrize(
+    "field, value, extra, check", CASES, ids=[f"{c[0]}={json.dumps(c[1])[:20]}" for c in CASES]
+)
 def test_each_field_is_honoured_or_refused(field, value, extra, check):
     reply = CALL if "tools" in extra or field == "parallel_tool_calls" else "hello"
     if field == "parallel_tool_calls":
