@@ -21,6 +21,13 @@ def _hf_fields(r) -> dict:
     return dict(layer_types=r.sliding_everywhere(r.int("num_hidden_layers")))
 
 
+def _gguf_fields(g) -> dict:
+    if g.has_tensor("rope_factors_long.weight") or g.has_tensor("rope_factors_short.weight"):
+        raise ModelLoadError(f"{g.path}: Phi-3's long-context RoPE factors (longrope) are not "
+                             "supported")  # fmt: skip
+    return {}
+
+
 ARCHITECTURE = Architecture(
     name="phi3",
     model_class=LlamaForCausalLM,
@@ -28,6 +35,7 @@ ARCHITECTURE = Architecture(
     gguf_names=("phi3",),
     hf_fields=_hf_fields,
     hf_attention_bias=False,
+    gguf_fields=_gguf_fields,
     gguf_tensors={**GGUF_TENSORS, "attn_qkv": "self_attn.qkv_proj", "ffn_up": "mlp.gate_up_proj"},
     fused={"self_attn.qkv_proj": split_qkv, "mlp.gate_up_proj": split_gate_up},
 )

@@ -12,7 +12,9 @@ from inferd.models.llama import LlamaForCausalLM
 def qwen_experts(r, shared: bool) -> MoEConfig | None:
     """Qwen2-MoE / Qwen3-MoE experts from config.json (None: `num_experts` 0, all dense)."""
     n = r.int("num_hidden_layers")
-    experts = r.int("num_experts", low=0)
+    # transformers 5 writes Qwen3-MoE's count as num_local_experts; published configs num_experts
+    key = "num_experts" if "num_experts" in r.cfg else "num_local_experts"
+    experts = r.int(key, low=0)
     if experts == 0:
         return None
     step = r.int("decoder_sparse_step", 1)
