@@ -91,7 +91,9 @@ def write_gguf(model, kind: str, path: Path, quantize: bool = False) -> Path:
         elif permuted and base.endswith("k_proj"):
             t = _permute(t, kv_heads)
         data = t.numpy().astype(np.float32)
-        if quantize and data.ndim >= 2 and "norm" not in base and not base.endswith(".gate"):
+        whole_blocks = data.shape[-1] % 32 == 0  # Q8_0 rows are blocks of 32
+        if quantize and data.ndim >= 2 and whole_blocks and "norm" not in base \
+                and not base.endswith(".gate"):  # fmt: skip
             writer.add_tensor(f"{gguf_name}.{leaf}", gguf.quants.quantize(data, T.Q8_0),
                               raw_dtype=T.Q8_0)  # fmt: skip
         else:
