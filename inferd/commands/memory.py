@@ -184,19 +184,22 @@ def _render(console, est, checkpoint, source: str, measured) -> None:
     rows = [
         ("embedding", f"{p.embedding:,}", f"vocab {cfg.vocab_size} × hidden {cfg.hidden_size}"),
         ("attention", f"{p.attention:,}", f"{layers} layers × q/k/v/o ({heads}){extras}"),
-        ("MLP", f"{p.mlp:,}", f"{layers} layers × 3 × {cfg.hidden_size} × "
-         f"{cfg.intermediate_size} (gate, up, down)"),
+        ("MLP", f"{p.mlp:,}", _mlp_how(cfg)),
         ("norms", f"{p.layer_norms + p.final_norm:,}",
          f"{p.layer_norms // layers // cfg.hidden_size} per layer + the final norm"),
         ("LM head", f"{p.lm_head:,}", tied),
         ("total (from config)", f"{p.total:,}", ""),
+        *_expert_rows(cfg, p),
         (f"total ({ck.format} tensors)", f"{ck.num_params:,}",
          "matches the config" if ck.num_params == p.total else "DIFFERS from the config")
         if ck else ("checkpoint tensors", "-", "config only: no weight files"),
     ]
     if tp > 1:
+        split = "heads, MLP and vocabulary split" + (
+            f"; experts {cfg.moe.num_experts // tp} per device (expert parallel)"
+            if cfg.moe else "")
         rows.append((f"per device (TP={tp})", f"{est.params_per_device:,}",
-                     "heads, MLP and vocabulary split; norms replicated"))
+                     f"{split}; norms replicated"))
     _print(console, "Parameters", ("part", "count", "how"), rows)
 
     plan = est.weight_plan
@@ -215,6 +218,8 @@ def _render(console, est, checkpoint, source: str, measured) -> None:
     if tp > 1:
         rows.append((f"per device ({est.dtype})", *_gb(dev.weights), f"TP={tp}"))
     _print(console, "Weights", ("precision", "GB", "GiB", "note"), rows)
+
+    _print_decode_reads(console, est, cfg)
 
     kvb = est.kv_bytes_per_token_per_layer // (2 * cfg.num_kv_heads * cfg.head_dim)
     sliding = sum(cfg.layer_window(i) is not None for i in range(layers))
@@ -274,6 +279,51 @@ def _render(console, est, checkpoint, source: str, measured) -> None:
                ("what", "predicted", "measured", "why"),
                [(what, _bin(pred), _bin(got), why) for what, pred, got, why in measured.rows])
     # fmt: on
+
+
+def _mlp_how(cfg) -> str:
+    h, moe = cfg.hidden_size, cfg.moe
+    dense = f"3 × {h} × {cfg.intermediate_size} (gate, up, down)"
+    if moe is None:
+        return f"{cfg.num_layers} layers × {dense}"
+    sparse = sum(cfg.is_moe_layer(i) for i in range(cfg.num_layers))
+    how = (f"{sparse} MoE layers × (router {moe.num_experts} × {h} + {moe.num_experts} experts "
+           f"× 3 × {h} × {moe.intermediate_size}")
+    if moe.shared_intermediate_size:
+        how += f" + shared expert 3 × {h} × {moe.shared_intermediate_size}"
+    how += ")"
+    if sparse < cfg.num_layers:
+        how += f" + {cfg.num_layers - sparse} dense layers × {dense}"
+    return how
+
+
+def _expert_rows(cfg, p) -> list[tuple[str, str, str]]:
+    """Total vs active parameters of a Mixture of Experts."""
+    moe = cfg.moe
+    if moe is None:
+        return []
+    share = f"{moe.top_k} of {moe.num_experts} experts per layer"
+    return [
+        ("  of which routed experts", f"{p.experts:,}", f"{p.experts / p.total:.0%} of the model"),
+        ("active per token", f"{p.active:,}", f"all but the experts a token is not routed to "
+         f"({share}): {p.active / p.total:.1%} of the total"),
+    ]
+
+
+def _print_decode_reads(console, est, cfg) -> None:
+    """Decode is bound by reading weights: what one decode step reads, per device."""
+    moe = cfg.moe
+    rows = []
+    for batch, nbytes in est.decode_read_bytes.items():
+        if moe is None:
+            how = "every weight once (one embedding row per sequence)"
+        else:
+            hit = moe.num_experts * (1 - (1 - moe.top_k / moe.num_experts) ** batch)
+            how = (f"all but the experts no sequence uses: ~{hit:.1f} of {moe.num_experts} "
+                   f"experts per layer if routing is even (E(1 - (1 - k/E)^{batch}))")
+        rows.append((f"{batch} sequence" + "s" * (batch != 1), _bin(nbytes), how))
+    _print(console, "Decode: weights read per step, per device (memory bandwidth bound)",
+           ("step of", "bytes", "why"), rows)
 
 
 def _print_snapshots(console, measured) -> None:

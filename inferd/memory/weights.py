@@ -151,24 +151,24 @@ def count_parameters(config: ModelConfig) -> ParamCounts:
     )
 
 
-def experts_read(config: ModelConfig, batch: int) -> float:
-    """Expected distinct experts of one Mixture-of-Experts layer a decode step of `batch`
-    sequences runs, if the router spread tokens evenly: E (1 - (1 - k/E)^batch); k for one."""
+def experts_read_fraction(config: ModelConfig, batch: int) -> float:
+    """The share of a Mixture of Experts' experts a decode step of `batch` sequences runs, if
+    the router spread tokens evenly: 1 - (1 - k/E)^batch (k/E for one sequence). Computed on
+    the whole model's config: a tensor-parallel rank's experts are hit at the same rate."""
     moe = config.moe
     if moe is None:
         return 0.0
-    e, k = moe.num_experts, moe.top_k
-    return e * (1 - (1 - k / e) ** batch)
+    return 1 - (1 - moe.top_k / moe.num_experts) ** batch
 
 
-def decode_read_params(config: ModelConfig, counts: ParamCounts, batch: int) -> int:
-    """Parameters a decode step of `batch` sequences reads: every layer weight but the experts
-    no sequence was routed to (`experts_read`), the LM head's whole matrix (tied or not), and
-    only the `batch` embedding rows it looks up."""
+def decode_read_params(config: ModelConfig, counts: ParamCounts, batch: int,
+                       expert_fraction: float) -> int:  # fmt: skip
+    """Parameters a decode step of `batch` sequences reads (`config`, `counts`: the whole model
+    or one rank's slice): every layer weight but the experts no sequence was routed to
+    (`expert_fraction` of them are read), the LM head's whole matrix (tied or not), and only
+    the `batch` embedding rows it looks up."""
     head = config.vocab_size * config.hidden_size
-    experts = 0
-    if config.moe is not None:
-        experts = round(counts.experts * experts_read(config, batch) / config.moe.num_experts)
+    experts = round(counts.experts * expert_fraction)
     rest = counts.attention + counts.mlp - counts.experts + counts.layer_norms + counts.final_norm
     return rest + experts + head + min(batch, config.vocab_size) * config.hidden_size
 
