@@ -4,9 +4,9 @@ KV cache, yet must be free at the peak of a step.
 A step computes `num_tokens` new tokens (at most `max_num_batched_tokens`: decode rows plus
 prefill chunks) for up to `num_seqs` sequences. Layers run one after another and free their
 temporaries, so the peak is the residual stream plus the largest single phase (attention, MLP,
-a Mixture of Experts' experts, or the LM head with sampling), not the sum over layers. Every figure is for one tensor-parallel
-rank: pass the rank's config (`tp_shard`) and the full vocabulary, because the logits of all
-ranks are gathered before sampling.
+a Mixture of Experts' experts, or the LM head with sampling), not the sum over layers. Every
+figure is for one tensor-parallel rank: pass the rank's config (`tp_shard`) and the full
+vocabulary, because the logits of all ranks are gathered before sampling.
 """
 
 from __future__ import annotations
