@@ -287,8 +287,10 @@ def _mlp_how(cfg) -> str:
     if moe is None:
         return f"{cfg.num_layers} layers × {dense}"
     sparse = sum(cfg.is_moe_layer(i) for i in range(cfg.num_layers))
-    how = (f"{sparse} MoE layers × (router {moe.num_experts} × {h} + {moe.num_experts} experts "
-           f"× 3 × {h} × {moe.intermediate_size}")
+    how = (
+        f"{sparse} MoE layers × (router {moe.num_experts} × {h} + {moe.num_experts} experts "
+        f"× 3 × {h} × {moe.intermediate_size}"
+    )
     if moe.shared_intermediate_size:
         how += f" + shared expert 3 × {h} × {moe.shared_intermediate_size}"
     how += ")"
@@ -305,8 +307,12 @@ def _expert_rows(cfg, p) -> list[tuple[str, str, str]]:
     share = f"{moe.top_k} of {moe.num_experts} experts per layer"
     return [
         ("  of which routed experts", f"{p.experts:,}", f"{p.experts / p.total:.0%} of the model"),
-        ("active per token", f"{p.active:,}", f"all but the experts a token is not routed to "
-         f"({share}): {p.active / p.total:.1%} of the total"),
+        (
+            "active per token",
+            f"{p.active:,}",
+            f"all but the experts a token is not routed to "
+            f"({share}): {p.active / p.total:.1%} of the total",
+        ),
     ]
 
 
@@ -319,11 +325,17 @@ def _print_decode_reads(console, est, cfg) -> None:
             how = "every weight once (one embedding row per sequence)"
         else:
             hit = moe.num_experts * (1 - (1 - moe.top_k / moe.num_experts) ** batch)
-            how = (f"all but the experts no sequence uses: ~{hit:.1f} of {moe.num_experts} "
-                   f"experts per layer if routing is even (E(1 - (1 - k/E)^{batch}))")
+            how = (
+                f"all but the experts no sequence uses: ~{hit:.1f} of {moe.num_experts} "
+                f"experts per layer if routing is even (E(1 - (1 - k/E)^{batch}))"
+            )
         rows.append((f"{batch} sequence" + "s" * (batch != 1), _bin(nbytes), how))
-    _print(console, "Decode: weights read per step, per device (memory bandwidth bound)",
-           ("step of", "bytes", "why"), rows)
+    _print(
+        console,
+        "Decode: weights read per step, per device (memory bandwidth bound)",
+        ("step of", "bytes", "why"),
+        rows,
+    )
 
 
 def _print_snapshots(console, measured) -> None:
