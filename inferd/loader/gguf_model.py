@@ -128,10 +128,12 @@ def model_config_from_gguf(gguf: GGUFFile) -> ModelConfig:
         checkpoint_dtype="gguf",
         name=str(gguf.get("general.name", gguf.path.stem)),
     )
-    fields.update(record.gguf_fields(g))
     try:
+        fields.update(record.gguf_fields(g))
         return ModelConfig(architecture=record.name, **fields)
-    except ValueError as e:  # ModelConfig's own consistency checks
+    except ValueError as e:  # the configs' own consistency checks (e.g. experts per token)
+        if isinstance(e, ModelLoadError):
+            raise
         raise ModelLoadError(f"{gguf.path}: {e}") from e
 
 

@@ -210,14 +210,16 @@ def model_config_from_hf(
         checkpoint_dtype=r.str("dtype", None) or r.str("torch_dtype", None) or "float32",
         name=name,
     )
-    fields.update(record.hf_fields(r))
-    explicit = _layer_types(r, n_layers)
-    if explicit is not None:
-        fields["layer_types"] = explicit
-    if SLIDING_ATTENTION in fields.get("layer_types", ()):
-        # 0 or null means no window: sliding layers then see every token
-        fields["sliding_window"] = r.int("sliding_window", None, low=0) or None
     try:
+        fields.update(record.hf_fields(r))
+        explicit = _layer_types(r, n_layers)
+        if explicit is not None:
+            fields["layer_types"] = explicit
+        if SLIDING_ATTENTION in fields.get("layer_types", ()):
+            # 0 or null means no window: sliding layers then see every token
+            fields["sliding_window"] = r.int("sliding_window", None, low=0) or None
         return ModelConfig(architecture=record.name, **fields)
-    except ValueError as e:  # ModelConfig's own consistency checks (e.g. experts per token)
+    except ValueError as e:  # the configs' own consistency checks (e.g. experts per token)
+        if isinstance(e, ModelLoadError):
+            raise
         raise ModelLoadError(f"{source}: {e}") from e
