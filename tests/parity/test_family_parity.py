@@ -126,3 +126,23 @@ def test_sliding_window_is_shorter_than_the_prompts():
     # Phi-3, Mistral and Mixtral attend over 7 tokens: the parity above must cross the window.
     for kind in ("phi3", "mistral", "mixtral"):
         assert TINY_CONFIGS[kind][2]["sliding_window"] < max(len(p) for p in PROMPTS)
+
+
+def test_phi3_fused_gguf_tensors_keep_their_blocks_in_the_c_decoder_layer(
+    references, tmp_path, monkeypatch, c_kernels
+):
+    """Phi-3's fused attn_qkv / ffn_up, cut into q, k, v and gate, up by rows, still hand the
+    block kernels whole quantisation blocks: the gguf mode runs its decode steps in the C layer,
+    close to the float32 run of the same file."""
+    from test_moe_gguf_blocks import logits_of_steps
+
+    monkeypatch.setenv("INFERD_WEIGHT_CACHE", "0")
+    path = write_gguf(references["phi3"][0], "phi3", tmp_path / "phi3.gguf", quantize=True)
+    reference = logits_of_steps(load_model(open_checkpoint(path), torch.float32,
+                                           torch.device("cpu")))  # fmt: skip
+    model = load_model(open_checkpoint(path), torch.float32, torch.device("cpu"), "gguf")
+    assert model.cpu_decoder is not None
+    qkv = model.model.layers[0].self_attn.qkv_proj.quant_method
+    assert qkv.blocks is not None and qkv.blocks.shape == (64 + 32 + 32, 64)  # q, k, v rows
+    got = logits_of_steps(model)
+    assert (got - reference).abs().max() < 0.03 * reference.abs().max()
