@@ -132,10 +132,10 @@ class ConfigReader:
                 where.number(name)
         return RopeConfig(theta=float(theta if theta is not None else 10000.0), scaling=scaling)
 
-    def sliding_everywhere(self, n: int) -> tuple[str, ...]:
+    def sliding_everywhere(self) -> tuple[str, ...]:
         """Mistral's rule: every layer slides when `sliding_window` is set (0 or null: none)."""
         window = self.int("sliding_window", None, low=0)
-        return (SLIDING_ATTENTION if window else FULL_ATTENTION,) * n
+        return (SLIDING_ATTENTION if window else FULL_ATTENTION,) * self.int("num_hidden_layers")
 
 
 def _layer_types(r: ConfigReader, n: int) -> tuple[str, ...] | None:

@@ -11,6 +11,6 @@ ARCHITECTURE = Architecture(
     name="mistral",
     model_class=LlamaForCausalLM,
     hf_classes=("MistralForCausalLM",),
-    hf_fields=lambda r: dict(layer_types=r.sliding_everywhere(r.int("num_hidden_layers"))),
+    hf_fields=lambda r: dict(layer_types=r.sliding_everywhere()),
     hf_attention_bias=False,  # HF's Mistral has no biases and no such key
 )

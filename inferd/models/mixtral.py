@@ -17,7 +17,7 @@ def _hf_fields(r) -> dict:
         intermediate_size=r.int("intermediate_size"),
         normalize_top_k=True,
     )
-    return dict(moe=moe, layer_types=r.sliding_everywhere(r.int("num_hidden_layers")))
+    return dict(moe=moe, layer_types=r.sliding_everywhere())
 
 
 ARCHITECTURE = Architecture(

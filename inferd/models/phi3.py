@@ -18,7 +18,7 @@ def _hf_fields(r) -> dict:
     if factor != 1.0:
         raise ModelLoadError(f"{r.source}: partial_rotary_factor {factor!r} is not supported "
                              "(inferd rotates whole heads: 1.0)")  # fmt: skip
-    return dict(layer_types=r.sliding_everywhere(r.int("num_hidden_layers")))
+    return dict(layer_types=r.sliding_everywhere())
 
 
 def _gguf_fields(g) -> dict:

@@ -33,9 +33,8 @@ def qwen_experts(r, shared: bool) -> MoEConfig | None:
 
 def _hf_fields(r) -> dict:
     sliding = r.bool("use_sliding_window", False)
-    n = r.int("num_hidden_layers")
     return dict(qk_norm=True, moe=qwen_experts(r, shared=False),
-                layer_types=r.sliding_everywhere(n) if sliding else ())  # fmt: skip
+                layer_types=r.sliding_everywhere() if sliding else ())  # fmt: skip
 
 
 ARCHITECTURE = Architecture(
