@@ -90,6 +90,8 @@ def write_gguf(model, kind: str, path: Path, quantize: bool = False) -> Path:
             t = _permute(t, heads)
         elif permuted and base.endswith("k_proj"):
             t = _permute(t, kv_heads)
+        if base.endswith("shared_expert_gate"):
+            t = t.reshape(-1)  # llama.cpp declares ffn_gate_inp_shexp [n_embd]
         data = t.numpy().astype(np.float32)
         whole_blocks = data.shape[-1] % 32 == 0  # Q8_0 rows are blocks of 32
         if quantize and data.ndim >= 2 and whole_blocks and "norm" not in base \

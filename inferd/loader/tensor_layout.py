@@ -11,6 +11,9 @@ one: HF names, one 2-D matrix per projection and per expert.
   2 x inter, hidden] and `mlp.experts.down_proj` [experts, hidden, inter], or GGUF's
   `ffn_{gate,up,down}_exps` [experts, rows, cols], become `mlp.experts.E.{gate,up,down}_proj`.
 
+* a gate vector stored 1-D (llama.cpp's files hold Qwen2-MoE's `ffn_gate_inp_shexp` as [hidden]
+  or [1, hidden]) is read as the [1, hidden] matrix the model holds.
+
 Nothing is read: the parts are views (`RowsView`, `weight.expert(e)`) that read only their
 rows when loaded, so a tensor-parallel rank or an expert-parallel rank still reads only what it
 keeps. The same views over shapes alone (`ShapeOnly`) let the loader check a checkpoint's
@@ -60,6 +63,19 @@ class RowsView:
         return None if load_blocks is None else load_blocks(self._rows(rows), cols)
 
 
+class AsRow:
+    """A 1-D lazy weight [n] read as a [1, n] matrix."""
+
+    def __init__(self, base: Any):
+        self.base, self.shape = base, (1, *base.shape)
+
+    def load(self, dtype, rows=None, cols=None):
+        return self.base.load(dtype).view(1, -1)
+
+
+_ROW_MATRICES = ("mlp.shared_expert_gate.weight",)
+
+
 def _split(prefix: str, leaf: str, weight: Any, parts) -> Iterator[tuple[str, Any]]:
     start = 0
     for part, rows in parts:
@@ -106,6 +122,8 @@ def normalized(
             prefix, sub, leaf = m.groups()
             yield from _split(prefix, leaf, weight, record.fused[sub](config))
             continue
+        if len(weight.shape) == 1 and name.endswith(_ROW_MATRICES):
+            weight = AsRow(weight)
         yield name, weight
 
 

@@ -123,6 +123,14 @@ def test_fused_and_renamed_tensors():
                       "model.layers.0.mlp.gate.weight": (3, 32)}  # fmt: skip
 
 
+def test_a_shared_expert_gate_stored_1d_is_read_as_its_row():
+    config = moe_config("qwen2_moe")
+    gate = torch.randn(32)
+    (name, weight), = normalized([("model.layers.0.mlp.shared_expert_gate.weight", Lazy(gate))],
+                                 registry.architecture("qwen2_moe"), config)  # fmt: skip
+    assert weight.shape == (1, 32) and torch.equal(weight.load(torch.float32), gate.view(1, 32))
+
+
 def test_rows_view_offsets_block_reads():
     class Blocks(Lazy):
         def load_blocks(self, rows=None, cols=None):
