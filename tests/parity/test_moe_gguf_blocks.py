@@ -14,6 +14,7 @@ from inferd.engine.runner import ModelRunner, SequenceStep
 from inferd.layers.moe import ExpertBlocks, ExpertLinear
 from inferd.layers.weight_scheme import WeightScheme
 from inferd.loader import load_model, open_checkpoint
+from inferd.models.cpu_decoder import CpuDecoder
 
 PROMPTS = [[1, *range(20, 60)], [1, 5, 6, 7], [1, 250, 3, 99, 180, 42]]
 
@@ -48,6 +49,7 @@ def test_gguf_mode_keeps_expert_blocks_and_follows_float32(tmp_path, monkeypatch
         scheme = WeightScheme(mode, torch.bfloat16, blocks=True, keep_copy=True, kernels=c_kernels)
     model = load_model(open_checkpoint(path), torch.float32, torch.device("cpu"), scheme=scheme)
     assert model.cpu_decoder is None  # no C decoder layer for a Mixture of Experts
+    assert CpuDecoder.for_model(model) is None  # and asked directly, it declines
     experts = [m for m in model.modules() if isinstance(m, ExpertLinear)]
     assert experts and all(isinstance(e.quant_method, ExpertBlocks) for e in experts)
     assert all(e.quant_method.blocks is not None and e.weight.numel() == 0 for e in experts)
