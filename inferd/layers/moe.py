@@ -16,6 +16,10 @@ re-quantising modes (int8, int4, fp8) do not cover experts: they are refused at 
 The router is held in float32 whatever the scheme: which experts run is decided there, and
 rounding its weights would change the choice (it is experts x hidden, a sliver of the model).
 
+A CUDA graph cannot capture the grouped path (its group sizes are read back to the host): under
+capture every expert runs on every row instead (`Experts.every_expert`), the same sums read off
+all the experts.
+
 Expert parallelism: under a group of N ranks (the tensor-parallel group), rank r holds experts
 [r E/N, (r+1) E/N) whole, while attention and a shared expert are split as usual. Every rank
 routes every token (the hidden states are replicated), computes the pairs routed to its own
@@ -228,6 +232,8 @@ class Experts(nn.Module):
 
     def forward(self, x: torch.Tensor, weights: torch.Tensor, chosen: torch.Tensor) -> torch.Tensor:
         """Σ over each token's chosen experts held here of weight × expert(x): float32."""
+        if x.is_cuda and torch.cuda.is_current_stream_capturing():
+            return self.every_expert(x, weights, chosen)
         tokens, k = chosen.shape
         slots = torch.arange(tokens * k, device=x.device)  # pair p = token p // k, choice p % k
         experts = chosen.reshape(-1)
@@ -244,6 +250,20 @@ class Experts(nn.Module):
         return torch.zeros(tokens, x.shape[1], dtype=torch.float32, device=x.device).index_add_(
             0, rows, y
         )
+
+    def every_expert(self, x: torch.Tensor, weights: torch.Tensor,
+                     chosen: torch.Tensor) -> torch.Tensor:  # fmt: skip
+        """The same sum with static shapes and no host sync, for a CUDA graph's capture (the
+        grouped path reads the group sizes back to the host): every expert runs on every row,
+        scaled by the row's router weight for it, 0 where it was not chosen. It reads every
+        expert each step; `--enforce-eager` keeps the grouped path on a GPU."""
+        tokens = x.shape[0]
+        share = torch.zeros(tokens, self.total, dtype=torch.float32, device=x.device)
+        share = share.scatter_(1, chosen, weights.float())[:, self.first : self.first + self.count]
+        counts = [tokens] * self.count
+        h = self.act(self.gate_up_proj.grouped(x.repeat(self.count, 1), counts))
+        y = self.down_proj.grouped(h, counts).float().view(self.count, tokens, -1)
+        return (y * share.t().unsqueeze(-1)).sum(0)
 
 
 class SparseMoE(nn.Module):

@@ -89,6 +89,18 @@ def test_expert_parallel_ranks_sum_to_the_whole():
     assert all(p.abs().sum() > 0 for p in parts)  # both ranks had work
 
 
+def test_the_static_path_for_cuda_graphs_gives_the_same_sums():
+    """What a CUDA graph captures (every expert over every row, weighted by the router, 0 where
+    not chosen) equals the grouped path, here and on an expert-parallel rank's share."""
+    c = config()
+    x = torch.randn(6, HIDDEN)
+    for first, count in ((0, EXPERTS), (3, 3)):
+        experts = filled(Experts(c, WeightScheme.dense(torch.float32), first, count))
+        weights, chosen = filled(Router(HIDDEN, EXPERTS, 2, True), seed=5)(x)
+        torch.testing.assert_close(experts.every_expert(x, weights, chosen),
+                                   experts(x, weights, chosen), rtol=1e-5, atol=1e-5)  # fmt: skip
+
+
 def test_shared_expert_is_gated_and_added():
     from inferd.models.llama import GatedMLP
 
