@@ -23,8 +23,29 @@ class RopeConfig:
 
 
 @dataclass(frozen=True)
+class MoEConfig:
+    """A Mixture-of-Experts MLP: per token a router scores `num_experts` gated MLPs (the
+    experts) and the output is the weighted sum of the `top_k` best (layers/moe.py)."""
+
+    num_experts: int
+    top_k: int  # experts each token uses
+    intermediate_size: int  # of each expert
+    normalize_top_k: bool  # the chosen experts' router weights rescaled to sum to 1
+    shared_intermediate_size: int = 0  # an expert every token uses (Qwen2-MoE); 0: none
+    shared_gate: bool = False  # the shared expert's output scaled by sigmoid(x . w)
+    dense_layers: tuple[int, ...] = ()  # layers whose MLP is the model's dense one instead
+
+    def __post_init__(self) -> None:
+        if not 1 <= self.top_k <= self.num_experts:
+            raise ValueError(
+                f"experts per token ({self.top_k}) must be from 1 to the number of experts "
+                f"({self.num_experts})"
+            )
+
+
+@dataclass(frozen=True)
 class ModelConfig:
-    architecture: str  # registry key, e.g. "gemma3", "llama", "qwen2", "qwen3"
+    architecture: str  # the Architecture record's name (inferd/models/registry.py): "llama", ...
     vocab_size: int
     hidden_size: int
     intermediate_size: int
@@ -52,6 +73,7 @@ class ModelConfig:
     pad_token_id: int | None = None
     checkpoint_dtype: str = "float32"  # the precision the checkpoint was published in
     name: str = ""
+    moe: MoEConfig | None = None  # Mixture-of-Experts MLPs (None: every MLP is dense)
 
     def __post_init__(self) -> None:
         if not self.layer_types:
@@ -75,6 +97,10 @@ class ModelConfig:
         if self.layer_types[layer] == SLIDING_ATTENTION:
             return self.sliding_window
         return None
+
+    def is_moe_layer(self, layer: int) -> bool:
+        """Whether `layer`'s MLP is a Mixture of Experts (else the dense gated MLP)."""
+        return self.moe is not None and layer not in self.moe.dense_layers
 
     def layer_rope(self, layer: int) -> RopeConfig:
         if self.layer_types[layer] == SLIDING_ATTENTION and self.rope_local is not None:

@@ -55,6 +55,60 @@ TINY_CONFIGS = {
         "Qwen3ForCausalLM",
         dict(num_attention_heads=4, num_key_value_heads=2, head_dim=32, tie_word_embeddings=True),
     ),
+    "phi3": (
+        "Phi3Config",
+        "Phi3ForCausalLM",
+        dict(num_attention_heads=4, num_key_value_heads=2, sliding_window=7),
+    ),
+    "qwen3_moe": (
+        "Qwen3MoeConfig",
+        "Qwen3MoeForCausalLM",
+        dict(
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            head_dim=16,
+            num_experts=8,
+            num_experts_per_tok=2,
+            moe_intermediate_size=32,
+            norm_topk_prob=True,
+            mlp_only_layers=[1],
+        ),  # a dense layer between two sparse ones
+    ),
+    "qwen2_moe": (
+        "Qwen2MoeConfig",
+        "Qwen2MoeForCausalLM",
+        dict(
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            num_experts=8,
+            num_experts_per_tok=2,
+            moe_intermediate_size=32,
+            shared_expert_intermediate_size=48,
+        ),
+    ),
+    "olmoe": (
+        "OlmoeConfig",
+        "OlmoeForCausalLM",
+        dict(
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            num_experts=8,
+            num_experts_per_tok=2,
+            intermediate_size=32,
+        ),
+    ),
+    "mixtral": (
+        "MixtralConfig",
+        "MixtralForCausalLM",
+        dict(
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            num_local_experts=8,
+            num_experts_per_tok=2,
+            intermediate_size=32,
+            sliding_window=7,
+        ),
+    ),
     "gemma3": (
         "Gemma3TextConfig",
         "Gemma3ForCausalLM",
@@ -107,7 +161,8 @@ def train_tokenizer(folder: Path, vocab_size: int = 300) -> int:
     return tok.get_vocab_size()
 
 
-def make_tiny_checkpoint(kind: str, folder: Path, seed: int = 0) -> Path:
+def make_tiny_model(kind: str, folder: Path, seed: int = 0, **overrides):
+    """The tiny HF model of `kind` (float32, eval) and its tokenizer written to `folder`."""
     import transformers
 
     cfg_cls, model_cls, extra = TINY_CONFIGS[kind]
@@ -126,6 +181,7 @@ def make_tiny_checkpoint(kind: str, folder: Path, seed: int = 0) -> Path:
         tie_word_embeddings=False,
     )
     kwargs.update(extra)
+    kwargs.update(overrides)
     config = getattr(transformers, cfg_cls)(**kwargs)
     torch.manual_seed(seed)
     model = getattr(transformers, model_cls)(config).to(torch.float32).eval()
@@ -134,6 +190,13 @@ def make_tiny_checkpoint(kind: str, folder: Path, seed: int = 0) -> Path:
         for name, p in model.named_parameters():
             if "norm" in name:
                 p.add_(torch.randn_like(p) * 0.1)
+    return model
+
+
+def make_tiny_checkpoint(kind: str, folder: Path, seed: int = 0, **overrides) -> Path:
+    """A tiny random checkpoint of `kind` saved with `save_pretrained` (MoE experts one tensor
+    each: transformers 5 writes the per-expert layout) in `folder`."""
+    model = make_tiny_model(kind, folder, seed, **overrides)
     model.save_pretrained(folder, safe_serialization=True)
     (folder / "generation_config.json").write_text(
         json.dumps({"bos_token_id": 1, "eos_token_id": 2, "pad_token_id": 3})

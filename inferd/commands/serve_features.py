@@ -4,8 +4,9 @@ settings they become.
 Tool calling: `--enable-auto-tool-choice --tool-call-parser NAME` as in vLLM (both needed for
 `tool_choice: "auto"`). Requests that carry tools are rendered with the model's own chat template
 when it shows tools, else with the bundled template of the call format in use; `required` and a
-named function use that format too, which is the parser's, or without one the model family's:
-pythonic for Gemma (Google's documented format), hermes for ChatML models.
+named function use that format too, which is the parser's, or without one the model family's
+(its Architecture record's `tool_call_format`, inferd/models/): pythonic for Gemma (Google's
+documented format), hermes for ChatML models.
 """
 
 from __future__ import annotations
@@ -22,7 +23,6 @@ if TYPE_CHECKING:
     from inferd.server.tool_calls import ToolSettings
 
 log = logging.getLogger("inferd.serve")
-_GEMMA = ("gemma", "gemma2", "gemma3", "gemma3_text")
 
 
 def _list_arg(text: str) -> list[str]:
@@ -126,13 +126,14 @@ def check_tool_flags(args: argparse.Namespace) -> None:
 
 def tool_settings(engine, args: argparse.Namespace) -> ToolSettings:
     """Which call format forced calls use, and which template shows the tools."""
+    from inferd.loader import architecture
     from inferd.server.tool_calls import ToolSettings
     from inferd.tokenizer.chat_template import ChatTemplate
     from inferd.tools.templates import template_handles_tools, tool_chat_template
 
     own = engine.tokenizer.chat_template
     chatml = bool(own) and "<|im_start|>" in own
-    family = "pythonic" if engine.model_config.architecture in _GEMMA else "hermes"
+    family = architecture(engine.model_config.architecture).tool_call_format
     fmt = args.tool_call_parser or family
     template = None
     if template_handles_tools(own):

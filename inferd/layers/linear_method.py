@@ -9,6 +9,9 @@ owns its weight format and, per step, picks the kernel for the step's shape:
     finish after loading: convert (quantise, stack blocks), drop what is no longer needed
     apply  x [rows, in] → [rows, out]; `kernel_for(rows)` names the kernel a step of that many
            rows uses
+    apply_grouped
+           one matrix per group ([groups, out, in]: a Mixture of Experts' experts), x's rows
+           sorted by group, `counts[g]` rows each: one product per group with rows
 
 The dense matrix, when a method keeps one, stays the layer's `weight` parameter (so checkpoint
 names and parameter counts are those of the model); formats of its own are buffers of the method.
@@ -41,6 +44,19 @@ class LinearMethod(nn.Module):
               bias: torch.Tensor | None = None) -> torch.Tensor:  # fmt: skip
         w = layer.weight
         return F.linear(x if x.dtype == w.dtype else x.to(w.dtype), w, bias)
+
+    def apply_grouped(self, layer: nn.Module, x: torch.Tensor, counts: list[int]) -> torch.Tensor:
+        """x [rows, in], rows sorted by group → [rows, out], rows of group g multiplied by
+        `layer.weight[g]`: one GEMM per group with rows, none for the others."""
+        w = layer.weight
+        x = x if x.dtype == w.dtype else x.to(w.dtype)
+        y = x.new_empty(x.shape[0], w.shape[1])
+        start = 0
+        for group, n in enumerate(counts):
+            if n:
+                torch.mm(x[start : start + n], w[group].t(), out=y[start : start + n])
+            start += n
+        return y
 
     def lookup(self, layer: nn.Module, ids: torch.Tensor) -> torch.Tensor:
         """Rows `ids` of the matrix (an embedding lookup)."""

@@ -15,6 +15,9 @@ from inferd.loader.checkpoint_checks import check_config_matches_tensors
 from inferd.loader.gguf_file import GGUFFile
 from inferd.loader.gguf_model import gguf_weights, model_config_from_gguf
 from inferd.loader.hf_config import model_config_from_hf
+from inferd.loader.tensor_layout import normalized, normalized_shapes
+from inferd.models.architecture import Architecture
+from inferd.models.registry import architecture
 
 
 @dataclass
@@ -24,12 +27,18 @@ class Checkpoint:
     config: ModelConfig
     gguf: GGUFFile | None = None
 
+    @property
+    def architecture(self) -> Architecture:
+        """The family's record (inferd/models/): names, shapes, chat and tool defaults."""
+        return architecture(self.config.architecture)
+
     def weights(self) -> Iterator[tuple[str, object]]:
-        """(HF name, lazy weight) pairs; `weight.load(dtype, rows=, cols=)` reads a tensor or
-        just the slice a tensor-parallel rank keeps."""
-        if self.gguf is not None:
-            return gguf_weights(self.gguf, self.config)
-        return hf_dir.hf_weights(self.path)
+        """(HF name, lazy weight) pairs, one 2-D matrix per projection and per expert
+        (tensor_layout.py); `weight.load(dtype, rows=, cols=)` reads a tensor or just the slice
+        a tensor-parallel rank keeps."""
+        raw = gguf_weights(self.gguf, self.config) if self.gguf is not None else (
+            hf_dir.hf_weights(self.path))  # fmt: skip
+        return normalized(raw, self.architecture, self.config)
 
     @property
     def display_name(self) -> str:
@@ -44,7 +53,8 @@ def _open_gguf(path: Path) -> Checkpoint:
         raise
     except ValueError as e:  # ModelConfig's own consistency checks
         raise ModelLoadError(f"{path}: {e}") from e
-    shapes = {name: weight.shape for name, weight in gguf_weights(gguf, config)}
+    record = architecture(config.architecture)
+    shapes = {name: w.shape for name, w in normalized(gguf_weights(gguf, config), record, config)}
     check_config_matches_tensors(config, shapes, path)
     return Checkpoint(path, "gguf", config, gguf)
 
@@ -76,7 +86,8 @@ def open_checkpoint(model: str | Path | None) -> Checkpoint:
     if config_file.exists():
         cfg = hf_dir.read_json(config_file)
         config = model_config_from_hf(cfg, name=path.name, source=config_file)
-        shapes = {name: shape for name, (shape, _) in hf_dir.hf_tensor_shapes(path).items()}
+        stored = {name: shape for name, (shape, _) in hf_dir.hf_tensor_shapes(path).items()}
+        shapes = normalized_shapes(stored, architecture(config.architecture), config)
         check_config_matches_tensors(config, shapes, path)
         return Checkpoint(path, "hf", config)
     ggufs = sorted(path.glob("*.gguf"))

@@ -16,30 +16,19 @@ from pathlib import Path
 
 from inferd.config import ModelConfig
 from inferd.errors import ModelLoadError
+from inferd.models.registry import architecture
 
 EMBEDDING = "model.embed_tokens.weight"
 _LAYER = re.compile(r"model\.layers\.(\d+)\.")
-
-
-def _expected_layer_shapes(c: ModelConfig) -> dict[str, tuple[int, ...]]:
-    q, kv = c.num_heads * c.head_dim, c.num_kv_heads * c.head_dim
-    return {
-        "self_attn.q_proj.weight": (q, c.hidden_size),
-        "self_attn.k_proj.weight": (kv, c.hidden_size),
-        "self_attn.v_proj.weight": (kv, c.hidden_size),
-        "self_attn.o_proj.weight": (c.hidden_size, q),
-        "mlp.gate_proj.weight": (c.intermediate_size, c.hidden_size),
-        "mlp.up_proj.weight": (c.intermediate_size, c.hidden_size),
-        "mlp.down_proj.weight": (c.hidden_size, c.intermediate_size),
-    }
 
 
 def check_config_matches_tensors(
     config: ModelConfig, shapes: Mapping[str, tuple[int, ...]], source: str | Path
 ) -> None:
     """Raise ModelLoadError when the config's sizes disagree with the stored tensors. `shapes`
-    maps HF tensor names to shapes; an empty mapping (a folder with only config.json, which
-    `inferd memory` accepts) checks nothing."""
+    maps HF tensor names (as tensor_layout.py normalises them) to shapes; an empty mapping (a
+    folder with only config.json, which `inferd memory` accepts) checks nothing. What each
+    layer must hold is the family's Architecture record's `layer_tensors`."""
     if not shapes:
         return
 
@@ -65,10 +54,10 @@ def check_config_matches_tensors(
         raise ModelLoadError(
             f"{source}: the config has {config.num_layers} layers, the checkpoint stores {stored}"
         )
-    per_layer = _expected_layer_shapes(config)
+    record = architecture(config.architecture)
     for layer in range(config.num_layers):
-        for sub, shape in per_layer.items():
+        for sub, shape in record.layer_tensors(config, layer).items():
             name = f"model.layers.{layer}.{sub}"
-            if name not in shapes:  # every supported architecture has all seven projections
+            if name not in shapes:
                 raise ModelLoadError(f"{source}: the checkpoint has no {name} tensor")
             expect(name, shape)

@@ -57,6 +57,11 @@ ARCH_KEYS = {
     "rope.freq_base": POSITIVE_FLOAT,
     "rope.scaling.factor": POSITIVE_FLOAT,
     "rope.scaling.type": STRING,
+    "expert_count": COUNT,
+    "expert_used_count": COUNT,
+    "expert_feed_forward_length": POSITIVE_INT,
+    "expert_shared_feed_forward_length": NON_NEGATIVE_INT,
+    "expert_weights_norm": BOOL,
 }
 GLOBAL_KEYS = {
     "general.architecture": STRING,

@@ -1,5 +1,9 @@
 """HF `config.json` → `ModelConfig`, for both the transformers 4 and 5 spellings of RoPE.
 
+The keys every family shares are read here; the family's own (Gemma's RoPE bases, Qwen's sliding
+layers, experts) by its Architecture record's `hf_fields` (inferd/models/), through the same
+`ConfigReader`.
+
 config.json is untrusted input: every key read is checked for presence, type and range, and a
 bad one fails as one `ModelLoadError` naming the file and the key (never a KeyError, a
 TypeError or a division by zero deep in model construction)."""
@@ -13,7 +17,7 @@ from typing import Any
 from inferd.config import FULL_ATTENTION, SLIDING_ATTENTION, ModelConfig, RopeConfig
 from inferd.errors import ModelLoadError
 from inferd.loader.gguf_metadata import MAX_COUNT, MAX_DIMENSION, MAX_TOKEN_ID
-from inferd.models.registry import ARCHITECTURES, supported_architectures
+from inferd.models.registry import for_hf_classes, supported_architectures
 
 _REQUIRED = object()
 # Keys each RoPE scaling type needs (all positive numbers), as inferd's rotary layer reads them.
@@ -94,55 +98,58 @@ class ConfigReader:
             raise self.fail(key, "one token id", self.cfg.get(key))
         return ids[0] if ids else None
 
-
-def _rope(r: ConfigReader, params: Any, theta: float | None, scaling: Any, key: str) -> RopeConfig:
-    """transformers 5 writes `rope_parameters` {rope_type, rope_theta, ...}; 4 writes
-    `rope_theta` plus an optional `rope_scaling` dict."""
-    for name, value in ((key, params), ("rope_scaling", scaling)):
-        if value is not None and not isinstance(value, dict):
-            raise r.fail(name, "an object", value)
-    if params:
-        theta = ConfigReader(params, f"{r.source}: {key}").number("rope_theta", theta)
-        kind = params.get("rope_type", params.get("type", "default"))
-        scaling = (
-            None if kind == "default" else {k: v for k, v in params.items() if k != "rope_theta"}
+    def int_list(self, key: str, high: int) -> tuple[int, ...]:
+        """A list of integers from 0 to `high` (layer indices); missing or null: empty."""
+        value = self.cfg.get(key)
+        values = [] if value is None else value
+        ok = isinstance(values, list) and all(
+            isinstance(v, int) and not isinstance(v, bool) and 0 <= v <= high for v in values
         )
-    elif scaling and scaling.get("rope_type", scaling.get("type", "default")) == "default":
-        scaling = None
-    if scaling:
-        where = ConfigReader(scaling, f"{r.source}: {key if params else 'rope_scaling'}")
-        kind = where.str("rope_type", scaling.get("type"))
-        if kind not in _ROPE_SCALING_KEYS:
-            raise where.fail("rope_type", f"one of {', '.join(_ROPE_SCALING_KEYS)}", kind)
-        for name in _ROPE_SCALING_KEYS[kind]:
-            where.number(name)
-    return RopeConfig(theta=float(theta if theta is not None else 10000.0), scaling=scaling)
+        if not ok:
+            raise self.fail(key, f"a list of integers from 0 to {high}", value)
+        return tuple(values)
+
+    def rope(self, params: Any, theta: float | None, scaling: Any, key: str) -> RopeConfig:
+        """transformers 5 writes `rope_parameters` {rope_type, rope_theta, ...} (under `key`);
+        4 writes `rope_theta` plus an optional `rope_scaling` dict."""
+        for name, value in ((key, params), ("rope_scaling", scaling)):
+            if value is not None and not isinstance(value, dict):
+                raise self.fail(name, "an object", value)
+        if params:
+            theta = ConfigReader(params, f"{self.source}: {key}").number("rope_theta", theta)
+            kind = params.get("rope_type", params.get("type", "default"))
+            scaling = None if kind == "default" else {
+                k: v for k, v in params.items() if k not in ("rope_theta", "partial_rotary_factor")
+            }  # fmt: skip
+        elif scaling and scaling.get("rope_type", scaling.get("type", "default")) == "default":
+            scaling = None
+        if scaling:
+            where = ConfigReader(scaling, f"{self.source}: {key if params else 'rope_scaling'}")
+            kind = where.str("rope_type", scaling.get("type"))
+            if kind not in _ROPE_SCALING_KEYS:
+                raise where.fail("rope_type", f"one of {', '.join(_ROPE_SCALING_KEYS)}", kind)
+            for name in _ROPE_SCALING_KEYS[kind]:
+                where.number(name)
+        return RopeConfig(theta=float(theta if theta is not None else 10000.0), scaling=scaling)
+
+    def sliding_everywhere(self) -> tuple[str, ...]:
+        """Mistral's rule: every layer slides when `sliding_window` is set (0 or null: none)."""
+        window = self.int("sliding_window", None, low=0)
+        return (SLIDING_ATTENTION if window else FULL_ATTENTION,) * self.int("num_hidden_layers")
 
 
-def _eos_ids(r: ConfigReader) -> tuple[int, ...]:
-    return r.token_ids("eos_token_id")
-
-
-def _layer_types(r: ConfigReader, kind: str, n: int) -> tuple[str, ...]:
-    cfg = r.cfg
-    if cfg.get("layer_types"):
-        types = cfg["layer_types"]
-        known = (FULL_ATTENTION, SLIDING_ATTENTION)
-        if not isinstance(types, list) or any(t not in known for t in types):
-            raise r.fail("layer_types", f"a list of {known[0]!r} / {known[1]!r}", types)
-        if len(types) != n:
-            raise ModelLoadError(f"{r.source}: layer_types has {len(types)} entries for {n} layers")
-        return tuple(types)
-    window = r.int("sliding_window", None, low=0)
-    if kind == "gemma3":
-        pattern = r.int("sliding_window_pattern", 6)
-        return tuple(SLIDING_ATTENTION if (i + 1) % pattern else FULL_ATTENTION for i in range(n))
-    if kind in ("qwen2", "qwen3"):
-        if not r.bool("use_sliding_window", False) or not window:
-            return (FULL_ATTENTION,) * n
-        first = r.int("max_window_layers", n, low=0)
-        return tuple(SLIDING_ATTENTION if i >= first else FULL_ATTENTION for i in range(n))
-    return (SLIDING_ATTENTION if window else FULL_ATTENTION,) * n
+def _layer_types(r: ConfigReader, n: int) -> tuple[str, ...] | None:
+    """An explicit `layer_types` list, checked; None when there is none (the family's rule
+    decides, else every layer is full attention)."""
+    types = r.cfg.get("layer_types")
+    if not types:
+        return None
+    known = (FULL_ATTENTION, SLIDING_ATTENTION)
+    if not isinstance(types, list) or any(t not in known for t in types):
+        raise r.fail("layer_types", f"a list of {known[0]!r} / {known[1]!r}", types)
+    if len(types) != n:
+        raise ModelLoadError(f"{r.source}: layer_types has {len(types)} entries for {n} layers")
+    return tuple(types)
 
 
 def model_config_from_hf(
@@ -153,14 +160,13 @@ def model_config_from_hf(
     archs = cfg.get("architectures") or []
     if not isinstance(archs, list):
         raise r.fail("architectures", "a list of class names", archs)
-    arch = next((a for a in archs if isinstance(a, str) and a in ARCHITECTURES), None)
-    if arch is None:
+    record = for_hf_classes([a for a in archs if isinstance(a, str)])
+    if record is None:
         raise ModelLoadError(
             f"{source}: unsupported architecture {archs or cfg.get('model_type')!r}; "
             f"inferd supports: {', '.join(supported_architectures())}"
         )
-    kind = ARCHITECTURES[arch]
-    if cfg.get("mlp_bias") or (kind == "llama" and cfg.get("attention_bias")):
+    if cfg.get("mlp_bias") or (record.hf_attention_bias and cfg.get("attention_bias")):
         raise ModelLoadError(
             f"{source}: checkpoints with MLP or output-projection biases are not supported"
         )
@@ -180,35 +186,7 @@ def model_config_from_hf(
             f"{source}: num_attention_heads {heads} is not a multiple of "
             f"num_key_value_heads {kv_heads}"
         )
-    rope_params = cfg.get("rope_parameters")
-    theta, scaling = r.number("rope_theta", None), cfg.get("rope_scaling")
-    extra: dict[str, Any] = {}
-    if kind == "gemma3":
-        per_type = (
-            rope_params if isinstance(rope_params, dict) and FULL_ATTENTION in rope_params else {}
-        )
-        rope = _rope(r, per_type.get(FULL_ATTENTION), theta or 1_000_000.0, scaling,
-                     f"rope_parameters.{FULL_ATTENTION}")  # fmt: skip
-        rope_local = _rope(r, per_type.get(SLIDING_ATTENTION),
-                           r.number("rope_local_base_freq", 10_000.0), None,
-                           f"rope_parameters.{SLIDING_ATTENTION}")  # fmt: skip
-        extra = dict(
-            rope_local=rope_local,
-            query_scale=r.number("query_pre_attn_scalar", 256.0) ** -0.5,
-            embedding_multiplier=hidden**0.5,
-            qk_norm=True,
-            final_logit_softcapping=r.number("final_logit_softcapping", None),
-            attn_logit_softcapping=r.number("attn_logit_softcapping", None),
-        )
-    else:
-        rope = _rope(r, rope_params, theta, scaling, "rope_parameters")
-        extra = dict(qk_norm=kind == "qwen3")
-    layer_types = _layer_types(r, kind, n_layers)
-    # 0 or null means no window: sliding layers then see every token
-    window = r.int("sliding_window", None, low=0) if SLIDING_ATTENTION in layer_types else None
-    dtype = r.str("dtype", None) or r.str("torch_dtype", None) or "float32"
-    return ModelConfig(
-        architecture=kind,
+    fields: dict[str, Any] = dict(
         vocab_size=r.int("vocab_size"),
         hidden_size=hidden,
         intermediate_size=r.int("intermediate_size"),
@@ -218,16 +196,30 @@ def model_config_from_hf(
         head_dim=head_dim,
         rms_norm_eps=r.number("rms_norm_eps", 1e-6),
         max_position_embeddings=r.int("max_position_embeddings", 4096),
-        tie_word_embeddings=r.bool("tie_word_embeddings", kind == "gemma3"),
+        tie_word_embeddings=r.bool("tie_word_embeddings", False),
         hidden_act=r.str("hidden_activation", None) or r.str("hidden_act", None) or "silu",
-        attention_bias=kind == "qwen2",  # Qwen2 always has q/k/v biases
-        layer_types=layer_types,
-        sliding_window=window or None,
-        rope=rope,
+        rope=r.rope(
+            cfg.get("rope_parameters"),
+            r.number("rope_theta", None),
+            cfg.get("rope_scaling"),
+            "rope_parameters",
+        ),
         bos_token_id=r.token_id("bos_token_id"),
-        eos_token_ids=_eos_ids(r),
+        eos_token_ids=r.token_ids("eos_token_id"),
         pad_token_id=r.token_id("pad_token_id"),
-        checkpoint_dtype=dtype,
+        checkpoint_dtype=r.str("dtype", None) or r.str("torch_dtype", None) or "float32",
         name=name,
-        **extra,
     )
+    try:
+        fields.update(record.hf_fields(r))
+        explicit = _layer_types(r, n_layers)
+        if explicit is not None:
+            fields["layer_types"] = explicit
+        if SLIDING_ATTENTION in fields.get("layer_types", ()):
+            # 0 or null means no window: sliding layers then see every token
+            fields["sliding_window"] = r.int("sliding_window", None, low=0) or None
+        return ModelConfig(architecture=record.name, **fields)
+    except ValueError as e:  # the configs' own consistency checks (e.g. experts per token)
+        if isinstance(e, ModelLoadError):
+            raise
+        raise ModelLoadError(f"{source}: {e}") from e

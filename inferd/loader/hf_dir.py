@@ -69,20 +69,27 @@ def pickle_refusal(path: Path) -> str:
 
 
 class HFWeight:
-    """One tensor of a safetensors file; `load` reads only the requested rows/columns."""
+    """One tensor of a safetensors file; `load` reads only the requested rows/columns. With
+    `index`, the tensor is one slice of a stacked 3-D tensor (an expert's matrix)."""
 
-    def __init__(self, file: Path, handle, name: str):
-        self.file, self.handle, self.name = file, handle, name
-        self.shape = tuple(handle.get_slice(name).get_shape())
+    def __init__(self, file: Path, handle, name: str, index: int | None = None):
+        self.file, self.handle, self.name, self.index = file, handle, name, index
+        shape = tuple(handle.get_slice(name).get_shape())
+        self.shape = shape if index is None else shape[1:]
+
+    def expert(self, index: int) -> HFWeight:
+        """Matrix `index` of a 3-D tensor [experts, rows, cols], read on its own."""
+        return HFWeight(self.file, self.handle, self.name, index)
 
     def load(self, dtype: torch.dtype, rows=None, cols=None) -> torch.Tensor:
         try:
             sl = self.handle.get_slice(self.name)
+            lead = () if self.index is None else (self.index,)
             r = slice(rows[0], rows[0] + rows[1]) if rows else slice(None)
             if cols is None:
-                t = sl[r]
+                t = sl[(*lead, r)]
             else:
-                t = sl[r, cols[0] : cols[0] + cols[1]]
+                t = sl[(*lead, r, slice(cols[0], cols[0] + cols[1]))]
         except Exception as e:  # safetensors raises its own error type for malformed files
             reason = " ".join(str(e).split())  # one line, whatever the library wrote
             raise ModelLoadError(f"{self.file}: cannot read tensor {self.name!r} ({reason})") from e

@@ -4,9 +4,9 @@ KV cache, yet must be free at the peak of a step.
 A step computes `num_tokens` new tokens (at most `max_num_batched_tokens`: decode rows plus
 prefill chunks) for up to `num_seqs` sequences. Layers run one after another and free their
 temporaries, so the peak is the residual stream plus the largest single phase (attention, MLP,
-or the LM head with sampling), not the sum over layers. Every figure is for one tensor-parallel
-rank: pass the rank's config (`tp_shard`) and the full vocabulary, because the logits of all
-ranks are gathered before sampling.
+a Mixture of Experts' experts, or the LM head with sampling), not the sum over layers. Every
+figure is for one tensor-parallel rank: pass the rank's config (`tp_shard`) and the full
+vocabulary, because the logits of all ranks are gathered before sampling.
 """
 
 from __future__ import annotations
@@ -108,10 +108,27 @@ def estimate_activations(
                  "decode rows (and one prefill chunk) copy their context's K and V out of "
                  "the pages: one layer's KV of the whole batch"),
         ]  # fmt: skip
+    moe = config.moe
+    if moe is None or len(moe.dense_layers) > 0:
+        terms.append(Term("MLP intermediate", 4 * t * inter * b, "mlp",
+                          "tokens × intermediate × 4: the [gate | up] output, the activation "
+                          "and the gated product"))  # fmt: skip
+    if moe is not None:
+        pairs, e_inter = t * min(moe.top_k, moe.num_experts), moe.intermediate_size
+        terms += [
+            Term("router scores", 2 * t * moe.num_experts * 4, "experts",
+                 f"tokens × {moe.num_experts} experts: float32 scores and softmax"),
+            Term("rows by expert", pairs * h * (b + 4), "experts",
+                 f"tokens × {moe.top_k} (token, expert) pairs: the gathered inputs, and the "
+                 "experts' float32 outputs before they are summed into their tokens"),
+            Term("expert intermediate", 4 * pairs * e_inter * b, "experts",
+                 "pairs × the experts' intermediate × 4, as the dense MLP's"),
+        ]  # fmt: skip
+        if moe.shared_intermediate_size:
+            terms.append(Term("shared expert intermediate",
+                              4 * t * moe.shared_intermediate_size * b, "experts",
+                              "tokens × the shared expert's intermediate × 4"))  # fmt: skip
     terms += [
-        Term("MLP intermediate", 4 * t * inter * b, "mlp",
-             "tokens × intermediate × 4: the [gate | up] output, the activation and the "
-             "gated product"),
         Term("logits", s * vocab * (b + 4), "lm head + sampling",
              f"only the {s} sampled rows go through the LM head: {vocab} logits each in the "
              "model dtype, then float32"),

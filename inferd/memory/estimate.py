@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from dataclasses import dataclass, fields, is_dataclass
+from dataclasses import dataclass, field, fields, is_dataclass
 from typing import Any
 
 from inferd.config import ENGINE_DEFAULTS, ModelConfig
@@ -37,6 +37,8 @@ from inferd.memory.weights import (
     canonical_precision,
     compute_dtype,
     count_parameters,
+    decode_read_params,
+    experts_read_fraction,
     resolve_dtype,
     tp_shard,
     valid_tp_sizes,
@@ -138,6 +140,9 @@ class MemoryEstimate:
     max_context: int | None = None  # at concurrency, on device_memory
     min_tensor_parallel_size: int | None = None  # smallest that fits, None when none does
     weight_plan: WeightPlan | None = None  # the mode's weights (whole model; weight_plan.py)
+    # Weight bytes one device reads per decode step, by the step's sequences (1 and the
+    # concurrency): decode is bound by these reads (weights.decode_read_params).
+    decode_read_bytes: dict[int, int] = field(default_factory=dict)
 
     @property
     def fits(self) -> bool | None:
@@ -151,8 +156,8 @@ class MemoryEstimate:
 
 
 # Properties worth a key of their own in `to_dict`.
-_DERIVED = ("total", "per_layer", "bits_per_weight", "total_bytes", "kv_cache", "peak_bytes",
-            "peak_phase", "fits")  # fmt: skip
+_DERIVED = ("total", "active", "per_layer", "bits_per_weight", "total_bytes", "kv_cache",
+            "peak_bytes", "peak_phase", "fits")  # fmt: skip
 
 
 def plain(obj: Any) -> Any:
@@ -300,6 +305,15 @@ def estimate_memory(
             (n for n in valid_tp_sizes(config) if fits(n, concurrency, max_len)), None
         )
 
+    weight_plan = blocks or dense_plan(params.total, wdtype)
+    shard_params = count_parameters(shard)
+    # Decode reads the weights as held (a GGUF file's blocks, not their bf16 copy), at the mode's
+    # average bytes per weight.
+    held = blocks.held if blocks is not None else weight_bytes(shard_params.total, wdtype)
+    decode_reads = {}
+    for batch in sorted({1, concurrency}):
+        read = decode_read_params(shard, shard_params, batch, experts_read_fraction(config, batch))
+        decode_reads[batch] = round(held * read / shard_params.total)
     return MemoryEstimate(
         name=name or config.name,
         device=device,
@@ -312,7 +326,7 @@ def estimate_memory(
         block_size=block_size,
         attention_backend=backend,
         params=params,
-        params_per_device=count_parameters(shard).total,
+        params_per_device=shard_params.total,
         checkpoint=checkpoint,
         weights_by_precision=weight_bytes_by_precision(params.total),
         kv_bytes_per_token_per_layer=kv_bytes_per_token_per_layer(config, kvb),
@@ -322,6 +336,7 @@ def estimate_memory(
         kv_bytes_per_request_uncapped=kv_bytes_per_token(shard, kvb) * max_len,
         per_device=plan.device_bytes(tp, concurrency, max_len),
         device_memory=device_memory,
-        weight_plan=blocks or dense_plan(params.total, wdtype),
+        weight_plan=weight_plan,
+        decode_read_bytes=decode_reads,
         **capacity,
     )

@@ -3,19 +3,27 @@ and bytes by precision.
 
     weight bytes = parameters × bits per weight / 8
 
-The count follows the modules inferd builds (fused q/k/v and gate/up change the layout, not the
-count), so it equals `sum(p.numel() for p in model.parameters())` of a loaded model. A tied LM
-head reads the embedding matrix and is counted once.
+The count follows the tensors the family's Architecture record lists per layer (inferd/models/:
+attention, norms, a dense MLP or a Mixture of Experts), so it equals
+`sum(p.numel() for p in model.parameters())` of a loaded model (fused q/k/v and gate/up, stacked
+experts change the layout, not the count). A tied LM head reads the embedding matrix and is
+counted once.
+
+A Mixture of Experts holds every expert but runs only `top_k` of them per token: its *active*
+parameters are what one token's computation touches, and what a decode step of one sequence
+reads; a step of several sequences reads the union of their experts (`decode_read_params`).
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from inferd.config import ModelConfig
+from inferd.models.architecture import is_expert_tensor
+from inferd.models.registry import architecture
 
 if TYPE_CHECKING:
     from inferd.loader.checkpoint import Checkpoint
@@ -31,10 +39,6 @@ PRECISION_BITS: dict[str, int] = {
     "int4": 4,
 }
 PRECISION_ALIASES = {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16", "half": "fp16"}
-
-# Gemma 3 wraps both attention and MLP in sandwich norms (before and after each).
-_NORMS_PER_LAYER = {"gemma3": 4}
-_DEFAULT_NORMS_PER_LAYER = 2  # pre-attention and pre-MLP
 
 # Element sizes of safetensors dtypes (header strings).
 _SAFETENSORS_BYTES = {
@@ -84,11 +88,13 @@ class ParamCounts:
 
     embedding: int
     attention: int  # all layers: q/k/v/o projections, their biases, q/k norms
-    mlp: int  # all layers: gate, up, down
+    mlp: int  # all layers: gate, up, down; a Mixture of Experts' router, experts, shared expert
     layer_norms: int  # all layers
     final_norm: int
     lm_head: int
     num_layers: int
+    experts: int = 0  # the routed experts' part of `mlp` (all layers, every expert)
+    experts_per_token: int = 0  # of those, what one token uses (top_k of each layer's)
 
     @property
     def total(self) -> int:
@@ -102,46 +108,79 @@ class ParamCounts:
         )
 
     @property
+    def active(self) -> int:
+        """Parameters one token's computation uses: all but the experts it was not routed to."""
+        return self.total - self.experts + self.experts_per_token
+
+    @property
     def per_layer(self) -> int:
         return (self.attention + self.mlp + self.layer_norms) // max(self.num_layers, 1)
 
 
-def attention_params_per_layer(config: ModelConfig) -> int:
-    hd, h = config.head_dim, config.hidden_size
-    q, kv = config.num_heads * hd, config.num_kv_heads * hd
-    n = h * (q + 2 * kv) + q * h  # q, k, v and the output projection
-    if config.attention_bias:
-        n += q + 2 * kv  # Qwen2: biases on q, k and v only
-    if config.qk_norm:
-        n += 2 * hd  # one RMSNorm gain over each head of q and of k, shared by the heads
-    return n
-
-
-def mlp_params_per_layer(config: ModelConfig) -> int:
-    # Every supported architecture has a gated MLP: gate and up (hidden → inter), down back.
-    return 3 * config.hidden_size * config.intermediate_size
-
-
 def count_parameters(config: ModelConfig) -> ParamCounts:
-    layers, h = config.num_layers, config.hidden_size
-    norms = _NORMS_PER_LAYER.get(config.architecture, _DEFAULT_NORMS_PER_LAYER)
-    embedding = config.vocab_size * h
+    record = architecture(config.architecture)
+    parts = {"attention": 0, "mlp": 0, "norms": 0, "experts": 0}
+    # NOTE: a layer's tensors depend on the layer only through whether its MLP is a Mixture of
+    # Experts: count each kind once (a 128-expert layer lists ~400 tensors).
+    kinds: dict[bool, dict[str, int]] = {}
+    for layer in range(config.num_layers):
+        moe = config.is_moe_layer(layer)
+        if moe not in kinds:
+            kind = dict.fromkeys(parts, 0)
+            for name, shape in record.layer_tensors(config, layer).items():
+                n = math.prod(shape)
+                part = {"self_attn": "attention", "mlp": "mlp"}.get(name.split(".")[0], "norms")
+                kind[part] += n
+                kind["experts"] += n if is_expert_tensor(name) else 0
+            kinds[moe] = kind
+        for part, n in kinds[moe].items():
+            parts[part] += n
+    moe = config.moe
+    per_token = parts["experts"] * moe.top_k // moe.num_experts if moe else 0
+    embedding = config.vocab_size * config.hidden_size
     return ParamCounts(
         embedding=embedding,
-        attention=layers * attention_params_per_layer(config),
-        mlp=layers * mlp_params_per_layer(config),
-        layer_norms=layers * norms * h,
-        final_norm=h,
+        attention=parts["attention"],
+        mlp=parts["mlp"],
+        layer_norms=parts["norms"],
+        final_norm=config.hidden_size,
         lm_head=0 if config.tie_word_embeddings else embedding,
-        num_layers=layers,
+        num_layers=config.num_layers,
+        experts=parts["experts"],
+        experts_per_token=per_token,
     )
+
+
+def experts_read_fraction(config: ModelConfig, batch: int) -> float:
+    """The share of a Mixture of Experts' experts a decode step of `batch` sequences runs, if
+    the router spread tokens evenly: 1 - (1 - k/E)^batch (k/E for one sequence). Computed on
+    the whole model's config: a tensor-parallel rank's experts are hit at the same rate."""
+    moe = config.moe
+    if moe is None:
+        return 0.0
+    return 1 - (1 - moe.top_k / moe.num_experts) ** batch
+
+
+def decode_read_params(config: ModelConfig, counts: ParamCounts, batch: int,
+                       expert_fraction: float) -> int:  # fmt: skip
+    """Parameters a decode step of `batch` sequences reads (`config`, `counts`: the whole model
+    or one rank's slice): every layer weight but the experts no sequence was routed to
+    (`expert_fraction` of them are read), the LM head's whole matrix (tied or not), and only
+    the `batch` embedding rows it looks up."""
+    head = config.vocab_size * config.hidden_size
+    experts = round(counts.experts * expert_fraction)
+    rest = counts.attention + counts.mlp - counts.experts + counts.layer_norms + counts.final_norm
+    return rest + experts + head + min(batch, config.vocab_size) * config.hidden_size
 
 
 def tp_shard(config: ModelConfig, tp: int) -> ModelConfig:
     """The slice of the model one of `tp` tensor-parallel ranks holds, as a config.
 
     Query heads, the MLP's intermediate size and the vocabulary (embedding and LM head) are split
-    across ranks; norms are replicated. KV heads are split when there are at least `tp` of them,
+    across ranks; norms are replicated. A Mixture of Experts is split by expert (expert
+    parallelism, layers/moe.py): each rank holds E / tp whole experts, and of a token's top_k at
+    most that many; its router (experts x hidden per layer, replicated) is counted at the
+    rank's share. KV heads are split when there are at least `tp` of them,
     and otherwise replicated so that every rank holds one (its query heads need a KV head). The
     KV formulas of `inferd.memory.kv` applied to this config give per-rank KV bytes.
     """
@@ -159,12 +198,27 @@ def tp_shard(config: ModelConfig, tp: int) -> ModelConfig:
             f"tensor_parallel_size {tp} must divide the model's {kv} KV heads or be a multiple "
             "of them"
         )
+    if not architecture(config.architecture).tensor_parallel:
+        raise ValueError(f"the {config.architecture} architecture cannot be split over "
+                         f"tensor_parallel_size {tp}")  # fmt: skip
+    moe = config.moe
+    if moe is not None:
+        if moe.num_experts % tp:
+            raise ValueError(
+                f"tensor_parallel_size {tp} must divide the model's {moe.num_experts} experts "
+                "(each rank holds whole experts)"
+            )
+        local = moe.num_experts // tp
+        shared = math.ceil(moe.shared_intermediate_size / tp)
+        moe = replace(moe, num_experts=local, top_k=min(moe.top_k, local),
+                      shared_intermediate_size=shared)  # fmt: skip
     return config.with_overrides(
         num_heads=heads // tp,
         num_kv_heads=max(kv // tp, 1),
         # Uneven splits are padded up, so the largest rank is the one that must fit.
         intermediate_size=math.ceil(config.intermediate_size / tp),
         vocab_size=math.ceil(config.vocab_size / tp),
+        moe=moe,
     )
 
 

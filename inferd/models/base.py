@@ -22,6 +22,7 @@ from inferd.errors import ModelLoadError
 from inferd.layers.attention import SelfAttention
 from inferd.layers.embedding import LMHead, VocabEmbedding
 from inferd.layers.linear import Linear
+from inferd.layers.moe import ExpertLinear, SparseMoE
 from inferd.layers.norm import RMSNorm, scheme_norm
 from inferd.layers.rotary import RotaryEmbedding
 from inferd.layers.weight_scheme import WeightScheme, as_scheme
@@ -48,7 +49,7 @@ class DecoderLayerParts:
     input_norm: RMSNorm
     attention: SelfAttention
     pre_mlp_norm: RMSNorm
-    mlp: nn.Module  # a GatedMLP: gate_up_proj, down_proj, act
+    mlp: nn.Module  # a GatedMLP (gate_up_proj, down_proj, act), or a SparseMoE (layers/moe.py)
     activation: str  # the config's hidden_act
     post_attention_norm: RMSNorm | None = None  # Gemma's sandwich norms
     post_mlp_norm: RMSNorm | None = None
@@ -121,12 +122,16 @@ class CausalLM(nn.Module):
     # ---- weights -------------------------------------------------------------------------
     def load_weights(self, weights: Iterable[tuple[str, object]],
                      preloaded: frozenset[str] = frozenset()) -> None:  # fmt: skip
-        """Fill the parameters from checkpoint weights (HF names; lazy: each `.load(dtype,
-        rows=, cols=)` reads only what this rank keeps). Every parameter must be set, except
-        `preloaded` ones (module.weight names whose blocks came from the block cache)."""
+        """Fill the parameters from checkpoint weights (HF names, as loader/tensor_layout.py
+        normalises them; lazy: each `.load(dtype, rows=, cols=)` reads only what this rank
+        keeps). Every parameter must be set, except `preloaded` ones (module.weight names whose
+        blocks came from the block cache). Modules with a `load_checkpoint_tensor` (the experts
+        of a Mixture of Experts) take the names under them and say what they still miss."""
         modules = dict(self.named_modules())
         params = dict(self.named_parameters())
-        pending = set(params) - preloaded
+        owners = {n: m for n, m in modules.items() if hasattr(m, "load_checkpoint_tensor")}
+        pending = {p for p in params if not p.startswith(tuple(f"{o}." for o in owners))}
+        pending -= preloaded
         if self.config.tie_word_embeddings:
             pending.discard("lm_head.weight")
         for name, weight in weights:
@@ -141,7 +146,11 @@ class CausalLM(nn.Module):
             if f"{target}.{leaf}" in preloaded:
                 continue
             module = modules.get(target)
+            owner = _owner(owners, name)
             try:
+                if owner is not None:
+                    owners[owner].load_checkpoint_tensor(name[len(owner) + 1 :], weight)
+                    continue
                 if isinstance(module, Linear):
                     module.load_shard(leaf, weight, shard)
                 elif isinstance(module, VocabEmbedding | LMHead) and leaf == "weight":
@@ -157,6 +166,7 @@ class CausalLM(nn.Module):
             except ValueError as e:
                 raise ModelLoadError(f"checkpoint tensor {name!r}: {e}") from e
             pending.discard(f"{target}.{leaf}" if target in modules else name)
+        pending |= {f"{o}.{rest}" for o, m in owners.items() for rest in m.missing_tensors()}
         if pending:
             missing = ", ".join(sorted(pending)[:5])
             raise ModelLoadError(f"checkpoint lacks {len(pending)} tensors, e.g. {missing}")
@@ -165,15 +175,35 @@ class CausalLM(nn.Module):
     def finalize(self) -> None:
         """After loading: each layer's method converts its weights to its format (blocks
         stacked, weights quantised), then the tensors derived from them (norm gains), then the
-        C decoder where the scheme allows it."""
+        C decoder where the scheme allows it and the family's layers are ones it computes."""
         for module in self.modules():
-            if isinstance(module, Linear | VocabEmbedding):
+            if isinstance(module, Linear | VocabEmbedding | ExpertLinear):
                 module.finish_loading()
         self.lm_head.finish_loading(self.model.embed_tokens)
         for module in self.modules():
             if isinstance(module, RMSNorm | SelfAttention):
                 module.finalize()
-        if self.scheme.decoder_rows and not self.tp.enabled:
+        if self.scheme.decoder_rows and not self.tp.enabled and self.c_decoder_computes_layers():
             from inferd.models.cpu_decoder import CpuDecoder
 
             self.cpu_decoder = CpuDecoder.for_model(self)
+
+    def c_decoder_computes_layers(self) -> bool:
+        """Whether the family's record says the C decoder layer computes it, and no layer's MLP
+        is a Mixture of Experts (the C layer has a dense gated MLP only)."""
+        from inferd.models.registry import architecture
+
+        dense = not any(isinstance(m, SparseMoE) for m in self.modules())
+        return dense and architecture(self.config.architecture).c_decoder
+
+
+def _owner(owners: dict[str, nn.Module], name: str) -> str | None:
+    """The module among `owners` whose name prefixes `name`, if any."""
+    if not owners:
+        return None
+    prefix = name
+    while "." in prefix:
+        prefix = prefix.rpartition(".")[0]
+        if prefix in owners:
+            return prefix
+    return None

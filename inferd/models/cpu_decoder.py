@@ -130,6 +130,8 @@ class CpuDecoder:
             parts: DecoderLayerParts = layer.parts()
             if parts.activation not in ACTIVATIONS:
                 return None
+            if not isinstance(getattr(parts.mlp, "gate_up_proj", None), Linear):
+                return None  # a Mixture of Experts: the C layer has a dense gated MLP only
             linears = [parts.attention.qkv_proj, parts.attention.o_proj,
                        parts.mlp.gate_up_proj, parts.mlp.down_proj]  # fmt: skip
             matrices = [_blocks_of(lin) for lin in linears]

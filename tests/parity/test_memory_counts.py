@@ -43,6 +43,48 @@ def test_tiny_checkpoint_counts(kind, tmp_path):
     assert hf.num_parameters() == counts.total
 
 
+# Published Mixture-of-Experts shapes → (model_type, active parameters as published, billions)
+PUBLISHED_MOE = {
+    "Mixtral-8x7B": ("mixtral", 12.9, dict(
+        architectures=["MixtralForCausalLM"], hidden_size=4096, intermediate_size=14336,
+        num_hidden_layers=32, num_attention_heads=32, num_key_value_heads=8,
+        num_local_experts=8, num_experts_per_tok=2, vocab_size=32000)),
+    "Qwen3-30B-A3B": ("qwen3_moe", 3.3, dict(
+        architectures=["Qwen3MoeForCausalLM"], hidden_size=2048, intermediate_size=6144,
+        moe_intermediate_size=768, num_hidden_layers=48, num_attention_heads=32,
+        num_key_value_heads=4, head_dim=128, num_experts=128, num_experts_per_tok=8,
+        vocab_size=151936, norm_topk_prob=True)),
+    "OLMoE-1B-7B": ("olmoe", 1.3, dict(
+        architectures=["OlmoeForCausalLM"], hidden_size=2048, intermediate_size=1024,
+        num_hidden_layers=16, num_attention_heads=16, num_key_value_heads=16, num_experts=64,
+        num_experts_per_tok=8, vocab_size=50304)),
+    "Qwen1.5-MoE-A2.7B": ("qwen2_moe", 2.7, dict(
+        architectures=["Qwen2MoeForCausalLM"], hidden_size=2048, intermediate_size=5632,
+        moe_intermediate_size=1408, shared_expert_intermediate_size=5632, num_hidden_layers=24,
+        num_attention_heads=16, num_key_value_heads=16, num_experts=60, num_experts_per_tok=4,
+        vocab_size=151936)),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("name", list(PUBLISHED_MOE))
+def test_published_moe_counts_equal_hf_and_the_active_share(name):
+    """Total: HF transformers' count of the same config (built on the meta device: no memory);
+    active: the figure the model's authors publish (the "A3B" of Qwen3-30B-A3B)."""
+    import transformers
+
+    from inferd.loader.hf_config import model_config_from_hf
+
+    model_type, active_b, cfg = PUBLISHED_MOE[name]
+    counts = count_parameters(model_config_from_hf(dict(cfg, max_position_embeddings=4096)))
+    hf_cfg = transformers.AutoConfig.for_model(model_type, **{k: v for k, v in cfg.items()
+                                                              if k != "architectures"})  # fmt: skip
+    with torch.device("meta"):
+        hf = transformers.AutoModelForCausalLM.from_config(hf_cfg)
+    assert counts.total == hf.num_parameters()
+    # published to two or three significant figures (Qwen's "3.3B" is 3.35B: truncated)
+    assert abs(counts.active / 1e9 - active_b) < 0.02 * active_b
+
+
 def test_embedded_model_counts(gemma_gguf):
     ckpt = open_checkpoint(None)
     counts = count_parameters(ckpt.config)

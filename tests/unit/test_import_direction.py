@@ -39,7 +39,7 @@ ABOVE: dict[str, set[str]] = {
     "layers": {"attention", "distributed", "cpu_kernels"},
     "models": {"layers", "attention", "distributed", "cpu_kernels"},
     "loader": {"models", "layers", "distributed"},
-    "memory": {"loader"},
+    "memory": {"loader", "models"},  # parameter counts from the families' Architecture records
     "tokenizer": {"loader"},
     "profiling": {"layers", "cpu_kernels"},  # step timer, traces: instruments a model
     "spec_decode": set(),

@@ -15,7 +15,7 @@ from inferd.config import FULL_ATTENTION, SLIDING_ATTENTION, ModelConfig
 from inferd.memory.activations import estimate_activations
 from inferd.memory.estimate import engine_kv_pool, estimate_memory
 from inferd.memory.kv import kv_bytes_per_token_per_layer
-from inferd.memory.weights import count_parameters, tp_shard, weight_bytes
+from inferd.memory.weights import count_parameters, tp_shard, valid_tp_sizes, weight_bytes
 
 KiB, GiB = 1 << 10, 1 << 30
 
@@ -345,3 +345,107 @@ def test_measure_refuses_what_if_precisions():
         est = estimate_memory(GEMMA_LIKE, max_model_len=64, **kw)
         with pytest.raises(ValueError, match="--measure"):
             measure_memory(None, GEMMA_LIKE, est, make_llm=_FakeLLM)
+
+
+# ---- Mixture of Experts: total vs active, decode reads, expert parallelism -------------------
+def qwen3_30b_a3b(**kw) -> ModelConfig:
+    from inferd.config import MoEConfig
+
+    moe = MoEConfig(num_experts=128, top_k=8, intermediate_size=768, normalize_top_k=True)
+    return ModelConfig(architecture="qwen3_moe", vocab_size=151936, hidden_size=2048,
+                       intermediate_size=6144, num_layers=48, num_heads=32, num_kv_heads=4,
+                       head_dim=128, qk_norm=True, max_position_embeddings=40960, moe=moe,
+                       **kw)  # fmt: skip
+
+
+def test_moe_total_and_active_parameters():
+    config = qwen3_30b_a3b()
+    p = count_parameters(config)
+    per_expert = 3 * 2048 * 768
+    assert p.experts == 48 * 128 * per_expert
+    assert p.experts_per_token == 48 * 8 * per_expert
+    router = 48 * 128 * 2048
+    assert p.mlp == p.experts + router  # no shared expert, no dense layer
+    assert p.active == p.total - p.experts + p.experts_per_token
+    dense = count_parameters(llama(layers=2, hidden=64, heads=4, kv=2, inter=128, vocab=300))
+    assert dense.experts == dense.experts_per_token == 0 and dense.active == dense.total
+
+
+def test_decode_reads_the_experts_the_step_routes_to():
+    config = qwen3_30b_a3b()
+    p = count_parameters(config)
+    est = estimate_memory(config, dtype="bf16", device="cuda", max_model_len=4096, concurrency=16)
+    # one sequence: the active parameters, the head's whole matrix, one embedding row
+    one = p.active - p.embedding + config.hidden_size
+    assert est.decode_read_bytes[1] == 2 * one
+    # sixteen: each expert is missed by all 16 with probability (1 - 8/128)^16
+    hit = 1 - (1 - 8 / 128) ** 16
+    sixteen = p.total - p.embedding - p.experts + round(p.experts * hit) + 16 * 2048
+    assert est.decode_read_bytes[16] == 2 * sixteen
+    assert est.decode_read_bytes[1] < est.decode_read_bytes[16] < 2 * p.total
+    dense = estimate_memory(LLAMA3_8B, dtype="bf16", device="cuda", max_model_len=4096)
+    assert dense.decode_read_bytes == {1: 2 * (dense.params.total - dense.params.embedding + 4096)}
+
+
+def test_expert_parallel_splits_whole_experts():
+    config = qwen3_30b_a3b()
+    shard = tp_shard(config, 4)
+    assert (shard.moe.num_experts, shard.moe.top_k) == (32, 8)
+    few = config.with_overrides(moe=config.moe.__class__(32, 8, 768, True))
+    assert tp_shard(few, 16).moe.top_k == 2  # a rank holds 2 experts: at most 2 per token
+    est = estimate_memory(config, dtype="bf16", device="cuda", tensor_parallel_size=4,
+                          max_model_len=4096)  # fmt: skip
+    assert count_parameters(shard).experts == count_parameters(config).experts // 4
+    assert est.params_per_device == count_parameters(shard).total
+    six = config.with_overrides(moe=config.moe.__class__(6, 2, 768, True))
+    with pytest.raises(ValueError, match="must divide the model's 6 experts"):
+        tp_shard(six, 4)  # 4 divides the 32 heads and the 4 KV heads, not the experts
+    assert 4 not in valid_tp_sizes(six) and 2 in valid_tp_sizes(six)
+    with pytest.raises(ValueError, match="cannot be split"):
+        tp_shard(config.with_overrides(architecture="olmoe"), 2)
+
+
+def test_capacity_planner_counts_the_expert_parallel_degree():
+    config = qwen3_30b_a3b()
+    kw = dict(dtype="bf16", device="cuda", max_model_len=4096, device_memory=24 * GiB)
+    est = estimate_memory(config, **kw)
+    assert not est.fits  # 61 GB of bf16 weights
+    n = est.min_tensor_parallel_size
+    assert n == 4  # 2 devices hold 30.5 GB each: more than 24 GiB
+    assert estimate_memory(config, tensor_parallel_size=n, **kw).fits
+    assert not estimate_memory(config, tensor_parallel_size=n // 2, **kw).fits
+
+
+def test_moe_activations_have_an_experts_phase():
+    config = qwen3_30b_a3b()
+    acts = estimate_activations(config, num_tokens=256, num_seqs=4, context_len=1024, act_bytes=2)
+    names = {t.name: t for t in acts.terms}
+    assert "MLP intermediate" not in names  # every layer is sparse
+    assert names["expert intermediate"].bytes == 4 * 256 * 8 * 768 * 2
+    assert names["rows by expert"].phase == "experts"
+    mixed = config.with_overrides(moe=config.moe.__class__(128, 8, 768, True, dense_layers=(0,)))
+    assert "MLP intermediate" in {t.name for t in estimate_activations(
+        mixed, num_tokens=256, num_seqs=4, context_len=1024, act_bytes=2).terms}  # fmt: skip
+
+
+def test_memory_command_shows_total_active_and_decode_reads(tmp_path, capsys):
+    from inferd.commands import memory
+
+    (tmp_path / "config.json").write_text(json.dumps({
+        "architectures": ["Qwen3MoeForCausalLM"], "hidden_size": 2048, "intermediate_size": 6144,
+        "moe_intermediate_size": 768, "num_hidden_layers": 48, "num_attention_heads": 32,
+        "num_key_value_heads": 4, "head_dim": 128, "num_experts": 128, "num_experts_per_tok": 8,
+        "vocab_size": 151936, "max_position_embeddings": 40960, "norm_topk_prob": True,
+    }))  # fmt: skip
+    args_list = [str(tmp_path), "--device", "cuda", "--device-memory", "24GiB", "--dtype", "bf16",
+                 "--max-model-len", "4096", "--concurrency", "8"]  # fmt: skip
+    args = parser().parse_args(args_list)
+    assert memory.run(args) == 0
+    text = capsys.readouterr().out
+    assert "30,532,122,624" in text and "3,353,032,704" in text  # total, active
+    assert "active per token" in text and "Decode: weights read per step" in text
+    assert memory.run(parser().parse_args([*args_list, "--json"])) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["params"]["active"] == 3_353_032_704
+    assert set(out["decode_read_bytes"]) == {"1", "8"}
+    assert out["min_tensor_parallel_size"] == 4

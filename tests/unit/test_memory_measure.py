@@ -116,7 +116,7 @@ def test_cuda_branch_explains_allocated_reserved_peak_and_context():
 def test_the_command_prints_the_snapshot_table(monkeypatch, capsys):
     from rich.console import Console
 
-    from inferd.commands.memory import _print_snapshots
+    from inferd.commands.memory_tables import print_snapshots as _print_snapshots
 
     cuda = FakeCuda()
     est = estimate_memory(CONFIG, dtype="bf16", device="cuda", device_memory=80 * GiB,

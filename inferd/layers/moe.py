@@ -1,0 +1,292 @@
+"""Mixture of Experts: a router scores every expert for each token, the `top_k` best experts'
+gated MLPs run on it, and their outputs are summed weighted by the router's scores (Qwen3-MoE,
+OLMoE, Mixtral; Qwen2-MoE adds a shared expert every token uses, behind a sigmoid gate).
+
+A step's (token, choice) pairs are sorted by expert, so each expert with work multiplies its
+whole group of rows in one GEMM (`LinearMethod.apply_grouped`), and the products are added back
+into their tokens' rows weighted by the router. The Python loop runs over experts, never over
+tokens: a decode step of one sequence touches `top_k` experts, a prefill most of them.
+
+Weights: dense experts are one [experts, out, in] matrix per kind (the fused [gate; up], and
+down) multiplied by PyTorch's GEMM; a GGUF file's quantised experts (`ffn_*_exps`) keep their
+blocks, one block matrix per expert, multiplied by the C block kernel for small groups and by a
+GEMM on dequantised (or, with a kept copy, bf16) weights for large ones (`ExpertBlocks`). The
+re-quantising modes (int8, int4, fp8) do not cover experts: they are refused at load.
+
+The router is held in float32 whatever the scheme: which experts run is decided there, and
+rounding its weights would change the choice (it is experts x hidden, a sliver of the model).
+
+A CUDA graph cannot capture the grouped path (its group sizes are read back to the host): under
+capture every expert runs on every row instead (`Experts.every_expert`), the same sums read off
+all the experts.
+
+Expert parallelism: under a group of N ranks (the tensor-parallel group), rank r holds experts
+[r E/N, (r+1) E/N) whole, while attention and a shared expert are split as usual. Every rank
+routes every token (the hidden states are replicated), computes the pairs routed to its own
+experts, and one all-reduce sums the ranks' partial outputs.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from inferd.config import ModelConfig
+from inferd.distributed.state import SINGLE, TPGroup
+from inferd.layers.activation import gated
+from inferd.layers.gguf_blocks import BlockWeight, stack
+from inferd.layers.linear_method import DenseMethod, LinearMethod, dropped
+from inferd.layers.weight_scheme import (
+    BLOCK_ROWS_DEQUANTISING,
+    BLOCK_ROWS_WITH_COPY,
+    WeightScheme,
+    as_scheme,
+)
+
+# checkpoint sub-name of one expert's matrix → (ExpertLinear, shard)
+_EXPERT_MATRICES = {"gate_proj": ("gate_up_proj", 0), "up_proj": ("gate_up_proj", 1),
+                    "down_proj": ("down_proj", 0)}  # fmt: skip
+
+
+class ExpertBlocks(LinearMethod):
+    """Experts that keep a GGUF file's blocks: one BlockWeight per expert ([gate; up] stacked).
+    Groups of up to `max_rows` rows go to the C block kernel; larger ones to a GEMM in `dtype`
+    on the expert's weights, dequantised for the step or (`keep_copy`) copied once and kept."""
+
+    wants_blocks = True
+
+    def __init__(self, dtype: torch.dtype, max_rows: int, keep_copy: bool):
+        super().__init__()
+        self.dtype, self.max_rows, self.keep_copy = dtype, max_rows, keep_copy
+        self.blocks: nn.ModuleList | None = None  # None: the checkpoint had no blocks for them
+        self._shards: dict[tuple[int, int], tuple] = {}  # (expert, shard) → (q, scale, offset)
+        self._copies: dict[int, torch.Tensor] = {}
+
+    def take_blocks(self, layer: nn.Module, shard, blocks: tuple) -> None:
+        self._shards[shard] = blocks
+
+    def finish(self, layer: nn.Module) -> None:
+        """Blocks for every expert, or (some part came dense) every part dense."""
+        shards, self._shards = self._shards, {}
+        if not shards:
+            return
+        experts, sizes = layer.weight.shape[0], layer.shard_sizes
+        if len(shards) == experts * len(sizes):
+            per_expert = []
+            for e in range(experts):
+                parts = [BlockWeight(*shards[e, s]) for s in range(len(sizes))]
+                per_expert.append(parts[0] if len(parts) == 1 else stack(parts))
+            self.blocks = nn.ModuleList(per_expert)
+            layer.weight = dropped(layer.weight)
+            return
+        for (e, s), parts in shards.items():
+            start = sum(sizes[:s])
+            layer.weight.data[e, start : start + sizes[s]] = BlockWeight(*parts).dequantized()
+
+    def kernel_for(self, rows: int) -> str:
+        if self.blocks is None:
+            return "gemm"
+        if rows <= self.max_rows:
+            return "blocks"
+        return "gemm-copy" if self.keep_copy else "gemm-dequantised"
+
+    def _dense(self, expert: int) -> torch.Tensor:
+        if not self.keep_copy:
+            return self.blocks[expert].dense(self.dtype)
+        if expert not in self._copies:
+            self._copies[expert] = self.blocks[expert].dense(self.dtype)
+        return self._copies[expert]
+
+    def apply_grouped(self, layer: nn.Module, x: torch.Tensor, counts: list[int]) -> torch.Tensor:
+        if self.blocks is None:
+            return super().apply_grouped(layer, x, counts)
+        y = torch.empty(x.shape[0], self.blocks[0].shape[0], dtype=torch.float32)
+        start = 0
+        for expert, n in enumerate(counts):
+            if n:
+                rows = slice(start, start + n)
+                if n <= self.max_rows:
+                    y[rows] = self.blocks[expert](x[rows])
+                else:
+                    y[rows] = F.linear(x[rows].to(self.dtype), self._dense(expert)).float()
+            start += n
+        return y
+
+
+def expert_method(scheme: WeightScheme) -> LinearMethod:
+    if scheme.quantize is not None:
+        raise ValueError(
+            f"--quantization {scheme.quantize} does not cover Mixture-of-Experts experts; run "
+            "this model without it (dense weights), or from a GGUF file (its own blocks)"
+        )
+    if scheme.blocks:
+        rows = BLOCK_ROWS_WITH_COPY if scheme.keep_copy else BLOCK_ROWS_DEQUANTISING
+        return ExpertBlocks(scheme.dtype, rows["linear"], scheme.keep_copy)
+    return DenseMethod()
+
+
+class ExpertLinear(nn.Module):
+    """One matrix per expert this rank holds, [experts, out, in], of one kind: the fused
+    [gate; up] (two shards) or down. Checkpoints give them one expert, one shard at a time."""
+
+    def __init__(self, num_experts: int, in_features: int, shard_sizes: list[int],
+                 scheme: WeightScheme):  # fmt: skip
+        super().__init__()
+        self.shard_sizes, self.in_features = shard_sizes, in_features
+        self.out_features = sum(shard_sizes)
+        shape = (num_experts, self.out_features, in_features)
+        self.weight = nn.Parameter(torch.empty(shape, dtype=scheme.dtype), requires_grad=False)
+        self.quant_method = expert_method(scheme)
+        self.loaded: set[tuple[int, int]] = set()  # (expert, shard) filled so far
+
+    def load_expert(self, expert: int, shard: int, weight) -> None:
+        """Expert `expert`'s (this rank's numbering) part `shard` from a lazy weight."""
+        expected = (self.shard_sizes[shard], self.in_features)
+        if tuple(weight.shape) != expected:
+            raise ValueError(f"shape {tuple(weight.shape)}, the model expects {expected}")
+        blocks = None
+        if self.quant_method.wants_blocks and hasattr(weight, "load_blocks"):
+            blocks = weight.load_blocks()
+        if blocks is not None:
+            self.quant_method.take_blocks(self, (expert, shard), blocks)
+        else:
+            start = sum(self.shard_sizes[:shard])
+            self.weight.data[expert, start : start + expected[0]] = weight.load(self.weight.dtype)
+        self.loaded.add((expert, shard))
+
+    def finish_loading(self) -> None:
+        self.quant_method.finish(self)
+
+    def grouped(self, x: torch.Tensor, counts: list[int]) -> torch.Tensor:
+        return self.quant_method.apply_grouped(self, x, counts)
+
+    def extra_repr(self) -> str:
+        return f"experts={self.weight.shape[0]}, in={self.in_features}, out={self.shard_sizes}"
+
+
+class Router(nn.Module):
+    """Scores [tokens, experts] → each token's `top_k` experts and their weights (softmax over
+    all experts, then the chosen ones, optionally renormalised to sum to 1), as HF computes."""
+
+    def __init__(self, hidden: int, num_experts: int, top_k: int, normalize: bool):
+        super().__init__()
+        self.top_k, self.normalize = top_k, normalize
+        self.weight = nn.Parameter(torch.empty(num_experts, hidden, dtype=torch.float32),
+                                   requires_grad=False)  # fmt: skip
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        probs = F.linear(x.float(), self.weight).softmax(dim=-1)
+        weights, experts = probs.topk(self.top_k, dim=-1)
+        if self.normalize:
+            weights = weights / weights.sum(dim=-1, keepdim=True)
+        return weights, experts
+
+
+class SharedGate(nn.Module):
+    """sigmoid(x . w) per token: the share of the shared expert's output a token takes."""
+
+    def __init__(self, hidden: int):
+        super().__init__()
+        self.weight = nn.Parameter(torch.empty(1, hidden, dtype=torch.float32),
+                                   requires_grad=False)  # fmt: skip
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.sigmoid(F.linear(x.float(), self.weight))
+
+
+class Experts(nn.Module):
+    """The routed experts this rank holds: experts [first, first + count) of the model's."""
+
+    def __init__(self, config: ModelConfig, scheme: WeightScheme, first: int, count: int):
+        super().__init__()
+        moe, hidden = config.moe, config.hidden_size
+        inter = moe.intermediate_size
+        self.first, self.count, self.total = first, count, moe.num_experts
+        self.gate_up_proj = ExpertLinear(count, hidden, [inter, inter], scheme)
+        self.down_proj = ExpertLinear(count, inter, [hidden], scheme)
+        self.act = gated(config.hidden_act)
+
+    def load_checkpoint_tensor(self, rest: str, weight) -> None:
+        """`rest` is the name under this module, `E.gate_proj.weight` (E the model's expert
+        number): experts other ranks hold are skipped unread."""
+        parts = rest.split(".")
+        if len(parts) != 3 or not parts[0].isdigit() or parts[1] not in _EXPERT_MATRICES \
+                or parts[2] != "weight":  # fmt: skip
+            raise ValueError("it has no place in the model")
+        expert = int(parts[0])
+        if expert >= self.total:
+            raise ValueError(f"the model has {self.total} experts")
+        if self.first <= expert < self.first + self.count:
+            kind, shard = _EXPERT_MATRICES[parts[1]]
+            getattr(self, kind).load_expert(expert - self.first, shard, weight)
+
+    def missing_tensors(self) -> list[str]:
+        """Names (under this module) of expert matrices of this rank not loaded."""
+        out = []
+        for kind, (linear, shard) in _EXPERT_MATRICES.items():
+            loaded = getattr(self, linear).loaded
+            out += [f"{e + self.first}.{kind}.weight" for e in range(self.count)
+                    if (e, shard) not in loaded]  # fmt: skip
+        return out
+
+    def forward(self, x: torch.Tensor, weights: torch.Tensor, chosen: torch.Tensor) -> torch.Tensor:
+        """Σ over each token's chosen experts held here of weight × expert(x): float32."""
+        if x.is_cuda and torch.cuda.is_current_stream_capturing():
+            return self.every_expert(x, weights, chosen)
+        tokens, k = chosen.shape
+        slots = torch.arange(tokens * k, device=x.device)  # pair p = token p // k, choice p % k
+        experts = chosen.reshape(-1)
+        if self.count != self.total:  # expert parallel: only the pairs routed to our experts
+            mine = (experts >= self.first) & (experts < self.first + self.count)
+            slots, experts = slots[mine], experts[mine] - self.first
+        order = torch.argsort(experts, stable=True)
+        slots = slots[order]
+        counts = torch.bincount(experts, minlength=self.count).tolist()
+        rows = slots // k
+        h = self.act(self.gate_up_proj.grouped(x.index_select(0, rows), counts))
+        y = self.down_proj.grouped(h, counts).float() * weights.reshape(-1)[slots, None]
+        # NOTE: index_add_ adds each token's experts in expert order, as HF's per-expert loop.
+        return torch.zeros(tokens, x.shape[1], dtype=torch.float32, device=x.device).index_add_(
+            0, rows, y
+        )
+
+    def every_expert(self, x: torch.Tensor, weights: torch.Tensor,
+                     chosen: torch.Tensor) -> torch.Tensor:  # fmt: skip
+        """The same sum with static shapes and no host sync, for a CUDA graph's capture (the
+        grouped path reads the group sizes back to the host): every expert runs on every row,
+        scaled by the row's router weight for it, 0 where it was not chosen. It reads every
+        expert each step; `--enforce-eager` keeps the grouped path on a GPU."""
+        tokens = x.shape[0]
+        share = torch.zeros(tokens, self.total, dtype=torch.float32, device=x.device)
+        share = share.scatter_(1, chosen, weights.float())[:, self.first : self.first + self.count]
+        counts = [tokens] * self.count
+        h = self.act(self.gate_up_proj.grouped(x.repeat(self.count, 1), counts))
+        y = self.down_proj.grouped(h, counts).float().view(self.count, tokens, -1)
+        return (y * share.t().unsqueeze(-1)).sum(0)
+
+
+class SparseMoE(nn.Module):
+    """The MLP of a Mixture-of-Experts layer: `gate` (the router), `experts`, and optionally a
+    `shared_expert` (a dense gated MLP every token uses) scaled by `shared_expert_gate`."""
+
+    def __init__(self, config: ModelConfig, scheme: WeightScheme | torch.dtype,
+                 tp: TPGroup = SINGLE, shared: nn.Module | None = None):  # fmt: skip
+        super().__init__()
+        scheme, moe = as_scheme(scheme), config.moe
+        first, count = tp.split(moe.num_experts, "the number of experts")
+        self.tp = tp
+        self.gate = Router(config.hidden_size, moe.num_experts, moe.top_k, moe.normalize_top_k)
+        self.experts = Experts(config, scheme, first, count)
+        self.shared_expert = shared
+        self.shared_expert_gate = SharedGate(config.hidden_size) if moe.shared_gate else None
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        weights, chosen = self.gate(x)
+        y = self.tp.all_reduce(self.experts(x, weights, chosen))
+        if self.shared_expert is not None:
+            shared = self.shared_expert(x).float()
+            if self.shared_expert_gate is not None:
+                shared = self.shared_expert_gate(x) * shared
+            y = y + shared
+        return y
