@@ -4,8 +4,9 @@ storage width of gguf_blocks, with and without offsets).
 
 * The gguf mode's logits follow the float32 run of the same file (which dequantises every
   weight), within the rounding of activations to int8.
-* Its one-call decoder layer (decode_layer.c: SiLU, no sandwich norms, bias, q/k norms here)
-  gives what the same layer computes op by op in PyTorch.
+* Its one-call decoder layer (decode_layer.c: SiLU, no sandwich norms, bias, q/k norms here),
+  which runs the prefill and every decode step, gives what the same layers compute op by op in
+  PyTorch.
 """
 
 from __future__ import annotations
@@ -100,9 +101,9 @@ def test_gguf_mode_matches_float32_and_its_fused_layers(tmp_path, monkeypatch, c
     assert model.cpu_decoder is not None
     decoder, served = model.cpu_decoder, []
     real_serves = decoder.serves
-    decoder.serves = lambda rows, ctx: served.append(real_serves(rows, ctx)) or served[-1]
+    decoder.serves = lambda ctx: served.append(real_serves(ctx)) or served[-1]
     fused = run(model, ids, 6, CpuAttentionBackend(c_kernels))
-    assert served == [False] + [True] * 6  # the prefill, then every decode step
+    assert served == [True] * 7  # the prefill and every decode step
     scale = reference.abs().max()
     assert (fused - reference).abs().max() < 0.03 * scale
 
