@@ -124,14 +124,6 @@ def test_fused_layers_match_the_pytorch_layers(gemma_tokenizer, variant, monkeyp
         assert statistics.median(errors) < ROUNDING, (key, errors)  # most: rounding order only
 
 
-@pytest.fixture(scope="module")
-def default_llm(c_kernels):
-    llm = LLM(kv_cache_memory=64 << 20, max_num_batched_tokens=512)
-    assert llm.engine.runner.backend.name == "cpu"
-    assert llm.engine.runner.model.cpu_decoder is not None, "the default mode on a GGUF file"
-    return llm
-
-
 @pytest.mark.slow
 def test_every_step_takes_the_c_decoder(default_llm):
     model = default_llm.engine.runner.model

@@ -105,7 +105,7 @@ class Recorder:
 
 
 def test_c_kernels_and_c_decoder_layers_are_named(tmp_path, monkeypatch, c_kernels):
-    from parity.test_gguf_llama_family import LAYERS, write_tiny_gguf
+    from tiny_gguf import LAYERS, write_tiny_gguf
 
     from inferd.attention.cpu_backend import CpuAttentionBackend
     from inferd.engine.runner import ModelRunner, SequenceStep
