@@ -19,6 +19,7 @@ machine and the checkpoint (docs/performance.md has the measurements behind it):
 from __future__ import annotations
 
 import ctypes
+import dataclasses
 import logging
 from dataclasses import dataclass, field
 
@@ -28,6 +29,7 @@ import inferd.cpu_info as cpu_info
 from inferd.layers.block_method import BlockMethod
 from inferd.layers.linear_method import DenseMethod, LinearMethod
 from inferd.layers.quant import INT4_ROW_LIMITS, Fp8Method, Int4Method, Int8Method
+from inferd.layers.row_tiles import TILE_ROWS, RowTiledMethod
 from inferd.platform import resolve_dtype
 
 log = logging.getLogger(__name__)
@@ -41,6 +43,10 @@ class WeightScheme:
     dtype: torch.dtype  # dense weights (with blocks: the tensors the file does not quantise)
     blocks: bool = False  # keep a GGUF file's block-quantised tensors as they are
     quantize: str | None = None  # int8 | int4 | fp8: re-quantise the loaded dense weights
+    # --deterministic: dense layers in fixed-shape row tiles, norms by the C kernel, so that a
+    # row's result never depends on the other rows of its step (row_tiles.py; blocks are so
+    # by construction)
+    deterministic: bool = False
     kernels: ctypes.CDLL | None = field(default=None, compare=False, repr=False)
     reason: str = field(default="", compare=False)  # why this scheme: a flag, or the machine
 
@@ -61,8 +67,9 @@ class WeightScheme:
         return torch.float32 if self.blocks else self.dtype
 
     def norm_kernel(self) -> ctypes.CDLL | None:
-        """The C RMSNorm for float32-out norms in block mode (one call instead of ~8 ops)."""
-        return self.kernels if self.blocks else None
+        """The C RMSNorm in block mode (one call instead of ~8 ops) and with `deterministic`
+        (its sums have a fixed order per row, PyTorch's reductions split rows by the step)."""
+        return self.kernels if self.blocks or self.deterministic else None
 
     def linear_method(self, kind: str) -> LinearMethod:
         """A fresh method for one layer; `kind`: linear, head or embedding."""
@@ -72,6 +79,8 @@ class WeightScheme:
         if self.blocks:
             return BlockMethod()
         if self.quantize is None or kind == "embedding":
+            if self.deterministic and kind != "embedding":
+                return RowTiledMethod()
             return DenseMethod()  # a quantised model still looks its embeddings up densely
         if self.quantize == "int8":
             return Int8Method()
@@ -81,8 +90,9 @@ class WeightScheme:
 
     def head_shares_embedding(self) -> bool:
         """Whether a tied LM head multiplies by the embedding's own method (same weights, same
-        format); a re-quantised head gets a format of its own."""
-        return self.quantize is None
+        format); a re-quantised head gets a format of its own, a dense deterministic one its
+        row tiles (over the embedding's matrix)."""
+        return self.quantize is None and (self.blocks or not self.deterministic)
 
     def describe(self) -> str:
         """What the weights are and which kernels multiply by them, and why (the start-up line
@@ -90,6 +100,11 @@ class WeightScheme:
         return self._what() + (f"; {self.reason}" if self.reason else "")
 
     def _what(self) -> str:
+        if self.deterministic and not self.blocks:
+            return self._dense_what() + f", {TILE_ROWS}-row tiles (--deterministic)"
+        return self._dense_what()
+
+    def _dense_what(self) -> str:
         if self.blocks:
             return (f"{self.name}: the GGUF blocks with C kernels at every step size (one C call "
                     "per decoder layer)")  # fmt: skip
@@ -180,6 +195,25 @@ def _blocks(dtype: str, resolved: torch.dtype, lib, reason: str) -> WeightScheme
     (whatever the CPU: nothing multiplies a large step in bf16 any more)."""
     return WeightScheme("gguf", torch.float32 if dtype == "auto" else resolved, blocks=True,
                         kernels=lib, reason=reason)  # fmt: skip
+
+
+def deterministic_scheme(scheme: WeightScheme, device: torch.device,
+                         tensor_parallel: int) -> WeightScheme:  # fmt: skip
+    """`scheme` with --deterministic: each row's result independent of the rest of its step.
+    Raises ValueError where that cannot hold."""
+    if device.type != "cpu":
+        raise ValueError(f"--deterministic runs on the CPU only (for now), not on {device}")
+    if tensor_parallel > 1:
+        raise ValueError("--deterministic does not hold with tensor parallelism: the all-reduce "
+                         "sums each value in an order set by its position in the step's buffer")
+    if scheme.quantize in ("int4", "fp8"):
+        raise ValueError(f"--deterministic does not hold with --quantization {scheme.quantize}: "
+                         "its kernel's sums depend on the step's rows")  # fmt: skip
+    lib, reason = _kernels_or_reason()
+    if lib is None:
+        raise ValueError(f"--deterministic needs inferd's C kernels, which cannot be built here: "
+                         f"{reason}")  # fmt: skip
+    return dataclasses.replace(scheme, deterministic=True, kernels=lib)
 
 
 def _checkpoint(checkpoint_format: str | None) -> str:

@@ -24,7 +24,7 @@ from inferd.layers.attention import SelfAttention
 from inferd.layers.embedding import LMHead, VocabEmbedding
 from inferd.layers.linear import Linear
 from inferd.layers.norm import RMSNorm, scheme_norm
-from inferd.layers.rotary import RotaryEmbedding
+from inferd.layers.rotary import RotaryEmbedding, kernel_cos_sin
 from inferd.layers.weight_scheme import WeightScheme, as_scheme
 
 # checkpoint sub-name → (our fused module, shard index)
@@ -110,10 +110,18 @@ class CausalLM(nn.Module):
         if self.cpu_decoder is not None and self.cpu_decoder.serves(ctx):
             h = self.cpu_decoder.run(h, positions, ctx)  # every step, whatever its rows
         else:
-            tables = [rot.cos_sin(positions, torch.float32) for rot in self.rotaries]
+            tables = [self._cos_sin(rot, positions) for rot in self.rotaries]
             for layer, i in zip(self.model.layers, self.rope_index):
                 h = layer(h, tables[i], ctx)
         return self.model.norm(h)
+
+    def _cos_sin(self, rotary: RotaryEmbedding, positions: torch.Tensor):
+        """The step's RoPE tables; by the C kernel under --deterministic (the same bits for a
+        position whatever the step), else PyTorch's (HF's bits: the parity tests)."""
+        if self.scheme.deterministic and positions.device.type == "cpu":
+            cos, sin = kernel_cos_sin(self.scheme.kernels, rotary.inv_freq, positions)
+            return cos[:, None, :], sin[:, None, :]
+        return rotary.cos_sin(positions, torch.float32)
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         return self.lm_head(hidden, self.config.final_logit_softcapping)

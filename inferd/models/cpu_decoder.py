@@ -33,6 +33,7 @@ from inferd.attention.cpu_backend import C_CACHE_DTYPES, CpuAttentionBackend, Cp
 from inferd.layers.block_method import BlockMethod
 from inferd.layers.gguf_blocks import MAX_PARTS, BlockMatrix
 from inferd.layers.linear import Linear
+from inferd.layers.rotary import kernel_cos_sin
 from inferd.models.base import CausalLM, DecoderLayerParts
 
 _P, _I, _F = ctypes.c_void_p, ctypes.c_int64, ctypes.c_float
@@ -151,24 +152,10 @@ class CpuDecoder:
         return all(c.dtype in C_CACHE_DTYPES and c.device.type == "cpu"
                    for group in ctx.kv_caches for c in group)  # fmt: skip
 
-    def rope_tables(self, positions: torch.Tensor) -> list[tuple[torch.Tensor, torch.Tensor]]:
-        """cos and signed sin [rows, head_dim] of each distinct RoPE config, by the C kernel
-        (a position's table never depends on the step's other positions)."""
-        positions = positions.contiguous()
-        tables = []
-        for inv_freq in self.inv_freqs:
-            cos = torch.empty(positions.shape[0], 2 * inv_freq.shape[0])
-            sin = torch.empty_like(cos)
-            self.lib.inferd_rope_tables(positions.data_ptr(), positions.shape[0],
-                                        inv_freq.data_ptr(), inv_freq.shape[0], cos.data_ptr(),
-                                        sin.data_ptr())  # fmt: skip
-            tables.append((cos, sin))
-        return tables
-
     def run(self, h: torch.Tensor, positions: torch.Tensor, ctx: ForwardContext) -> torch.Tensor:
         """The residual stream after every layer, for a step `serves` accepted."""
         h = h.float().contiguous()
-        tables = self.rope_tables(positions)
+        tables = [kernel_cos_sin(self.lib, f, positions) for f in self.inv_freqs]
         for index, rope in enumerate(self.rope_index):
             self.run_layer(index, h, tables[rope], ctx)
         return h
