@@ -204,8 +204,9 @@ def deterministic_scheme(scheme: WeightScheme, device: torch.device,
     if device.type != "cpu":
         raise ValueError(f"--deterministic runs on the CPU only (for now), not on {device}")
     if tensor_parallel > 1:
-        raise ValueError("--deterministic does not hold with tensor parallelism: the all-reduce "
-                         "sums each value in an order set by its position in the step's buffer")
+        raise ValueError("--deterministic does not hold with tensor parallelism: the "
+                         "all-reduce sums a value in an order set by its place in the "
+                         "step's buffer")  # fmt: skip
     if scheme.quantize in ("int4", "fp8"):
         raise ValueError(f"--deterministic does not hold with --quantization {scheme.quantize}: "
                          "its kernel's sums depend on the step's rows")  # fmt: skip
