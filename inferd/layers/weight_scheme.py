@@ -39,7 +39,7 @@ QUANTIZATION_METHODS = ("gguf", "int8", "int4", "fp8")
 
 @dataclass(frozen=True)
 class WeightScheme:
-    name: str  # what `describe` and the logs call it: float32, gguf, gguf+bf16, int8, ...
+    name: str  # what `describe` and the logs call it: float32, gguf, int8, ...
     dtype: torch.dtype  # dense weights (with blocks: the tensors the file does not quantise)
     blocks: bool = False  # keep a GGUF file's block-quantised tensors as they are
     quantize: str | None = None  # int8 | int4 | fp8: re-quantise the loaded dense weights
