@@ -24,10 +24,14 @@ from inferd.loader.checkpoint import open_checkpoint
 from inferd.loader.model_loader import load_model
 
 
-def run(model, ids: list[int], decode_steps: int, backend=None) -> torch.Tensor:
-    """Logits of a prefill of ids[:-decode_steps] (last position) and of each decode step."""
-    runner = ModelRunner(model, [64] * len(model.config.kv_groups()), 16, torch.float32,
+def run(model, ids: list[int], decode_steps: int, backend=None, cache=torch.float32,
+        runners: list | None = None) -> torch.Tensor:  # fmt: skip
+    """Logits of a prefill of ids[:-decode_steps] (last position) and of each decode step (the
+    runner, whose cache holds the step's keys and values, appended to `runners`)."""
+    runner = ModelRunner(model, [64] * len(model.config.kv_groups()), 16, cache,
                          torch.device("cpu"), backend)  # fmt: skip
+    if runners is not None:
+        runners.append(runner)
     tables = [list(range(1, 9))] * len(runner.kv_caches)
     prompt = len(ids) - decode_steps
     out = [runner.execute_with_prompt_logits([SequenceStep(ids[:prompt], 0, tables)])[0]]
@@ -59,6 +63,35 @@ def test_gguf_mode_matches_float32_and_its_fused_layers(tmp_path, monkeypatch, c
     op_by_op = run(model, ids, 6)  # the torch backend: the layers' own forward
     assert len(served) == 7 + 7 and not any(served[7:])
     assert (fused - op_by_op).abs().max() < 1e-3 * scale
+
+
+@pytest.mark.slow
+def test_the_c_decoder_writes_and_reads_a_bf16_cache(tmp_path, monkeypatch, c_kernels):
+    """`--kv-cache-dtype bfloat16` on blocks: the C layer rounds keys and values to bf16 as
+    PyTorch does (to nearest even) and attends over them; the layers op by op (storing with
+    PyTorch, attending with the same C kernel) agree, and both stay near the float32 cache's
+    logits."""
+    monkeypatch.setenv("INFERD_WEIGHT_CACHE", "0")
+    path = tmp_path / "tiny-llama.gguf"
+    write_tiny_gguf(path, "llama")
+    ids = [int(i) for i in np.random.default_rng(3).integers(0, VOCAB, 20)]
+    model = load_model(open_checkpoint(path), torch.float32, torch.device("cpu"), "gguf")
+    served, real_serves = [], model.cpu_decoder.serves
+    model.cpu_decoder.serves = lambda ctx: served.append(real_serves(ctx)) or served[-1]
+    cpu, runners = CpuAttentionBackend(c_kernels), []
+    fused = run(model, ids, 4, cpu, torch.bfloat16, runners)
+    assert served == [True] * 5
+    full = run(model, ids, 4, cpu)
+    decoder, model.cpu_decoder = model.cpu_decoder, None
+    op_by_op = run(model, ids, 4, cpu, torch.bfloat16, runners)
+    model.cpu_decoder = decoder
+    c_cache, torch_cache = (r.kv_caches[0][0][:, 1:3].float() for r in runners)
+    assert c_cache.abs().sum() > 0  # the 20 tokens' keys and values, in blocks 1 and 2
+    # the same values rounded the same way; only a float rounding apart now and then
+    assert (c_cache == torch_cache).float().mean() > 0.99
+    scale = full.abs().max()
+    assert (fused - op_by_op).abs().max() < 1e-3 * scale
+    assert 0 < (fused - full).abs().max() < 0.03 * scale  # bf16 keys and values: close, not equal
 
 
 @pytest.mark.slow
