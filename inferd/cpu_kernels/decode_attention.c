@@ -135,7 +135,12 @@ static inline float sum(const float* restrict x, int64_t n) {
 #define VEC 16 /* floats in a `vec` */
 /* 16 floats as one value: the compiler keeps these in registers (one zmm, two ymm or four xmm
  * by ISA) and applies each operation to every element, exactly as the scalar code would. */
-typedef float vec __attribute__((vector_size(4 * VEC), aligned(4)));
+typedef float vec __attribute__((vector_size(4 * VEC)));
+#if defined(__GNUC__) && !defined(__clang__)
+/* GCC notes that a 64-byte vector value changes the calling convention without AVX-512: these
+ * are static functions, inlined, with no calling convention to keep. */
+#pragma GCC diagnostic ignored "-Wpsabi"
+#endif
 static inline vec load(const float* p) {
     vec v;
     memcpy(&v, p, sizeof v);
