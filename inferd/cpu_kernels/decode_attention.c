@@ -81,9 +81,8 @@ static inline const float* cache_row(const Problem* P, const void* pool, int64_t
 
 /* out[g] (the output slots of PART(D) partials, g < G) = the sum over keys t = lo .. hi-1, in
  * that order, of w[g][t] * value(t), w[g] at stride KEY_CHUNK from `first`. The values' columns
- * go VALUE_BLOCK at a time, so that four heads' sums stay in registers across the keys (named
- * arrays of a constant size: the compiler keeps those in registers); each sum is the same chain
- * of operations as a plain loop over t. */
+ * go VALUE_BLOCK at a time, so that four heads' sums stay in registers across the keys (as
+ * `vec` values); each sum is the same chain of operations as a plain loop over t. */
 #define VALUE_BLOCK 32
 static void weigh_values(const Problem* P, const int64_t* at, int64_t lo, int64_t hi,
                          const float* w, int64_t first, float* out, float* buf) {

@@ -116,9 +116,10 @@ class CausalLM(nn.Module):
         return self.model.norm(h)
 
     def _cos_sin(self, rotary: RotaryEmbedding, positions: torch.Tensor):
-        """The step's RoPE tables; by the C kernel under --deterministic (the same bits for a
-        position whatever the step), else PyTorch's (HF's bits: the parity tests)."""
-        if self.scheme.deterministic and positions.device.type == "cpu":
+        """The step's RoPE tables; by the C kernel where the scheme has one (GGUF blocks,
+        --deterministic: the same bits for a position whatever the step), else PyTorch's (HF's
+        bits: the parity tests)."""
+        if self.scheme.kernels is not None and positions.device.type == "cpu":
             cos, sin = kernel_cos_sin(self.scheme.kernels, rotary.inv_freq, positions)
             return cos[:, None, :], sin[:, None, :]
         return rotary.cos_sin(positions, torch.float32)
