@@ -165,3 +165,6 @@ class EngineConfig:
     # string, a dict or an inferd.spec_decode.SpeculativeConfig; None = off. The engine parses
     # it (inferd/spec_decode/config.py) before it loads anything.
     speculative_config: Any = None
+    # Each row's result independent of the rest of its step for the dense modes too (CPU; the
+    # default on GGUF blocks is so already): inferd/layers/row_tiles.py, docs/performance.md.
+    deterministic: bool = False

@@ -77,11 +77,3 @@ def default_cpu_dtype() -> str:
     """What dtype=auto means on this CPU: bfloat16 where it is fast (its agreement with
     float32 is checked by tests/parity/test_quantization_accuracy.py), else float32."""
     return "bfloat16" if cpu_has_fast_bf16() else "float32"
-
-
-def default_gguf_weights() -> str:
-    """What the default mode holds for a GGUF file on this CPU where inferd's C kernels run
-    (inferd/layers/weight_scheme.py; `inferd memory` and `inferd doctor` say the same):
-    `gguf+bf16` (the file's blocks, and a bf16 copy for large steps) where bf16 is fast, else
-    `gguf+float32` (the blocks only)."""
-    return "gguf+bf16" if cpu_has_fast_bf16() else "gguf+float32"

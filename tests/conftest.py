@@ -51,6 +51,18 @@ def gemma_llm():
 
 
 @pytest.fixture(scope="session")
+def default_llm(c_kernels):
+    """inferd's offline engine on the embedded model in the default mode (the GGUF blocks with
+    inferd's C kernels: one C call per decoder layer at every step), shared by the tests of
+    that mode."""
+    from inferd import LLM
+
+    llm = LLM(kv_cache_memory=256 << 20, max_num_batched_tokens=512)
+    assert llm.engine.runner.model.cpu_decoder is not None, "the default mode on a GGUF file"
+    return llm
+
+
+@pytest.fixture(scope="session")
 def c_kernels():
     """inferd's C kernels (compiled on first use). Without a C compiler the gguf mode is not
     available, and its end-to-end tests skip, saying so."""

@@ -1,53 +1,160 @@
-"""The `cpu` attention backend: the torch backend's plans and prefill, with decode attention in
-C (cpu_kernels/decode_attention.c) reading float32 or bfloat16 caches in place.
+"""The `cpu` attention backend: attention in C (cpu_kernels/decode_attention.c) reading float32
+or bfloat16 caches in place, with a fixed reduction order per query row.
 
-The torch backend gathers every decode sequence's context blocks into a padded tensor and masks
-it; the C kernel walks the same blocks where they lie, splits one sequence's keys across the
-cores and merges them with the online softmax, with products in float32. It is checked against
-the torch backend (tests/unit/test_cpu_attention.py) and is what `auto` picks on CPU when the
-kernels are available. Caches of other dtypes (fp8) take the torch path.
+Once per step and KV group the backend writes down which cached keys every query row sees (a
+`RowPlan`: the row's sequence, its context length, that sequence's cache blocks); every layer of
+the group, and the C decoder layer (inferd/models/cpu_decoder.py), reads it. The kernel cuts a
+row's keys into chunks aligned to absolute positions and combines them in a fixed order, so a
+row gets the same bits alone, in any batch, in any chunk of its prompt and with any number of
+threads; decode rows and prefill rows are the same computation.
+
+`fixed_order` False keeps the torch backend's code for prefill chunks (bf16 GEMMs over each
+chunk; the dense modes' default, where speed matters more than invariance: docs/performance.md)
+and the C kernel for decode rows. Caches of other dtypes (fp8) always take the torch path. The
+backend is checked against the torch backend (tests/unit/test_cpu_attention.py) and is what
+`auto` picks on CPU when the kernels are available.
 """
 
 from __future__ import annotations
 
 import ctypes
+from dataclasses import dataclass, field
 
 import torch
 
-from inferd.attention.backend import LayerAttentionSpec
-from inferd.attention.torch_backend import DecodePlan, TorchAttentionBackend
+from inferd.attention.backend import AttentionBatch, GroupBatch, LayerAttentionSpec
+from inferd.attention.torch_backend import (
+    DecodePlan,
+    TorchAttentionBackend,
+    TorchAttentionMetadata,
+    store_kv,
+)
 
 C_CACHE_DTYPES = (torch.float32, torch.bfloat16)
+_P, _I, _F = ctypes.c_void_p, ctypes.c_int64, ctypes.c_float
 
 
-def decode_in_c(lib: ctypes.CDLL, q: torch.Tensor, kv_cache: torch.Tensor, plan: DecodePlan,
+class KeyPlan(ctypes.Structure):
+    """Mirrors KeyPlan in cpu_kernels/kernels.h."""
+
+    _fields_ = [("rows", _I), ("seqs", _I), ("seq_rows", _P), ("lens", _P), ("blocks", _P),
+                ("starts", _P), ("width", _I), ("block_size", _I)]  # fmt: skip
+
+
+class AttentionShape(ctypes.Structure):
+    """Mirrors AttentionShape in cpu_kernels/kernels.h."""
+
+    _fields_ = [("heads", _I), ("kv_heads", _I), ("head_dim", _I), ("window", _I),
+                ("cache_bf16", _I), ("scale", _F), ("softcap", _F)]  # fmt: skip
+
+
+@dataclass
+class RowPlan:
+    """The keys every query row of a step sees in one KV group, as the C kernel reads them;
+    `struct` points into the tensors, which live as long as the plan."""
+
+    seq_rows: torch.Tensor  # [seqs + 1] int64: sequence s has rows seq_rows[s] .. [s + 1] - 1
+    lens: torch.Tensor  # [rows] int64: keys up to position lens[i] - 1 (the row's own)
+    blocks: torch.Tensor  # [seqs, width] int64: each sequence's blocks from position starts[s]
+    starts: torch.Tensor  # [seqs] int64
+    block_size: int
+    struct: KeyPlan = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.struct = KeyPlan(
+            self.lens.shape[0], self.starts.shape[0], self.seq_rows.data_ptr(),
+            self.lens.data_ptr(), self.blocks.data_ptr(), self.starts.data_ptr(),
+            self.blocks.shape[1], self.block_size,
+        )  # fmt: skip
+
+
+def row_plan(batch: AttentionBatch, group: GroupBatch) -> RowPlan:
+    """Every row of the step: a sequence's blocks run from the one holding the first key its
+    first row sees (0, or the start of that row's window) to the one of its newest token."""
+    bs, window = group.block_size, group.window
+    firsts, counts = [], []
+    for q_len, n in zip(batch.query_lens_cpu, batch.seq_lens_cpu, strict=True):
+        lo = 0 if window is None else max(0, n - q_len + 1 - window)
+        firsts.append(lo // bs)
+        counts.append((n - 1) // bs - lo // bs + 1)
+    width = max(counts)
+    first = torch.tensor(firsts)
+    index = first[:, None] + torch.arange(width)[None, :]
+    tables = group.block_tables.long()
+    blocks = torch.gather(tables, 1, index.clamp(max=tables.shape[1] - 1))
+    # NOTE: entries past a sequence's newest block are never read (padding).
+    blocks = torch.where(index < (first + torch.tensor(counts))[:, None], blocks, 0)
+    return RowPlan(batch.query_start_loc.long(), batch.positions + 1, blocks.contiguous(),
+                   first * bs, bs)  # fmt: skip
+
+
+def decode_row_plan(plan: DecodePlan) -> RowPlan:
+    """A torch decode plan as a RowPlan: one row per sequence (kept in the plan's memo)."""
+    if "rows" not in plan.memo:
+        n = plan.lens.shape[0]
+        plan.memo["rows"] = RowPlan(torch.arange(n + 1), plan.lens.long(),
+                                    plan.blocks.view(n, plan.width).long(), plan.starts.long(),
+                                    plan.block_size)  # fmt: skip
+    return plan.memo["rows"]
+
+
+def attend_in_c(lib: ctypes.CDLL, q: torch.Tensor, kv_cache: torch.Tensor, rows: RowPlan,
                 spec: LayerAttentionSpec) -> torch.Tensor:  # fmt: skip
-    """Decode attention read straight from the pool: no gather, one call per layer, float32."""
-    n = q.shape[0]
+    """The rows' attention read straight from the pool (keys and values already stored)."""
     q = q.float().contiguous()
-    out = torch.empty(n, spec.num_heads, spec.head_dim)
-    blocks = plan.blocks.view(n, plan.width)
-    rc = lib.inferd_decode_attention(
-        q.data_ptr(), kv_cache[0].data_ptr(), kv_cache[1].data_ptr(), blocks.data_ptr(),
-        plan.starts.data_ptr(), plan.lens.data_ptr(), n, plan.width, kv_cache.shape[2],
-        spec.num_heads, spec.num_kv_heads, spec.head_dim, spec.scale, spec.window or 0,
-        spec.softcap or 0.0, int(kv_cache.dtype == torch.bfloat16), out.data_ptr(),
-    )  # fmt: skip
+    out = torch.empty(q.shape[0], spec.num_heads, spec.head_dim)
+    shape = AttentionShape(spec.num_heads, spec.num_kv_heads, spec.head_dim, spec.window or 0,
+                           int(kv_cache.dtype == torch.bfloat16), spec.scale,
+                           spec.softcap or 0.0)  # fmt: skip
+    rc = lib.inferd_paged_attention(q.data_ptr(), kv_cache[0].data_ptr(), kv_cache[1].data_ptr(),
+                                    ctypes.byref(rows.struct), ctypes.byref(shape),
+                                    out.data_ptr())  # fmt: skip
     if rc != 0:
-        raise RuntimeError(f"decode attention kernel failed ({rc}) for {spec}")
+        raise RuntimeError(f"the attention kernel failed ({rc}) for {spec}")
     return out
 
 
+@dataclass
+class CpuAttentionMetadata:
+    """The cpu backend's plan of a step: a RowPlan per KV group, and the torch backend's plans
+    for what runs in PyTorch (made on first use: a fixed-order step on float32 or bf16 caches
+    never needs them)."""
+
+    batch: AttentionBatch
+    rows: list[RowPlan]
+    slot_mappings: list[torch.Tensor]
+    _torch: TorchAttentionMetadata | None = None
+
+    def torch_plans(self) -> TorchAttentionMetadata:
+        if self._torch is None:
+            self._torch = TorchAttentionBackend().build_metadata(self.batch)
+        return self._torch
+
+
 class CpuAttentionBackend(TorchAttentionBackend):
-    """`lib`: the loaded C kernels (`inferd.cpu_kernels.kernel_library()`)."""
+    """`lib`: the loaded C kernels (`inferd.cpu_kernels.kernel_library()`); `fixed_order`: every
+    row in C (see the module docstring)."""
 
     name = "cpu"
 
-    def __init__(self, lib: ctypes.CDLL):
-        self.lib = lib
+    def __init__(self, lib: ctypes.CDLL, fixed_order: bool = True):
+        self.lib, self.fixed_order = lib, fixed_order
+
+    def build_metadata(self, batch: AttentionBatch) -> CpuAttentionMetadata:
+        return CpuAttentionMetadata(batch, [row_plan(batch, g) for g in batch.groups],
+                                    [g.slot_mapping for g in batch.groups])  # fmt: skip
+
+    def forward(self, q, k, v, kv_cache, spec: LayerAttentionSpec,
+                metadata: CpuAttentionMetadata) -> torch.Tensor:  # fmt: skip
+        in_c = kv_cache.device.type == "cpu" and kv_cache.dtype in C_CACHE_DTYPES
+        if not (in_c and self.fixed_order):
+            return super().forward(q, k, v, kv_cache, spec, metadata.torch_plans())
+        store_kv(kv_cache, metadata.slot_mappings[spec.group], k, v)
+        out = attend_in_c(self.lib, q, kv_cache, metadata.rows[spec.group], spec)
+        return out.to(v.dtype)
 
     def decode_attention(self, q: torch.Tensor, kv_cache: torch.Tensor, plan: DecodePlan,
                          spec: LayerAttentionSpec) -> torch.Tensor:  # fmt: skip
         if kv_cache.device.type != "cpu" or kv_cache.dtype not in C_CACHE_DTYPES:
             return super().decode_attention(q, kv_cache, plan, spec)
-        return decode_in_c(self.lib, q, kv_cache, plan, spec)
+        return attend_in_c(self.lib, q, kv_cache, decode_row_plan(plan), spec)

@@ -44,14 +44,14 @@ class DecodePlan:
     lens: torch.Tensor  # [n] int64: context lengths
     window: int | None
     block_size: int
-    _converted: dict = field(default_factory=dict)
+    memo: dict = field(default_factory=dict)  # what is derived from the plan, made on first use
 
     def bias_for(self, kv_heads: int, dtype: torch.dtype) -> torch.Tensor:
         """[n * kv_heads, 1, width * block_size] in `dtype`: 0 where a key is visible, else
-        -inf. Made once per step, on first use (the C kernel needs none); a memo private to
-        this plan, which only this step's layers read."""
+        -inf. Made once per step, on first use (the C kernel needs none), in the plan's memo,
+        which only this step's layers read."""
         key = (kv_heads, dtype)
-        if key not in self._converted:
+        if key not in self.memo:
             span = torch.arange(self.width * self.block_size, device=self.starts.device)
             pos = self.starts[:, None] + span[None, :]
             visible = pos < self.lens[:, None]
@@ -59,8 +59,8 @@ class DecodePlan:
                 visible &= pos >= (self.lens - self.window)[:, None]
             bias = torch.zeros(visible.shape, device=pos.device)
             bias = bias.masked_fill_(~visible, float("-inf"))[:, None, :]
-            self._converted[key] = bias.repeat_interleave(kv_heads, 0).to(dtype)
-        return self._converted[key]
+            self.memo[key] = bias.repeat_interleave(kv_heads, 0).to(dtype)
+        return self.memo[key]
 
 
 @dataclass
@@ -91,14 +91,6 @@ class TorchAttentionMetadata:
 
     groups: list[GroupPlan]
     slot_mappings: list[torch.Tensor]  # per group, the cache slot of every new token
-
-    def pure_decode(self, group: int) -> DecodePlan | None:
-        """The group's decode plan when every sequence of the step adds exactly one token, in
-        batch order (what the C decoder layer serves); else None."""
-        plan = self.groups[group]
-        if plan.decode is None or plan.decode.token_idx is not None or plan.chunks:
-            return None
-        return plan.decode
 
 
 def _plan(meta: AttentionBatch, g: GroupBatch) -> GroupPlan:
@@ -161,6 +153,13 @@ def _store(flat: torch.Tensor, slots: torch.Tensor, x: torch.Tensor) -> None:
         flat.index_copy_(0, slots, x.to(flat.dtype))
 
 
+def store_kv(kv_cache: torch.Tensor, slots: torch.Tensor, k: torch.Tensor, v: torch.Tensor):
+    """A layer's new keys and values into their slots of its cache [2, blocks, bs, kv, dim]."""
+    heads, dim = kv_cache.shape[-2:]
+    _store(kv_cache[0].view(-1, heads, dim), slots, k)
+    _store(kv_cache[1].view(-1, heads, dim), slots, v)
+
+
 def _per_kv_head(x: torch.Tensor) -> torch.Tensor:
     """[n, span, kv_heads, dim] → [n * kv_heads, span, dim] (a free view for one KV head)."""
     n, span, heads, dim = x.shape
@@ -196,9 +195,7 @@ class TorchAttentionBackend(AttentionBackend[TorchAttentionMetadata]):
         kv_heads, head_dim = spec.num_kv_heads, spec.head_dim
         k_flat = kv_cache[0].view(-1, kv_heads, head_dim)
         v_flat = kv_cache[1].view(-1, kv_heads, head_dim)
-        slots = metadata.slot_mappings[spec.group]
-        _store(k_flat, slots, k)
-        _store(v_flat, slots, v)
+        store_kv(kv_cache, metadata.slot_mappings[spec.group], k, v)
         plan = metadata.groups[spec.group]
         decode, chunks = plan.decode, plan.chunks
         if decode is not None and decode.token_idx is None:  # a pure decode step

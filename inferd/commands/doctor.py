@@ -47,15 +47,12 @@ def _kernel_facts() -> dict[str, object]:
 def _default_modes(kernels: bool) -> dict[str, str]:
     """What `inferd generate` / `serve` / `LLM()` with no mode flags hold on this CPU
     (inferd/layers/weight_scheme.py decides the same at load; docs/performance.md)."""
-    from inferd.cpu_info import default_cpu_dtype, default_gguf_weights
+    from inferd.cpu_info import default_cpu_dtype
 
     dense = default_cpu_dtype()
     gguf = f"{dense} weights dequantised from the file (no C kernels)"
     if kernels:
-        large = ("bfloat16 GEMM on a copy of the blocks" if default_gguf_weights() == "gguf+bf16"
-                 else "float32 GEMM on slabs dequantised per step")  # fmt: skip
-        gguf = (f"{default_gguf_weights()}: the file's blocks with C kernels for decode steps, "
-                f"{large} for prefill and large batches")  # fmt: skip
+        gguf = "gguf: the file's blocks with C kernels at every step size"
     return {"default on this CPU, GGUF file": gguf,
             "default on this CPU, HF folder": f"{dense} weights"}  # fmt: skip
 

@@ -116,6 +116,10 @@ def add_engine_arguments(parser: argparse.ArgumentParser, model_positional: bool
         default=None,
         help="seconds a tensor-parallel collective may wait (default 60)",
     )
+    parser.add_argument("--deterministic", action="store_true",
+                        help="the same tokens for a prompt whatever else runs, in the dense modes "
+                             "too (CPU; dense layers in fixed 16-row tiles: slower). The default "
+                             "on a GGUF file is so already")  # fmt: skip
     parser.add_argument("--speculative-config", type=speculative_config_arg, default=None,
                         metavar="JSON",
                         help='speculative decoding by n-gram prompt lookup, e.g. \'{"method": '
@@ -177,6 +181,7 @@ def engine_config_from_args(args: argparse.Namespace):
         tensor_parallel_size=args.tensor_parallel_size,
         distributed_timeout=args.distributed_timeout,
         speculative_config=args.speculative_config,
+        deterministic=args.deterministic,
     )
     from inferd.loader.catalog import with_engine_defaults
 

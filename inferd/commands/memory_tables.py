@@ -76,7 +76,7 @@ def render(console, est, checkpoint, source: str, measured) -> None:
             for prec, n in est.weights_by_precision.items() if prec != "fp16"]
     if plan.blocks:
         rows.append((f"{plan.scheme} (the default)", *_gb(plan.total), "<- in use: "
-                     f"{plan.note}: {_bin(plan.held)} + {_bin(plan.copy)}"))
+                     f"{plan.note}: {_bin(plan.held)}"))
     if ck is not None:
         shares = sorted(ck.by_type.items(), key=lambda kv: -kv[1][0])
         types = ", ".join(f"{k} {v[0] / ck.stored_params:.0%}" for k, v in shares)
@@ -122,8 +122,8 @@ def render(console, est, checkpoint, source: str, measured) -> None:
 
     left = est.device_memory - dev.total
     _print(console, f"Per device ({est.device}, TP={tp})", ("part", "bytes", "note"), [
-        ("weights", _bin(dev.weights), f"{plan.scheme}: GGUF blocks" + " + bf16 copy" *
-         (plan.copy > 0) if plan.blocks else f"{est.params_per_device:,} × {est.dtype}"),
+        ("weights", _bin(dev.weights), f"{plan.scheme}: GGUF blocks" if plan.blocks
+         else f"{est.params_per_device:,} × {est.dtype}"),
         ("KV cache", _bin(dev.kv_cache), "the engine's pool above"),
         ("activations", _bin(acts.peak_bytes), "peak of a step"),
         ("runtime overhead", _bin(dev.overhead.bytes), dev.overhead.why),

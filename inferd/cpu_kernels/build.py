@@ -149,12 +149,14 @@ def load(path: Path, variant: str | None = None) -> ctypes.CDLL:
     lib.inferd_block_gemv.restype = ctypes.c_int
     lib.inferd_rms_norm.argtypes = [ptr, ptr, i64, i64, f32, ptr]
     lib.inferd_rms_norm.restype = None
-    lib.inferd_decode_attention.argtypes = [ptr] * 6 + [i64] * 6 + [f32, i64, f32, i64, ptr]
-    lib.inferd_decode_attention.restype = ctypes.c_int
+    lib.inferd_paged_attention.argtypes = [ptr] * 6
+    lib.inferd_paged_attention.restype = ctypes.c_int
     lib.inferd_block_dequantize.argtypes = [ptr, i64, i64, i64, ptr]
     lib.inferd_block_dequantize.restype = None
     lib.inferd_argmax_rows.argtypes = [ptr, i64, i64, ptr]
     lib.inferd_argmax_rows.restype = None
+    lib.inferd_rope_tables.argtypes = [ptr, i64, ptr, i64, ptr, ptr]
+    lib.inferd_rope_tables.restype = None
     lib.inferd_decode_layer.argtypes = [ptr, ptr, ptr]
     lib.inferd_decode_layer.restype = ctypes.c_int
     return lib

@@ -1,4 +1,4 @@
-/* One decoder layer of a decode step in a single call (inferd, `--quantization gguf`).
+/* One decoder layer of a step in a single call (inferd: every step of a model on GGUF blocks).
  *
  * In PyTorch a layer is ~45 small ops plus the Python around them: ~250 us per layer for one
  * sequence, more than its weights take to read. Here the same computation runs in C between the
@@ -9,7 +9,10 @@
  *   m = (act(x W_gate) * x W_up) W_down;  Gemma: h += norm(m);  Llama: h += m
  *
  * All in float32; the norms follow rms_norm.c. Sizes come from the layer description below,
- * which Python fills once per layer (inferd/models/cpu_decoder.py). */
+ * which Python fills once per layer (inferd/models/cpu_decoder.py). A step is any number of
+ * rows, each one new token of some sequence at its own position: decode rows, the rows of
+ * prefill chunks, speculative verification rows, mixed. NOTE: every operation here, like the
+ * block products and the attention, gives a row the same bits whatever the other rows are. */
 #include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -42,18 +45,19 @@ typedef struct {
 } LayerSpec;
 
 typedef struct {
-    int64_t n;              /* sequences, one new token each */
-    const float* cos;       /* [n, head_dim] */
-    const float* sin;       /* [n, head_dim], signed: the first half negated */
-    float* k_pool;          /* [num_blocks, block_size, kv_heads, head_dim] */
-    float* v_pool;
-    int64_t block_size;
-    const int64_t* slots;   /* [n] cache slot of each new token */
-    const int64_t* blocks;  /* [n, width] (see decode_attention.c) */
-    const int64_t* starts;  /* [n] */
-    const int64_t* lens;    /* [n] */
-    int64_t width;
+    int64_t n;             /* rows: one new token each, of any sequences, in any mix */
+    const float* cos;      /* [n, head_dim] */
+    const float* sin;      /* [n, head_dim], signed: the first half negated */
+    void* k_pool;          /* [num_blocks, block_size, kv_heads, head_dim] */
+    void* v_pool;
+    int64_t cache_bf16;    /* the pools hold bfloat16 (else float32) */
+    const int64_t* slots;  /* [n] cache slot of each new token */
+    const KeyPlan* keys;   /* which keys each row attends to (decode_attention.c) */
 } StepSpec;
+
+/* From this many rows, the per-row work between the products is spread over the threads (a
+ * row's arithmetic is the same either way). */
+#define PARALLEL_ROWS 8
 
 static int gemv(const BlockLinear* W, const float* x, int64_t n, float* y) {
     int64_t total = 0, first = 0;
@@ -64,6 +68,27 @@ static int gemv(const BlockLinear* W, const float* x, int64_t n, float* y) {
         first += W->parts[i].N;
     }
     return 0;
+}
+
+/* cos [n, 2 half] and signed sin [n, 2 half] (the first half negated) of the angles
+ * positions[i] * inv_freq[d], as RotaryEmbedding.cos_sin lays them out (inferd/layers/rotary.py).
+ * NOTE: libm's cosf and sinf, one value at a time, so that a position's table never depends on
+ * the other positions of the step (PyTorch's vectorised sin and its scalar tail can round
+ * differently, and where the tail falls depends on the tensor's size and the threads). */
+void inferd_rope_tables(const int64_t* positions, int64_t n, const float* inv_freq, int64_t half,
+                        float* cos, float* sin) {
+#pragma omp parallel for if (n >= 64) schedule(static)
+    for (int64_t i = 0; i < n; i++) {
+        float* c = cos + i * 2 * half;
+        float* s = sin + i * 2 * half;
+        const float p = (float)positions[i];
+        for (int64_t d = 0; d < half; d++) {
+            const float angle = p * inv_freq[d];
+            c[d] = c[d + half] = cosf(angle);
+            s[d + half] = sinf(angle);
+            s[d] = -s[d + half];
+        }
+    }
 }
 
 /* x * cos + swap_halves(x) * signed_sin, per head, in place */
@@ -89,67 +114,94 @@ static inline float gelu_tanh(float x) {
 
 static inline float silu(float x) { return x / (1.0f + inferd_exp(-x)); }
 
-/* h [n, hidden] in place. Returns 0, or the first failing kernel's code. */
+static inline uint16_t to_bf16(float f) { /* round to nearest even, as PyTorch does */
+    uint32_t bits;
+    memcpy(&bits, &f, 4);
+    if ((bits & 0x7FFFFFFF) > 0x7F800000) return (uint16_t)((bits >> 16) | 0x40); /* NaN */
+    return (uint16_t)((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16);
+}
+
+static void store(void* pool, int64_t bf16, int64_t at, const float* x, int64_t count) {
+    if (!bf16) {
+        memcpy((float*)pool + at, x, sizeof(float) * (size_t)count);
+        return;
+    }
+    uint16_t* out = (uint16_t*)pool + at;
+    for (int64_t c = 0; c < count; c++) out[c] = to_bf16(x[c]);
+}
+
+/* Row i of the projected q/k/v: bias, q/k norms, rotation; q into `q`, k and v into the cache. */
+static void qkv_row(const LayerSpec* L, const StepSpec* S, int64_t i, float* row, float* q) {
+    const int64_t H = L->heads, KV = L->kv_heads, D = L->head_dim, width = (H + 2 * KV) * D;
+    if (L->qkv_bias)
+        for (int64_t c = 0; c < width; c++) row[c] += L->qkv_bias[c];
+    if (L->qk_gain) { /* per-head norms of q and k, each head with its own gain row */
+        for (int64_t hd = 0; hd < H + KV; hd++) {
+            inferd_rms_norm(row + hd * D, NULL, 1, D, L->eps, row + hd * D);
+            for (int64_t d = 0; d < D; d++) row[hd * D + d] *= L->qk_gain[hd * D + d];
+        }
+    }
+    rope(row, H + KV, D, S->cos + i * D, S->sin + i * D);
+    memcpy(q + i * H * D, row, sizeof(float) * (size_t)(H * D));
+    const int64_t at = S->slots[i] * KV * D;
+    store(S->k_pool, S->cache_bf16, at, row + H * D, KV * D);
+    store(S->v_pool, S->cache_bf16, at, row + (H + KV) * D, KV * D);
+}
+
+/* act [I] = act(gate) * up of one row of gate_up [2I] */
+static void gated_row(const LayerSpec* L, const float* restrict g, float* restrict out) {
+    const int64_t I = L->inter;
+    /* two loops rather than a test per value, so that each vectorises */
+    if (L->gelu)
+        for (int64_t c = 0; c < I; c++) out[c] = gelu_tanh(g[c]) * g[I + c];
+    else
+        for (int64_t c = 0; c < I; c++) out[c] = silu(g[c]) * g[I + c];
+}
+
+static void add(float* restrict h, const float* restrict y, int64_t count) {
+#pragma omp parallel for if (count >= PARALLEL_ROWS * 1024) schedule(static)
+    for (int64_t c = 0; c < count; c++) h[c] += y[c];
+}
+
+/* h [n, hidden] in place. Returns 0, or the first failing kernel's code. NOTE: every row's keys
+ * and values are in the cache before any row attends, so row j of a prefill chunk finds rows
+ * before it (causal attention over the chunk). */
 int inferd_decode_layer(const LayerSpec* L, const StepSpec* S, float* h) {
     const int64_t n = S->n, H = L->heads, KV = L->kv_heads, D = L->head_dim;
-    const int64_t qkv_width = (H + 2 * KV) * D, hid = L->hidden;
+    const int64_t qkv_width = (H + 2 * KV) * D, hid = L->hidden, I = L->inter;
     float* x = malloc(sizeof(float) * (size_t)(n * hid));
     float* qkv = malloc(sizeof(float) * (size_t)(n * qkv_width));
     float* att = malloc(sizeof(float) * (size_t)(n * H * D));
     float* q = malloc(sizeof(float) * (size_t)(n * H * D));
     float* y = malloc(sizeof(float) * (size_t)(n * hid));
-    float* mlp = malloc(sizeof(float) * (size_t)(n * 2 * L->inter));
+    float* mlp = malloc(sizeof(float) * (size_t)(n * 2 * I));
+    float* act = malloc(sizeof(float) * (size_t)(n * I));
     int rc = -2;
-    if (!x || !qkv || !att || !q || !y || !mlp) goto done;
+    if (!x || !qkv || !att || !q || !y || !mlp || !act) goto done;
+    const AttentionShape shape = {H, KV, D, L->window, S->cache_bf16, L->scale, L->softcap};
 
     inferd_rms_norm(h, L->input_gain, n, hid, L->eps, x);
     if ((rc = gemv(&L->qkv, x, n, qkv))) goto done;
-    for (int64_t i = 0; i < n; i++) {
-        float* row = qkv + i * qkv_width;
-        if (L->qkv_bias)
-            for (int64_t c = 0; c < qkv_width; c++) row[c] += L->qkv_bias[c];
-        if (L->qk_gain) { /* per-head norms of q and k, each head with its own gain row */
-            for (int64_t hd = 0; hd < H + KV; hd++) {
-                inferd_rms_norm(row + hd * D, NULL, 1, D, L->eps, row + hd * D);
-                for (int64_t d = 0; d < D; d++) row[hd * D + d] *= L->qk_gain[hd * D + d];
-            }
-        }
-        rope(row, H + KV, D, S->cos + i * D, S->sin + i * D);
-        memcpy(q + i * H * D, row, sizeof(float) * (size_t)(H * D));
-        const int64_t slot = S->slots[i];
-        memcpy(S->k_pool + slot * KV * D, row + H * D, sizeof(float) * (size_t)(KV * D));
-        memcpy(S->v_pool + slot * KV * D, row + (H + KV) * D, sizeof(float) * (size_t)(KV * D));
-    }
-    if ((rc = inferd_decode_attention(q, S->k_pool, S->v_pool, S->blocks, S->starts, S->lens, n,
-                                      S->width, S->block_size, H, KV, D, L->scale, L->window,
-                                      L->softcap, 0, att)))
-        goto done;
+#pragma omp parallel for if (n >= PARALLEL_ROWS) schedule(static)
+    for (int64_t i = 0; i < n; i++) qkv_row(L, S, i, qkv + i * qkv_width, q);
+    if ((rc = inferd_paged_attention(q, S->k_pool, S->v_pool, S->keys, &shape, att))) goto done;
     if ((rc = gemv(&L->o, att, n, y))) goto done;
     if (L->sandwich) {
         inferd_rms_norm(y, L->post_attn_gain, n, hid, L->eps, y);
-        for (int64_t c = 0; c < n * hid; c++) h[c] += y[c];
+        add(h, y, n * hid);
         inferd_rms_norm(h, L->pre_ffn_gain, n, hid, L->eps, x);
     } else {
-        for (int64_t c = 0; c < n * hid; c++) h[c] += y[c];
+        add(h, y, n * hid);
         inferd_rms_norm(h, L->post_attn_gain, n, hid, L->eps, x);
     }
     if ((rc = gemv(&L->gate_up, x, n, mlp))) goto done;
-    const int64_t I = L->inter;
-    for (int64_t i = 0; i < n; i++) { /* act(gate) * up, into the gate half */
-        float* g = mlp + i * 2 * I;
-        /* two loops rather than a test per value, so that each vectorises */
-        if (L->gelu)
-            for (int64_t c = 0; c < I; c++) g[c] = gelu_tanh(g[c]) * g[I + c];
-        else
-            for (int64_t c = 0; c < I; c++) g[c] = silu(g[c]) * g[I + c];
-    }
-    /* the down projection reads rows of 2I floats; pack the gated halves together first */
-    for (int64_t i = 1; i < n; i++) memmove(mlp + i * I, mlp + i * 2 * I, sizeof(float) * I);
-    if ((rc = gemv(&L->down, mlp, n, y))) goto done;
+#pragma omp parallel for if (n >= PARALLEL_ROWS) schedule(static)
+    for (int64_t i = 0; i < n; i++) gated_row(L, mlp + i * 2 * I, act + i * I);
+    if ((rc = gemv(&L->down, act, n, y))) goto done;
     if (L->sandwich) inferd_rms_norm(y, L->post_ffn_gain, n, hid, L->eps, y);
-    for (int64_t c = 0; c < n * hid; c++) h[c] += y[c];
+    add(h, y, n * hid);
     rc = 0;
 done:
-    free(x); free(qkv); free(att); free(q); free(y); free(mlp);
+    free(x); free(qkv); free(att); free(q); free(y); free(mlp); free(act);
     return rc;
 }

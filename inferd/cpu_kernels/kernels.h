@@ -19,10 +19,27 @@ void inferd_block_dequantize(const BlockMatrix* W, int64_t first, int64_t rows, 
                              void* out);
 void inferd_rms_norm(const float* x, const float* gain, int64_t rows, int64_t dim, float eps,
                      float* out);
-int inferd_decode_attention(const float* q, const void* k_pool, const void* v_pool,
-                            const int64_t* blocks, const int64_t* starts, const int64_t* lens,
-                            int64_t n, int64_t width, int64_t bs, int64_t H, int64_t KV,
-                            int64_t D, float scale, int64_t window, float softcap,
-                            int64_t cache_bf16, float* out);
+/* Which cached keys each query row of a step sees, for the layers of one KV group (built once
+ * per step: inferd/attention/cpu_backend.py). Row i belongs to the sequence s with
+ * seq_rows[s] <= i < seq_rows[s + 1] and sees positions up to lens[i] - 1 (inside the window, if
+ * the layer has one); the sequence's positions from starts[s] on are in the cache blocks
+ * blocks[s, 0 ..] (block_size slots each). */
+typedef struct {
+    int64_t rows, seqs;
+    const int64_t* seq_rows; /* [seqs + 1] */
+    const int64_t* lens;     /* [rows] */
+    const int64_t* blocks;   /* [seqs, width] */
+    const int64_t* starts;   /* [seqs] */
+    int64_t width, block_size;
+} KeyPlan;
+
+/* One attention layer: window 0 for none, softcap 0 for none. */
+typedef struct {
+    int64_t heads, kv_heads, head_dim, window, cache_bf16;
+    float scale, softcap;
+} AttentionShape;
+
+int inferd_paged_attention(const float* q, const void* k_pool, const void* v_pool,
+                           const KeyPlan* plan, const AttentionShape* shape, float* out);
 void inferd_argmax_rows(const float* x, int64_t rows, int64_t cols, int64_t* out);
 #endif

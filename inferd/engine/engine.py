@@ -26,7 +26,7 @@ from inferd.engine.request_output import request_output
 from inferd.engine.sampler import Sampler
 from inferd.engine.scheduler import Scheduler
 from inferd.engine.setup import EngineSetup, describe_model, model_identity, set_up_engine
-from inferd.engine.speculative import Speculation, exact_row_limit
+from inferd.engine.speculative import Speculation
 from inferd.engine.structured_outputs import StructuredOutputs
 from inferd.engine_client import EngineStats, ProfilerStateError, PromptInput, TraceFiles
 from inferd.errors import EngineDeadError, InvalidRequest
@@ -65,8 +65,7 @@ class LLMEngine:
                                           setup.max_num_seqs)  # fmt: skip
         self.speculation = None
         if spec_config is not None:
-            self.speculation = Speculation(spec_config, self.max_model_len,
-                                           exact_rows=exact_row_limit(self.runner))  # fmt: skip
+            self.speculation = Speculation(spec_config, self.max_model_len)
         self.scheduler = Scheduler(self.kv, setup.max_num_seqs, setup.max_num_batched_tokens,
                                    self.max_model_len, eos_ids, hash_root,
                                    self.speculation, self.grammars)  # fmt: skip

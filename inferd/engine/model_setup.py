@@ -10,7 +10,7 @@ import torch
 
 from inferd.config import EngineConfig
 from inferd.distributed.state import SINGLE, TPGroup
-from inferd.layers.weight_scheme import WeightScheme, choose_scheme
+from inferd.layers.weight_scheme import WeightScheme, choose_scheme, deterministic_scheme
 from inferd.loader import Checkpoint, load_model, open_checkpoint
 from inferd.platform import keep_freed_memory_in_heap, resolve_dtype
 from inferd.progress import say
@@ -21,10 +21,10 @@ log = logging.getLogger(__name__)
 ATTENTION_BACKENDS = ("auto", "torch", "cpu", "triton")
 
 
-def _attention_backend(config: EngineConfig, device: torch.device):
-    """`torch`: plain PyTorch anywhere (the reference); `cpu`: the torch backend with decode
-    attention in C; `triton`: the GPU kernels. `auto`: triton on CUDA when installed, cpu on
-    CPU when inferd's C kernels build, else torch."""
+def _attention_backend(config: EngineConfig, device: torch.device, fixed_order: bool):
+    """`torch`: plain PyTorch anywhere (the reference); `cpu`: attention in C (`fixed_order`:
+    every row, else decode rows, prefill chunks in PyTorch); `triton`: the GPU kernels. `auto`:
+    triton on CUDA when installed, cpu on CPU when inferd's C kernels build, else torch."""
     from inferd.attention.torch_backend import TorchAttentionBackend
 
     choice = config.attention_backend
@@ -34,7 +34,7 @@ def _attention_backend(config: EngineConfig, device: torch.device):
     if choice == "torch":
         return TorchAttentionBackend()
     if choice == "cpu" or (choice == "auto" and device.type == "cpu"):
-        return _cpu_backend(choice, device) or TorchAttentionBackend()
+        return _cpu_backend(choice, device, fixed_order) or TorchAttentionBackend()
     try:
         from inferd.attention.triton_backend import TritonAttentionBackend
     except ImportError as e:
@@ -47,14 +47,14 @@ def _attention_backend(config: EngineConfig, device: torch.device):
     return TritonAttentionBackend()
 
 
-def _cpu_backend(choice: str, device: torch.device):
+def _cpu_backend(choice: str, device: torch.device, fixed_order: bool):
     from inferd.attention.cpu_backend import CpuAttentionBackend
     from inferd.cpu_kernels import KernelsUnavailable, kernel_library
 
     if device.type != "cpu":
         raise ValueError(f"attention_backend cpu runs on the CPU only, not on {device}")
     try:
-        return CpuAttentionBackend(kernel_library())
+        return CpuAttentionBackend(kernel_library(), fixed_order)
     except KernelsUnavailable as e:
         if choice == "cpu":
             raise ValueError(f"attention_backend cpu needs inferd's C kernels: {e}") from e
@@ -67,9 +67,18 @@ def weight_scheme(config: EngineConfig, device: torch.device, checkpoint: Checkp
                   tp_size: int = 1) -> WeightScheme:  # fmt: skip
     """How the model holds its weights and which kernels it runs (see layers/weight_scheme.py);
     without a checkpoint, only the flags are checked."""
-    return choose_scheme(config.quantization, config.dtype,
-                         checkpoint.format if checkpoint is not None else None, device,
-                         tp_size)  # fmt: skip
+    scheme = choose_scheme(config.quantization, config.dtype,
+                           checkpoint.format if checkpoint is not None else None, device,
+                           tp_size)  # fmt: skip
+    if not config.deterministic:
+        return scheme
+    if config.attention_backend not in ("auto", "cpu"):
+        raise ValueError(f"--deterministic needs the cpu attention backend (fixed-order "
+                         f"attention in C), not {config.attention_backend}")  # fmt: skip
+    if config.kv_cache_dtype in ("fp8", "fp8_e4m3"):
+        raise ValueError("--deterministic needs a float32 or bfloat16 KV cache (fp8 caches are "
+                         "attended in PyTorch)")  # fmt: skip
+    return deterministic_scheme(scheme, device, max(tp_size, config.tensor_parallel_size))
 
 
 def resolve_dtypes(
@@ -81,6 +90,9 @@ def resolve_dtypes(
     dtype = scheme.dtype
     if config.kv_cache_dtype == "auto":
         return dtype, scheme.kv_cache_dtype
+    if config.attention_backend not in ("auto", "cpu"):
+        raise ValueError(f"--deterministic needs the cpu attention backend (fixed-order "
+                         f"attention in C), not {config.attention_backend}")  # fmt: skip
     if config.kv_cache_dtype in ("fp8", "fp8_e4m3"):
         return dtype, torch.float8_e4m3fn
     return dtype, resolve_dtype(config.kv_cache_dtype, device)
@@ -95,7 +107,11 @@ def load_rank_model(config: EngineConfig, device: torch.device, tp: TPGroup = SI
     checkpoint = checkpoint or open_checkpoint(config.model)
     scheme = weight_scheme(config, device, checkpoint, tp.world_size)
     dtype, kv_dtype = resolve_dtypes(config, device, scheme)
-    backend = _attention_backend(config, device)
+    # NOTE: fixed-order attention wherever rows must not depend on their step: the C decoder
+    # layer of a block model reads its per-row plans; --deterministic. Dense modes otherwise
+    # attend prefill chunks with PyTorch's bf16 GEMMs (faster there).
+    fixed_order = (scheme.blocks and kv_dtype != torch.float8_e4m3fn) or scheme.deterministic
+    backend = _attention_backend(config, device, fixed_order)
     if kv_dtype == torch.float8_e4m3fn and backend.name == "triton":
         raise ValueError("an fp8 KV cache needs --attention-backend torch or cpu (the Triton "
                          "kernels read bf16/fp16/fp32 caches)")  # fmt: skip

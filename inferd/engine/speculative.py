@@ -30,10 +30,10 @@ as a model row on a CPU). For drafts of probability 1 this is the rejection rule
 spec_decode/rejection.py: d_j is kept with probability p_j(d_j), and on a rejection the token
 drawn is distributed as p_j without d_j.
 
-One more condition for the same tokens: the same kernels. A model on GGUF blocks (CPU) computes
-steps of up to a few rows with the block kernels and larger ones with a GEMM on bfloat16 weights,
-which round differently; a step that plain decoding would run on the block kernels never gets
-drafts past that limit (`exact_rows`), so its logits keep their bits.
+One more condition for the same tokens: the same numbers. Verification rows must get the bits
+plain decode rows get, which holds where a row's result does not depend on the rest of its step:
+the default mode on GGUF blocks (CPU) and `--deterministic` (docs/performance.md). Dense modes
+without it only round the same arithmetic in another order, so near-ties can flip there.
 
 Sequences under a grammar (structured outputs) get no drafts: their rows would each need the
 grammar's mask after the drafts before them. Simplest correct rule; drafts there rarely pay.
@@ -65,15 +65,12 @@ SAMPLING_EMA = 0.1  # weight of the latest step in the sampling seconds per toke
 
 class Speculation:
     """The engine's proposer, planner state and counters: one per engine, driven by the
-    scheduler. `adaptive` False verifies every draft looked up (tests, experiments);
-    `exact_rows`: see the module docstring (None: no such limit)."""
+    scheduler. `adaptive` False verifies every draft looked up (tests, experiments)."""
 
-    def __init__(self, config: SpeculativeConfig, max_model_len: int, adaptive: bool = True,
-                 exact_rows: int | None = None):  # fmt: skip
+    def __init__(self, config: SpeculativeConfig, max_model_len: int, adaptive: bool = True):
         self.config = config
         self.max_model_len = max_model_len
         self.adaptive = adaptive
-        self.exact_rows = exact_rows
         self.proposer = NgramProposer(config)
         self.metrics = SpecDecodeMetrics(config.num_speculative_tokens)
         self.costs = StepCosts()
@@ -84,8 +81,6 @@ class Speculation:
         """seq_id → the drafts to verify this step, for the decoding sequences of a step that
         has `base_rows` tokens without drafts and may have `max_rows`. Safe to call again for a
         step that did not run: the lookups are idempotent."""
-        if self.exact_rows is not None and base_rows <= self.exact_rows:
-            max_rows = min(max_rows, self.exact_rows)
         lookups, estimates = [], []
         for seq in decodes:
             estimate = self._estimates.setdefault(seq.seq_id, AcceptanceEstimate())
@@ -184,12 +179,3 @@ def sample_drafted(
                 done[i] = True
         todo = following
     return tokens, [None if lps[0] is None else lps for lps in logprobs]
-
-
-def exact_row_limit(runner) -> int | None:
-    """The most rows a step may have and still run on the kernels of a one-row step: a model on
-    GGUF blocks switches to a GEMM on bfloat16 weights past `WeightScheme.decoder_rows`."""
-    scheme = getattr(getattr(runner, "model", None), "scheme", None)
-    if scheme is None or not scheme.blocks or not scheme.decoder_rows:
-        return None
-    return scheme.decoder_rows

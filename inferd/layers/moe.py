@@ -9,8 +9,8 @@ tokens: a decode step of one sequence touches `top_k` experts, a prefill most of
 
 Weights: dense experts are one [experts, out, in] matrix per kind (the fused [gate; up], and
 down) multiplied by PyTorch's GEMM; a GGUF file's quantised experts (`ffn_*_exps`) keep their
-blocks, one block matrix per expert, multiplied by the C block kernel for small groups and by a
-GEMM on dequantised (or, with a kept copy, bf16) weights for large ones (`ExpertBlocks`). The
+blocks, one block matrix per expert, multiplied by the C block kernel at every group size, the
+same arithmetic whatever else shares the step (`ExpertBlocks`, as `BlockMethod`). The
 re-quantising modes (int8, int4, fp8) do not cover experts: they are refused at load.
 
 The router is held in float32 whatever the scheme: which experts run is decided there, and
@@ -37,12 +37,7 @@ from inferd.distributed.state import SINGLE, TPGroup
 from inferd.layers.activation import gated
 from inferd.layers.gguf_blocks import BlockWeight, stack
 from inferd.layers.linear_method import DenseMethod, LinearMethod, dropped
-from inferd.layers.weight_scheme import (
-    BLOCK_ROWS_DEQUANTISING,
-    BLOCK_ROWS_WITH_COPY,
-    WeightScheme,
-    as_scheme,
-)
+from inferd.layers.weight_scheme import WeightScheme, as_scheme
 
 # checkpoint sub-name of one expert's matrix → (ExpertLinear, shard)
 _EXPERT_MATRICES = {"gate_proj": ("gate_up_proj", 0), "up_proj": ("gate_up_proj", 1),
@@ -50,18 +45,15 @@ _EXPERT_MATRICES = {"gate_proj": ("gate_up_proj", 0), "up_proj": ("gate_up_proj"
 
 
 class ExpertBlocks(LinearMethod):
-    """Experts that keep a GGUF file's blocks: one BlockWeight per expert ([gate; up] stacked).
-    Groups of up to `max_rows` rows go to the C block kernel; larger ones to a GEMM in `dtype`
-    on the expert's weights, dequantised for the step or (`keep_copy`) copied once and kept."""
+    """Experts that keep a GGUF file's blocks: one BlockWeight per expert ([gate; up] stacked),
+    each group of rows multiplied by the C block kernel."""
 
     wants_blocks = True
 
-    def __init__(self, dtype: torch.dtype, max_rows: int, keep_copy: bool):
+    def __init__(self):
         super().__init__()
-        self.dtype, self.max_rows, self.keep_copy = dtype, max_rows, keep_copy
         self.blocks: nn.ModuleList | None = None  # None: the checkpoint had no blocks for them
         self._shards: dict[tuple[int, int], tuple] = {}  # (expert, shard) → (q, scale, offset)
-        self._copies: dict[int, torch.Tensor] = {}
 
     def take_blocks(self, layer: nn.Module, shard, blocks: tuple) -> None:
         self._shards[shard] = blocks
@@ -85,18 +77,7 @@ class ExpertBlocks(LinearMethod):
             layer.weight.data[e, start : start + sizes[s]] = BlockWeight(*parts).dequantized()
 
     def kernel_for(self, rows: int) -> str:
-        if self.blocks is None:
-            return "gemm"
-        if rows <= self.max_rows:
-            return "blocks"
-        return "gemm-copy" if self.keep_copy else "gemm-dequantised"
-
-    def _dense(self, expert: int) -> torch.Tensor:
-        if not self.keep_copy:
-            return self.blocks[expert].dense(self.dtype)
-        if expert not in self._copies:
-            self._copies[expert] = self.blocks[expert].dense(self.dtype)
-        return self._copies[expert]
+        return "gemm" if self.blocks is None else "blocks"
 
     def apply_grouped(self, layer: nn.Module, x: torch.Tensor, counts: list[int]) -> torch.Tensor:
         if self.blocks is None:
@@ -105,11 +86,7 @@ class ExpertBlocks(LinearMethod):
         start = 0
         for expert, n in enumerate(counts):
             if n:
-                rows = slice(start, start + n)
-                if n <= self.max_rows:
-                    y[rows] = self.blocks[expert](x[rows])
-                else:
-                    y[rows] = F.linear(x[rows].to(self.dtype), self._dense(expert)).float()
+                y[start : start + n] = self.blocks[expert](x[start : start + n])
             start += n
         return y
 
@@ -121,8 +98,7 @@ def expert_method(scheme: WeightScheme) -> LinearMethod:
             "this model without it (dense weights), or from a GGUF file (its own blocks)"
         )
     if scheme.blocks:
-        rows = BLOCK_ROWS_WITH_COPY if scheme.keep_copy else BLOCK_ROWS_DEQUANTISING
-        return ExpertBlocks(scheme.dtype, rows["linear"], scheme.keep_copy)
+        return ExpertBlocks()
     return DenseMethod()
 
 

@@ -21,14 +21,14 @@ class RMSNorm(nn.Module):
                  out_dtype: torch.dtype | None = None, kernel=None):  # fmt: skip
         """`out_dtype`: None for the weights' dtype (the input of a matmul); float32 for the
         residual stream or for kernels that round float32 activations themselves. `kernel`:
-        inferd's C kernels, to normalise float32-out norms in one call instead of PyTorch's
-        ~8 small ops (cpu_kernels/rms_norm.c)."""
+        inferd's C kernels, to normalise in one call instead of PyTorch's ~8 small ops, with a
+        summation order fixed per row (cpu_kernels/rms_norm.c)."""
         super().__init__()
         self.dim, self.eps, self.unit_offset = dim, eps, unit_offset
         self.out_dtype = out_dtype
         self.weight = nn.Parameter(torch.ones(dim, dtype=dtype), requires_grad=False)
         self._gain: torch.Tensor | None = None  # float32 (1 + w), set by `finalize`
-        self.kernel = kernel if out_dtype == torch.float32 else None
+        self.kernel = kernel
 
     def finalize(self) -> None:
         """Precompute the float32 gain once the weights are loaded (same bits as per call)."""
@@ -44,7 +44,11 @@ class RMSNorm(nn.Module):
         out = self.out_dtype or self.weight.dtype
         x32 = x if x.dtype == torch.float32 else x.float()
         if self.kernel is not None and x32.device.type == "cpu":
-            return kernel_rms_norm(self.kernel, x32, self.float_gain(), self.eps)
+            if self.unit_offset or torch.float32 in (self.weight.dtype, out):
+                y = kernel_rms_norm(self.kernel, x32, self.float_gain(), self.eps)
+                return y if out == torch.float32 else y.to(out)
+            y = kernel_rms_norm(self.kernel, x32, None, self.eps).to(self.weight.dtype)
+            return (self.weight * y).to(out)  # HF's rounding, as below
         if self.unit_offset:
             y = F.rms_norm(x32, (self.dim,), self.float_gain(), self.eps)
             return y if out == torch.float32 else y.to(out)

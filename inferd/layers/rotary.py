@@ -73,6 +73,21 @@ class RotaryEmbedding:
         return emb.cos().to(dtype)[:, None, :], sin.to(dtype)[:, None, :]
 
 
+def kernel_cos_sin(lib, inv_freq: torch.Tensor,
+                   positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
+    """`RotaryEmbedding.cos_sin` in float32 by inferd's C kernel, [tokens, head_dim]: each value
+    by libm's cosf / sinf, so a position's table never depends on the other positions of the
+    step (PyTorch's vectorised sin and its scalar tail may round apart; where the tail falls
+    depends on the tensor's size and the threads)."""
+    positions = positions.contiguous()
+    inv_freq = inv_freq.float().contiguous()
+    cos = torch.empty(positions.shape[0], 2 * inv_freq.shape[0])
+    sin = torch.empty_like(cos)
+    lib.inferd_rope_tables(positions.data_ptr(), positions.shape[0], inv_freq.data_ptr(),
+                           inv_freq.shape[0], cos.data_ptr(), sin.data_ptr())  # fmt: skip
+    return cos, sin
+
+
 def apply_rotary(x: torch.Tensor, cos: torch.Tensor, signed_sin: torch.Tensor) -> torch.Tensor:
     """x: [tokens, heads, head_dim]; the halves of each head rotate as (x1, x2) pairs, HF's
     "rotate half" layout. Same products and sum as x * cos + rotate_half(x) * sin."""

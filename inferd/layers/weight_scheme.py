@@ -6,12 +6,10 @@ output dtype and kernel; nothing is switched on modules afterwards.
 With no `--quantization` and `--dtype auto`, the scheme is the fastest accurate one for the
 machine and the checkpoint (docs/performance.md has the measurements behind it):
 
-* a GGUF file on a CPU where inferd's C kernels build: the file's own blocks, unchanged, for
-  steps of a few rows (decode: bound by reading weights, and the blocks are the fewest bytes),
-  and PyTorch's GEMM for larger steps (prefill, big batches: bound by arithmetic) — on a
-  bfloat16 copy of the blocks made at the first such step where the CPU has fast bf16
-  (avx512_bf16 / AMX), else on float32 weights dequantised from the blocks for each such step,
-  a slab at a time (no float32 copy of a quantised model is ever kept);
+* a GGUF file on a CPU where inferd's C kernels build: the file's own blocks, unchanged, and the
+  C block kernel at every step size (`gguf`, the same as `--quantization gguf`): one numeric
+  definition for decode, prefill and big batches, each row's result independent of the others
+  (exact integer sums); tensors the file keeps in floating point stay float32;
 * anything else (an HF folder, a GPU, tensor parallelism, no C compiler): dense weights in
   bfloat16 where the device computes it fast, else float32.
 
@@ -21,6 +19,7 @@ machine and the checkpoint (docs/performance.md has the measurements behind it):
 from __future__ import annotations
 
 import ctypes
+import dataclasses
 import logging
 from dataclasses import dataclass, field
 
@@ -30,37 +29,24 @@ import inferd.cpu_info as cpu_info
 from inferd.layers.block_method import BlockMethod
 from inferd.layers.linear_method import DenseMethod, LinearMethod
 from inferd.layers.quant import INT4_ROW_LIMITS, Fp8Method, Int4Method, Int8Method
+from inferd.layers.row_tiles import TILE_ROWS, RowTiledMethod
 from inferd.platform import resolve_dtype
 
 log = logging.getLogger(__name__)
 
 QUANTIZATION_METHODS = ("gguf", "int8", "int4", "fp8")
-# Rows up to which a block layer uses the C block kernel, per kind of matrix. The kernel's cost
-# grows with every row (it multiplies each row's activations in its own registers), a GEMM's
-# hardly at all until it is bound by arithmetic. With a bf16 copy for larger steps the GEMM
-# takes over early; without one the GEMM also pays for dequantising its weights each step (slab
-# by slab, block_method.py), so the kernel keeps more rows, the LM head the most (its slabs cost
-# most). Measured on the embedded model, whole decode steps of n sequences (docs/performance.md):
-# with AVX-512 VNNI and a bf16 copy, blocks win up to 6 sequences; with the AVX2 kernels and
-# float32 GEMM on dequantised slabs, up to ~24 (the layers' matrices alone: ~16; the head: ~40).
-BLOCK_ROWS_WITH_COPY = {"linear": 6, "head": 6}
-BLOCK_ROWS_DEQUANTISING = {"linear": 16, "head": 32}
-# Decode steps of up to this many sequences run each decoder layer as one C call
-# (inferd/models/cpu_decoder.py), whose block products are the same kernels. NOTE: no more than
-# the layers' block rows: a step of up to `decoder_rows` rows of any kind (a speculative
-# verification step, inferd/engine/speculative.py) must run on the kernels of a one-row step.
-# (Without a copy, the C layer would still pay for itself up to ~24 sequences.)
-DECODER_ROWS_WITH_COPY = 6
-DECODER_ROWS_DEQUANTISING = 16
 
 
 @dataclass(frozen=True)
 class WeightScheme:
-    name: str  # what `describe` and the logs call it: float32, gguf, gguf+bf16, int8, ...
-    dtype: torch.dtype  # dense weights, and the GEMM of steps too large for block kernels
+    name: str  # what `describe` and the logs call it: float32, gguf, int8, ...
+    dtype: torch.dtype  # dense weights (with blocks: the tensors the file does not quantise)
     blocks: bool = False  # keep a GGUF file's block-quantised tensors as they are
-    keep_copy: bool = False  # block layers keep a `dtype` copy for large steps
     quantize: str | None = None  # int8 | int4 | fp8: re-quantise the loaded dense weights
+    # --deterministic: dense layers in fixed-shape row tiles, norms by the C kernel, so that a
+    # row's result never depends on the other rows of its step (row_tiles.py; blocks are so
+    # by construction)
+    deterministic: bool = False
     kernels: ctypes.CDLL | None = field(default=None, compare=False, repr=False)
     reason: str = field(default="", compare=False)  # why this scheme: a flag, or the machine
 
@@ -80,16 +66,10 @@ class WeightScheme:
         in float32 and reads a float32 cache), else the model dtype."""
         return torch.float32 if self.blocks else self.dtype
 
-    @property
-    def decoder_rows(self) -> int:
-        """Largest decode step the C decoder layer serves (0: none)."""
-        if not self.blocks or self.kernels is None:
-            return 0
-        return DECODER_ROWS_WITH_COPY if self.keep_copy else DECODER_ROWS_DEQUANTISING
-
     def norm_kernel(self) -> ctypes.CDLL | None:
-        """The C RMSNorm for float32-out norms in block mode (one call instead of ~8 ops)."""
-        return self.kernels if self.blocks else None
+        """The C RMSNorm in block mode (one call instead of ~8 ops) and with `deterministic`
+        (its sums have a fixed order per row, PyTorch's reductions split rows by the step)."""
+        return self.kernels if self.blocks or self.deterministic else None
 
     def linear_method(self, kind: str) -> LinearMethod:
         """A fresh method for one layer; `kind`: linear, head or embedding."""
@@ -97,9 +77,10 @@ class WeightScheme:
             raise ValueError(f"unknown kind of matrix {kind!r}")
         matrix = "linear" if kind == "linear" else "head"  # a tied head shares the embedding's
         if self.blocks:
-            rows = BLOCK_ROWS_WITH_COPY if self.keep_copy else BLOCK_ROWS_DEQUANTISING
-            return BlockMethod(self.dtype, rows[matrix], self.keep_copy)
+            return BlockMethod()
         if self.quantize is None or kind == "embedding":
+            if self.deterministic and kind != "embedding":
+                return RowTiledMethod()
             return DenseMethod()  # a quantised model still looks its embeddings up densely
         if self.quantize == "int8":
             return Int8Method()
@@ -109,8 +90,9 @@ class WeightScheme:
 
     def head_shares_embedding(self) -> bool:
         """Whether a tied LM head multiplies by the embedding's own method (same weights, same
-        format); a re-quantised head gets a format of its own."""
-        return self.quantize is None
+        format); a re-quantised head gets a format of its own, a dense deterministic one its
+        row tiles (over the embedding's matrix)."""
+        return self.quantize is None and (self.blocks or not self.deterministic)
 
     def describe(self) -> str:
         """What the weights are and which kernels multiply by them, and why (the start-up line
@@ -118,16 +100,14 @@ class WeightScheme:
         return self._what() + (f"; {self.reason}" if self.reason else "")
 
     def _what(self) -> str:
+        if self.deterministic and not self.blocks:
+            return self._dense_what() + f", {TILE_ROWS}-row tiles (--deterministic)"
+        return self._dense_what()
+
+    def _dense_what(self) -> str:
         if self.blocks:
-            rows = BLOCK_ROWS_WITH_COPY if self.keep_copy else BLOCK_ROWS_DEQUANTISING
-            large = (f"{_name(self.dtype)} GEMM on a copy made at the first such step"
-                     if self.keep_copy else f"GEMM on {_name(self.dtype)} weights dequantised "
-                     "per step")  # fmt: skip
-            limit = f"{rows['linear']} rows"
-            if rows["head"] != rows["linear"]:
-                limit += f" ({rows['head']} for the LM head)"
-            return (f"{self.name}: the GGUF blocks with C kernels for steps of up to {limit}, "
-                    f"{large} for larger ones")  # fmt: skip
+            return (f"{self.name}: the GGUF blocks with C kernels at every step size (one C call "
+                    "per decoder layer)")  # fmt: skip
         if self.quantize:
             return f"{self.name}: weights re-quantised at load"
         return f"{self.name}: dense {_name(self.dtype)} weights"
@@ -186,8 +166,7 @@ def choose_scheme(quantization: str | None, dtype: str, checkpoint_format: str |
             if checkpoint_format not in ("gguf", None):
                 raise ValueError("quantization gguf keeps a GGUF file's own blocks; the model "
                                  "is not a GGUF file")  # fmt: skip
-            return WeightScheme("gguf", resolved, blocks=True, kernels=_kernels_or_reason()[0],
-                                reason=forced)  # fmt: skip
+            return _blocks(dtype, resolved, _kernels_or_reason()[0], forced)
         if dtype != "auto" and resolved != torch.bfloat16:
             raise ValueError(f"quantization {quantization} needs dtype bfloat16 (or auto)")
         return WeightScheme(quantization, torch.bfloat16, quantize=quantization, reason=forced)
@@ -207,11 +186,35 @@ def choose_scheme(quantization: str | None, dtype: str, checkpoint_format: str |
                     "to %s, which is slower", reason, _name(resolved))  # fmt: skip
         return WeightScheme.dense(resolved, "the default for a GGUF file without inferd's C "
                                   "kernels")  # fmt: skip
-    why = f"the default for a GGUF file on {_cpu()}"
-    if cpu_info.default_gguf_weights() == "gguf+bf16":
-        return WeightScheme("gguf+bf16", torch.bfloat16, blocks=True, keep_copy=True, kernels=lib,
-                            reason=why)  # fmt: skip
-    return WeightScheme("gguf+float32", torch.float32, blocks=True, kernels=lib, reason=why)
+    return _blocks(dtype, resolved, lib, "the default for a GGUF file on a CPU with inferd's C "
+                   "kernels")  # fmt: skip
+
+
+def _blocks(dtype: str, resolved: torch.dtype, lib, reason: str) -> WeightScheme:
+    """The block scheme: with `--dtype auto` the file's floating-point tensors stay float32
+    (whatever the CPU: nothing multiplies a large step in bf16 any more)."""
+    return WeightScheme("gguf", torch.float32 if dtype == "auto" else resolved, blocks=True,
+                        kernels=lib, reason=reason)  # fmt: skip
+
+
+def deterministic_scheme(scheme: WeightScheme, device: torch.device,
+                         tensor_parallel: int) -> WeightScheme:  # fmt: skip
+    """`scheme` with --deterministic: each row's result independent of the rest of its step.
+    Raises ValueError where that cannot hold."""
+    if device.type != "cpu":
+        raise ValueError(f"--deterministic runs on the CPU only (for now), not on {device}")
+    if tensor_parallel > 1:
+        raise ValueError("--deterministic does not hold with tensor parallelism: the "
+                         "all-reduce sums a value in an order set by its place in the "
+                         "step's buffer")  # fmt: skip
+    if scheme.quantize in ("int4", "fp8"):
+        raise ValueError(f"--deterministic does not hold with --quantization {scheme.quantize}: "
+                         "its kernel's sums depend on the step's rows")  # fmt: skip
+    lib, reason = _kernels_or_reason()
+    if lib is None:
+        raise ValueError(f"--deterministic needs inferd's C kernels, which cannot be built here: "
+                         f"{reason}")  # fmt: skip
+    return dataclasses.replace(scheme, deterministic=True, kernels=lib)
 
 
 def _checkpoint(checkpoint_format: str | None) -> str:

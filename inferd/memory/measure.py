@@ -149,8 +149,7 @@ def measure_memory(
     ).peak_bytes
     m = Measurement(dev, [before, loaded, done], sum(prompt_lens), generated,
                     peak=peak_snapshot(done))  # fmt: skip
-    # the blocks' bf16 copy comes with the first large step, not at load
-    load_pred = pred.weights - (estimate.weight_plan.copy if blocks else 0) + pred.kv_cache
+    load_pred = pred.weights + pred.kv_cache
     if dev == "cuda":
         _gpu_rows(m, before, loaded, done, load_pred, run_acts, pred.overhead.bytes)
     else:

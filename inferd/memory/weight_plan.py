@@ -3,18 +3,15 @@
 Forced dtypes and quantisations hold every weight densely (`weights.weight_bytes`). The default
 mode on a CPU where inferd's C kernels run keeps a GGUF file's own blocks instead
 (inferd/layers/weight_scheme.py, docs/performance.md): about the file's size, each quantised
-type in the layout of inferd/layers/gguf_blocks.py (BLOCK_BITS below), plus, where the CPU has
-fast bf16 (`gguf+bf16`), a bf16 copy of those matrices made at the first large step (a prefill,
-or a batch of more than a few sequences) — what a server holds once it has seen real traffic.
-Tensors the file does not quantise (norms, an F16 file's matrices) are held densely in the
-compute dtype.
+type in the layout of inferd/layers/gguf_blocks.py (BLOCK_BITS below), and nothing more at any
+step size (every step multiplies by the blocks). Tensors the file does not quantise (norms, an
+F16 file's matrices) are held densely in float32.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from inferd.cpu_info import default_gguf_weights
 from inferd.memory.weights import CheckpointWeights, weight_bytes
 
 # Bits per weight of each GGUF type as inferd's blocks hold it: q in 4, 5 or 8 bits (whichever
@@ -33,19 +30,18 @@ DENSE_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}
 class WeightPlan:
     """The weights' bytes in one mode."""
 
-    scheme: str  # gguf+bf16, gguf+float32, or the dense precision (fp32, bf16, int8, ...)
+    scheme: str  # gguf (the blocks), or the dense precision (fp32, bf16, int8, ...)
     compute_dtype: str  # the GEMMs' and activations' precision: fp32 or bf16
-    held: int  # after load
-    copy: int = 0  # added by the first large step (the bf16 copy of the blocks)
+    held: int  # after load, and at every step after it
     note: str = ""
 
     @property
     def total(self) -> int:
-        return self.held + self.copy
+        return self.held
 
     @property
     def blocks(self) -> bool:
-        return self.scheme.startswith("gguf+")
+        return self.scheme == "gguf"
 
 
 def dense_plan(num_params: int, precision: str) -> WeightPlan:
@@ -64,18 +60,11 @@ def keeps_blocks(dtype: str, device: str, checkpoint: CheckpointWeights | None,
 
 
 def block_plan(checkpoint: CheckpointWeights) -> WeightPlan:
-    """The default mode's weights on a GGUF file (this CPU decides gguf+bf16 or gguf+float32)."""
-    scheme = default_gguf_weights()
-    compute = "bf16" if scheme == "gguf+bf16" else "fp32"
-    held = copy = 0
+    """The default mode's weights on a GGUF file: the blocks, and float32 for the rest."""
+    held = 0
     for type_name, (params, _) in checkpoint.by_type.items():
         if type_name in BLOCK_BITS:
             held += round(params * BLOCK_BITS[type_name] / 8)
-            copy += params * 2
         else:
-            held += params * DENSE_BYTES[compute]
-    if scheme != "gguf+bf16":
-        return WeightPlan(scheme, compute, held, 0, "the file's blocks (large steps dequantise "
-                          "slab by slab, nothing kept)")  # fmt: skip
-    return WeightPlan(scheme, compute, held, copy, "the file's blocks, and a bf16 copy made at "
-                      "the first large step (prefill, big batches)")  # fmt: skip
+            held += params * DENSE_BYTES["fp32"]
+    return WeightPlan("gguf", "fp32", held, "the file's blocks, at every step size")

@@ -4,7 +4,8 @@ tables computed once per step, and name-based weight loading with fused projecti
 A model is built for one `WeightScheme` (inferd/layers/weight_scheme.py), which every layer
 asks for its weight format and kernels at construction. With a block scheme and inferd's C
 kernels, the model also owns a `CpuDecoder` (cpu_decoder.py) that runs the decoder layers of
-the decode steps it serves in C; every other step takes the layers' own forward.
+every step in C (the cpu attention backend's fixed-order mode, float32 or bf16 KV caches); other
+steps take the layers' own forward.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from inferd.layers.embedding import LMHead, VocabEmbedding
 from inferd.layers.linear import Linear
 from inferd.layers.moe import ExpertLinear, SparseMoE
 from inferd.layers.norm import RMSNorm, scheme_norm
-from inferd.layers.rotary import RotaryEmbedding
+from inferd.layers.rotary import RotaryEmbedding, kernel_cos_sin
 from inferd.layers.weight_scheme import WeightScheme, as_scheme
 
 # checkpoint sub-name → (our fused module, shard index)
@@ -107,14 +108,22 @@ class CausalLM(nn.Module):
         layer (HF rounds it; inferd is more precise there, and skips converting it back to
         float32 in every norm). In float32 runs this is exactly HF's computation."""
         h = self.model.embed_tokens(input_ids).float()
-        tables = [rot.cos_sin(positions, torch.float32) for rot in self.rotaries]
-        ropes = [tables[i] for i in self.rope_index]
-        if self.cpu_decoder is not None and self.cpu_decoder.serves(h.shape[0], ctx):
-            h = self.cpu_decoder.run(h, ropes, ctx)
+        if self.cpu_decoder is not None and self.cpu_decoder.serves(ctx):
+            h = self.cpu_decoder.run(h, positions, ctx)  # every step, whatever its rows
         else:
-            for layer, rope in zip(self.model.layers, ropes):
-                h = layer(h, rope, ctx)
+            tables = [self._cos_sin(rot, positions) for rot in self.rotaries]
+            for layer, i in zip(self.model.layers, self.rope_index):
+                h = layer(h, tables[i], ctx)
         return self.model.norm(h)
+
+    def _cos_sin(self, rotary: RotaryEmbedding, positions: torch.Tensor):
+        """The step's RoPE tables; by the C kernel where the scheme has one (GGUF blocks,
+        --deterministic: the same bits for a position whatever the step), else PyTorch's (HF's
+        bits: the parity tests)."""
+        if self.scheme.kernels is not None and positions.device.type == "cpu":
+            cos, sin = kernel_cos_sin(self.scheme.kernels, rotary.inv_freq, positions)
+            return cos[:, None, :], sin[:, None, :]
+        return rotary.cos_sin(positions, torch.float32)
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         return self.lm_head(hidden, self.config.final_logit_softcapping)
@@ -183,7 +192,8 @@ class CausalLM(nn.Module):
         for module in self.modules():
             if isinstance(module, RMSNorm | SelfAttention):
                 module.finalize()
-        if self.scheme.decoder_rows and not self.tp.enabled and self.c_decoder_computes_layers():
+        if (self.scheme.blocks and self.scheme.kernels is not None and not self.tp.enabled
+                and self.c_decoder_computes_layers()):
             from inferd.models.cpu_decoder import CpuDecoder
 
             self.cpu_decoder = CpuDecoder.for_model(self)

@@ -1,19 +1,21 @@
-"""The CPU decode backend: every decoder layer of a decode step as one C call.
+"""The CPU decoder: every decoder layer of every step of a model on GGUF blocks as one C call.
 
 For one sequence a layer is ~45 small PyTorch ops and the Python around them, more than its
-weights take to read; cpu_kernels/decode_layer.c computes the same layer in one call. The
-contract, checked once at load (`for_model`) and per step (`serves`):
+weights take to read; cpu_kernels/decode_layer.c computes the same layer in one call, for any
+number of rows: decode rows, prefill chunks, mixed steps, speculative verification rows, prompt
+logprob steps, recompute after preemption. One numeric path for all of them, each row's result
+independent of the others (docs/performance.md). The contract, checked once at load
+(`for_model`) and per step (`serves`):
 
 * **What it needs from the model.** Every decoder layer spells itself out as a
   `DecoderLayerParts` (models/base.py): its norms, attention and MLP, and which of Gemma's
   sandwich norms it has. The four projections must hold GGUF blocks (`BlockMethod`, at most
   `MAX_PARTS` row ranges each), the activation must be one the kernel knows, and the model is
   not split across ranks.
-* **Which steps it serves.** Every sequence adds exactly one token (a pure decode step in
-  every KV group, as the attention metadata says), at most `WeightScheme.decoder_rows`
-  sequences, the attention backend is the `cpu` one (the C layer attends with the same C
-  kernel; the `torch` backend means pure PyTorch), and every layer's KV cache is float32.
-  Any other step takes the layers' own forward.
+* **Which steps it serves.** Any step whose attention backend is the `cpu` one in its
+  fixed-order mode (the C layer attends with the same C kernel, reading the per-row plans of
+  the step's metadata; the `torch` backend means pure PyTorch) and whose KV caches are float32
+  or bfloat16 on the CPU. Any other step (an fp8 cache) takes the layers' own forward.
 
 The layers' forward computes the same thing (tests/parity/test_fused_decode.py compares them
 layer by layer). This module describes each layer to the kernel once (pointers into tensors
@@ -27,11 +29,11 @@ import ctypes
 import torch
 
 from inferd.attention.backend import ForwardContext
-from inferd.attention.cpu_backend import CpuAttentionBackend
-from inferd.attention.torch_backend import TorchAttentionMetadata
+from inferd.attention.cpu_backend import C_CACHE_DTYPES, CpuAttentionBackend, CpuAttentionMetadata
 from inferd.layers.block_method import BlockMethod
 from inferd.layers.gguf_blocks import MAX_PARTS, BlockMatrix
 from inferd.layers.linear import Linear
+from inferd.layers.rotary import kernel_cos_sin
 from inferd.models.base import CausalLM, DecoderLayerParts
 
 _P, _I, _F = ctypes.c_void_p, ctypes.c_int64, ctypes.c_float
@@ -57,11 +59,8 @@ class LayerSpec(ctypes.Structure):
 class StepSpec(ctypes.Structure):
     """Mirrors StepSpec in cpu_kernels/decode_layer.c."""
 
-    _fields_ = [
-        ("n", _I), ("cos", _P), ("sin", _P), ("k_pool", _P), ("v_pool", _P),
-        ("block_size", _I), ("slots", _P), ("blocks", _P), ("starts", _P), ("lens", _P),
-        ("width", _I),
-    ]  # fmt: skip
+    _fields_ = [("n", _I), ("cos", _P), ("sin", _P), ("k_pool", _P), ("v_pool", _P),
+                ("cache_bf16", _I), ("slots", _P), ("keys", _P)]  # fmt: skip
 
 
 def _blocks_of(linear: Linear) -> BlockLinear | None:
@@ -115,15 +114,20 @@ class _CLayer:
 
 
 class CpuDecoder:
-    def __init__(self, layers: list[_CLayer], lib: ctypes.CDLL, max_rows: int):
-        self.layers, self.lib, self.max_rows = layers, lib, max_rows
+    def __init__(self, layers: list[_CLayer], lib: ctypes.CDLL, inv_freqs: list[torch.Tensor],
+                 rope_index: list[int]):  # fmt: skip
+        """`inv_freqs`: the RoPE frequencies of each distinct RoPE config; `rope_index`: which
+        one each layer uses."""
+        self.layers, self.lib = layers, lib
+        self.inv_freqs = [f.float().contiguous() for f in inv_freqs]
+        self.rope_index = rope_index
 
     @classmethod
     def for_model(cls, model: CausalLM) -> CpuDecoder | None:
         """The decoder for a loaded model, or None when the model does not meet the contract
         (see the module docstring)."""
         scheme = model.scheme
-        if model.tp.enabled or scheme.kernels is None or not scheme.decoder_rows:
+        if model.tp.enabled or scheme.kernels is None or not scheme.blocks:
             return None
         layers = []
         for layer in model.model.layers:
@@ -138,39 +142,38 @@ class CpuDecoder:
             if any(m is None for m in matrices):
                 return None
             layers.append(_CLayer(parts, matrices, model.config.hidden_size))
-        return cls(layers, scheme.kernels, scheme.decoder_rows)
+        return cls(layers, scheme.kernels, [r.inv_freq for r in model.rotaries],
+                   model.rope_index)  # fmt: skip
 
-    def serves(self, rows: int, ctx: ForwardContext) -> bool:
-        meta = ctx.metadata
-        if rows > self.max_rows or not isinstance(ctx.backend, CpuAttentionBackend):
+    def serves(self, ctx: ForwardContext) -> bool:
+        backend = ctx.backend
+        if not isinstance(backend, CpuAttentionBackend) or not backend.fixed_order:
             return False
-        if not isinstance(meta, TorchAttentionMetadata):
+        if not isinstance(ctx.metadata, CpuAttentionMetadata):
             return False
-        if any(meta.pure_decode(g) is None for g in range(len(meta.groups))):
-            return False
-        return all(c.dtype == torch.float32 and c.device.type == "cpu"
+        return all(c.dtype in C_CACHE_DTYPES and c.device.type == "cpu"
                    for group in ctx.kv_caches for c in group)  # fmt: skip
 
-    def run(self, h: torch.Tensor, ropes: list, ctx: ForwardContext) -> torch.Tensor:
+    def run(self, h: torch.Tensor, positions: torch.Tensor, ctx: ForwardContext) -> torch.Tensor:
         """The residual stream after every layer, for a step `serves` accepted."""
         h = h.float().contiguous()
-        for index, rope in enumerate(ropes):
-            self.run_layer(index, h, rope, ctx)
+        tables = [kernel_cos_sin(self.lib, f, positions) for f in self.inv_freqs]
+        for index, rope in enumerate(self.rope_index):
+            self.run_layer(index, h, tables[rope], ctx)
         return h
 
     def run_layer(self, index: int, h: torch.Tensor, rope, ctx: ForwardContext) -> None:
         """Layer `index` on the contiguous float32 residual stream `h`, in place (it also
-        stores the step's keys and values in the layer's cache)."""
-        meta: TorchAttentionMetadata = ctx.metadata
+        stores the step's keys and values in the layer's cache). `rope`: cos and signed sin,
+        [rows, head_dim] (or [rows, 1, head_dim]) float32."""
+        meta: CpuAttentionMetadata = ctx.metadata
         layer, (cos, sin) = self.layers[index], rope
         s = layer.attention
         cache = ctx.kv_caches[s.group][s.index_in_group]
-        decode = meta.pure_decode(s.group)
         step = StepSpec(
-            h.shape[0], cos.data_ptr(), sin.data_ptr(), cache[0].data_ptr(),
-            cache[1].data_ptr(), cache.shape[2], meta.slot_mappings[s.group].data_ptr(),
-            decode.blocks.data_ptr(), decode.starts.data_ptr(), decode.lens.data_ptr(),
-            decode.width,
+            h.shape[0], cos.data_ptr(), sin.data_ptr(), cache[0].data_ptr(), cache[1].data_ptr(),
+            int(cache.dtype == torch.bfloat16), meta.slot_mappings[s.group].data_ptr(),
+            ctypes.addressof(meta.rows[s.group].struct),
         )  # fmt: skip
         rc = self.lib.inferd_decode_layer(ctypes.byref(layer.spec), ctypes.byref(step),
                                           h.data_ptr())  # fmt: skip

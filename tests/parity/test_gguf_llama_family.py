@@ -1,11 +1,12 @@
 """The gguf mode on Llama, Qwen2 (q/k/v bias) and Qwen3 (q/k norms) GGUF files: tiny random
-models this test writes with the `gguf` package, quantised to Q8_0, Q5_0, Q4_0 and Q4_1 (every
-storage width of gguf_blocks, with and without offsets).
+models written with the `gguf` package (tests/tiny_gguf.py), quantised to Q8_0, Q5_0, Q4_0 and
+Q4_1 (every storage width of gguf_blocks, with and without offsets).
 
 * The gguf mode's logits follow the float32 run of the same file (which dequantises every
   weight), within the rounding of activations to int8.
-* Its one-call decoder layer (decode_layer.c: SiLU, no sandwich norms, bias, q/k norms here)
-  gives what the same layer computes op by op in PyTorch.
+* Its one-call decoder layer (decode_layer.c: SiLU, no sandwich norms, bias, q/k norms here),
+  which runs the prefill and every decode step, gives what the same layers compute op by op in
+  PyTorch.
 """
 
 from __future__ import annotations
@@ -15,69 +16,22 @@ import json
 import numpy as np
 import pytest
 import torch
+from tiny_gguf import VOCAB, write_tiny_gguf
 
 from inferd.attention.cpu_backend import CpuAttentionBackend
 from inferd.engine.runner import ModelRunner, SequenceStep
 from inferd.loader.checkpoint import open_checkpoint
 from inferd.loader.model_loader import load_model
 
-HIDDEN, HEADS, KV_HEADS, HEAD_DIM, INTER, LAYERS, VOCAB = 128, 4, 2, 32, 256, 2, 512
 
-
-def write_tiny_gguf(path, arch: str) -> None:
-    import gguf
-    from gguf.constants import GGMLQuantizationType as T
-
-    rng = np.random.default_rng(0)
-    writer = gguf.GGUFWriter(str(path), arch)
-    writer.add_block_count(LAYERS)
-    writer.add_embedding_length(HIDDEN)
-    writer.add_feed_forward_length(INTER)
-    writer.add_head_count(HEADS)
-    writer.add_head_count_kv(KV_HEADS)
-    writer.add_key_length(HEAD_DIM)
-    writer.add_value_length(HEAD_DIM)
-    writer.add_rope_freq_base(10000.0)
-    writer.add_layer_norm_rms_eps(1e-5)
-    writer.add_context_length(256)
-
-    def quantised(name, rows, cols, qtype, scale=0.08):
-        data = (rng.standard_normal((rows, cols)) * scale).astype(np.float32)
-        writer.add_tensor(name, gguf.quants.quantize(data, qtype), raw_dtype=qtype)
-
-    def dense(name, n, around=1.0):
-        writer.add_tensor(name, (around + 0.1 * rng.standard_normal(n)).astype(np.float32))
-
-    quantised("token_embd.weight", VOCAB, HIDDEN, T.Q8_0, scale=1.0)
-    quantised("output.weight", VOCAB, HIDDEN, T.Q4_1)
-    dense("output_norm.weight", HIDDEN)
-    for i in range(LAYERS):
-        p = f"blk.{i}"
-        quantised(f"{p}.attn_q.weight", HEADS * HEAD_DIM, HIDDEN, T.Q5_0)
-        quantised(f"{p}.attn_k.weight", KV_HEADS * HEAD_DIM, HIDDEN, T.Q5_0)
-        quantised(f"{p}.attn_v.weight", KV_HEADS * HEAD_DIM, HIDDEN, T.Q8_0)
-        quantised(f"{p}.attn_output.weight", HIDDEN, HEADS * HEAD_DIM, T.Q4_1)
-        quantised(f"{p}.ffn_gate.weight", INTER, HIDDEN, T.Q4_0)
-        quantised(f"{p}.ffn_up.weight", INTER, HIDDEN, T.Q4_0)
-        quantised(f"{p}.ffn_down.weight", HIDDEN, INTER, T.Q8_0)
-        dense(f"{p}.attn_norm.weight", HIDDEN)
-        dense(f"{p}.ffn_norm.weight", HIDDEN)
-        if arch == "qwen2":
-            for proj, n in (("q", HEADS), ("k", KV_HEADS), ("v", KV_HEADS)):
-                dense(f"{p}.attn_{proj}.bias", n * HEAD_DIM, around=0.0)
-        if arch == "qwen3":
-            dense(f"{p}.attn_q_norm.weight", HEAD_DIM)
-            dense(f"{p}.attn_k_norm.weight", HEAD_DIM)
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
-
-
-def run(model, ids: list[int], decode_steps: int, backend=None) -> torch.Tensor:
-    """Logits of a prefill of ids[:-decode_steps] (last position) and of each decode step."""
-    runner = ModelRunner(model, [64] * len(model.config.kv_groups()), 16, torch.float32,
+def run(model, ids: list[int], decode_steps: int, backend=None, cache=torch.float32,
+        runners: list | None = None) -> torch.Tensor:  # fmt: skip
+    """Logits of a prefill of ids[:-decode_steps] (last position) and of each decode step (the
+    runner, whose cache holds the step's keys and values, appended to `runners`)."""
+    runner = ModelRunner(model, [64] * len(model.config.kv_groups()), 16, cache,
                          torch.device("cpu"), backend)  # fmt: skip
+    if runners is not None:
+        runners.append(runner)
     tables = [list(range(1, 9))] * len(runner.kv_caches)
     prompt = len(ids) - decode_steps
     out = [runner.execute_with_prompt_logits([SequenceStep(ids[:prompt], 0, tables)])[0]]
@@ -100,15 +54,44 @@ def test_gguf_mode_matches_float32_and_its_fused_layers(tmp_path, monkeypatch, c
     assert model.cpu_decoder is not None
     decoder, served = model.cpu_decoder, []
     real_serves = decoder.serves
-    decoder.serves = lambda rows, ctx: served.append(real_serves(rows, ctx)) or served[-1]
+    decoder.serves = lambda ctx: served.append(real_serves(ctx)) or served[-1]
     fused = run(model, ids, 6, CpuAttentionBackend(c_kernels))
-    assert served == [False] + [True] * 6  # the prefill, then every decode step
+    assert served == [True] * 7  # the prefill and every decode step
     scale = reference.abs().max()
     assert (fused - reference).abs().max() < 0.03 * scale
 
     op_by_op = run(model, ids, 6)  # the torch backend: the layers' own forward
     assert len(served) == 7 + 7 and not any(served[7:])
     assert (fused - op_by_op).abs().max() < 1e-3 * scale
+
+
+@pytest.mark.slow
+def test_the_c_decoder_writes_and_reads_a_bf16_cache(tmp_path, monkeypatch, c_kernels):
+    """`--kv-cache-dtype bfloat16` on blocks: the C layer rounds keys and values to bf16 as
+    PyTorch does (to nearest even) and attends over them; the layers op by op (storing with
+    PyTorch, attending with the same C kernel) agree, and both stay near the float32 cache's
+    logits."""
+    monkeypatch.setenv("INFERD_WEIGHT_CACHE", "0")
+    path = tmp_path / "tiny-llama.gguf"
+    write_tiny_gguf(path, "llama")
+    ids = [int(i) for i in np.random.default_rng(3).integers(0, VOCAB, 20)]
+    model = load_model(open_checkpoint(path), torch.float32, torch.device("cpu"), "gguf")
+    served, real_serves = [], model.cpu_decoder.serves
+    model.cpu_decoder.serves = lambda ctx: served.append(real_serves(ctx)) or served[-1]
+    cpu, runners = CpuAttentionBackend(c_kernels), []
+    fused = run(model, ids, 4, cpu, torch.bfloat16, runners)
+    assert served == [True] * 5
+    full = run(model, ids, 4, cpu)
+    decoder, model.cpu_decoder = model.cpu_decoder, None
+    op_by_op = run(model, ids, 4, cpu, torch.bfloat16, runners)
+    model.cpu_decoder = decoder
+    c_cache, torch_cache = (r.kv_caches[0][0][:, 1:3].float() for r in runners)
+    assert c_cache.abs().sum() > 0  # the 20 tokens' keys and values, in blocks 1 and 2
+    # the same values rounded the same way; only a float rounding apart now and then
+    assert (c_cache == torch_cache).float().mean() > 0.99
+    scale = full.abs().max()
+    assert (fused - op_by_op).abs().max() < 1e-3 * scale
+    assert 0 < (fused - full).abs().max() < 0.03 * scale  # bf16 keys and values: close, not equal
 
 
 @pytest.mark.slow

@@ -108,7 +108,7 @@ def test_embedded_model_counts(gemma_gguf):
 def test_the_default_modes_weights_are_what_the_plan_says(gemma_gguf, c_kernels):
     """`inferd memory`'s figure for the default mode on a GGUF file (weight_plan.py) against the
     model the engine builds in that mode: every block and dense tensor it holds after load,
-    and the bf16 copies its large steps make where the CPU keeps them."""
+    which is all it ever holds (every step multiplies by the blocks)."""
     from inferd.layers.block_method import BlockMethod
     from inferd.layers.weight_scheme import choose_scheme
     from inferd.memory.estimate import estimate_memory
@@ -126,8 +126,6 @@ def test_the_default_modes_weights_are_what_the_plan_says(gemma_gguf, c_kernels)
     assert held == plan.held, (held, plan.held)
     # about the file's size: blocks store q in 4, 5 or 8 bits and scales as the file does, or fp32
     assert 0.9 < plan.held / os.path.getsize(gemma_gguf) < 1.1
-    copies = sum(m.dense_copy_weight().numel() * 2 for m in methods) if scheme.keep_copy else 0
-    assert copies == plan.copy
     # the estimate counts these in the engine's conditions only: the default dtype, a CPU,
     # no tensor parallelism, the kernels available; its KV cache is then float32, as the engine's
     on_disk = checkpoint_weights(ckpt)

@@ -21,8 +21,8 @@ KV = 256 << 20
 
 
 @pytest.fixture(scope="module")
-def plain():
-    return LLM(kv_cache_memory=KV)
+def plain(default_llm):
+    return default_llm  # the session's default-mode engine (its step budget differs: no matter)
 
 
 @pytest.fixture(scope="module")

@@ -1,7 +1,8 @@
-"""The `cpu` attention backend (decode attention in C) against the pure-PyTorch `torch` backend
-on random paged steps: decodes alone and mixed with prefill chunks, GQA and MQA, sliding windows
-behind long contexts, soft-capping, float32 and bfloat16 caches. Prefill chunks and fp8 caches
-take the torch code in both, so those rows must match exactly."""
+"""The `cpu` attention backend (attention in C) against the pure-PyTorch `torch` backend on random
+paged steps: decodes alone and mixed with prefill chunks, GQA and MQA, sliding windows behind
+long contexts, soft-capping, float32 and bfloat16 caches. In its fixed-order mode every row is
+attended in C; otherwise prefill chunks take the torch code, so those rows must match exactly.
+fp8 caches take the torch path in both modes."""
 
 from __future__ import annotations
 
@@ -51,30 +52,41 @@ def cpu_backend(c_kernels):
     return CpuAttentionBackend(c_kernels)
 
 
+@pytest.fixture(scope="module")
+def torch_prefill_backend(c_kernels):
+    return CpuAttentionBackend(c_kernels, fixed_order=False)
+
+
 @pytest.mark.parametrize("heads, kv_heads", [(4, 4), (4, 2), (4, 1)])
 @pytest.mark.parametrize("window, softcap", [(None, None), (5, None), (None, 20.0)])
 @pytest.mark.parametrize("cache_dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("q_lens, ctx_lens", [([1, 1, 1], [3, 20, 41]), ([1, 9, 1], [30, 4, 12])])
-def test_cpu_backend_matches_the_torch_backend(cpu_backend, heads, kv_heads, window, softcap,
-                                               cache_dtype, q_lens, ctx_lens):  # fmt: skip
+def test_cpu_backend_matches_the_torch_backend(cpu_backend, torch_prefill_backend, heads,
+                                               kv_heads, window, softcap, cache_dtype, q_lens,
+                                               ctx_lens):  # fmt: skip
     batch, cache, qkv = make_step(q_lens, ctx_lens, heads, kv_heads, window, cache_dtype, heads)
     spec = LayerAttentionSpec(heads, kv_heads, 32, 32**-0.5, window, softcap, 0, 0)
     q, k, v = qkv[:, :heads], qkv[:, heads : heads + kv_heads], qkv[:, heads + kv_heads :]
     outs, caches = [], []
-    for backend in (TorchAttentionBackend(), cpu_backend):
+    for backend in (TorchAttentionBackend(), cpu_backend, torch_prefill_backend):
         layer_cache = cache.clone()
         outs.append(backend.forward(q, k, v, layer_cache, spec, backend.build_metadata(batch)))
         caches.append(layer_cache)
-    torch.testing.assert_close(caches[1], caches[0], rtol=0, atol=0)  # the same stores
-    ref, out = outs
+    for c in caches[1:]:
+        torch.testing.assert_close(c, caches[0], rtol=0, atol=0)  # the same stores
+    ref, fixed, mixed = outs
     decodes = [i for i, (start, n) in enumerate(zip(batch.query_start_loc[:-1], q_lens))
                if n == 1]  # fmt: skip
     rows = torch.tensor([int(batch.query_start_loc[i]) for i in decodes])
     # decode rows: the C kernel in float32 against torch (float32 products on small steps)
-    torch.testing.assert_close(out[rows], ref[rows], rtol=2e-5, atol=2e-5)
-    prefill = torch.ones(len(out), dtype=torch.bool)
+    torch.testing.assert_close(fixed[rows], ref[rows], rtol=2e-5, atol=2e-5)
+    assert torch.equal(mixed[rows], fixed[rows])  # the same kernel for decode rows
+    prefill = torch.ones(len(ref), dtype=torch.bool)
     prefill[rows] = False
-    assert torch.equal(out[prefill], ref[prefill])  # prefill chunks: the same torch code
+    assert torch.equal(mixed[prefill], ref[prefill])  # prefill chunks: the same torch code
+    # in C, float32 products (the torch code multiplies a bf16 cache in bf16)
+    tolerance = 2e-5 if cache_dtype == torch.float32 else 2e-2
+    torch.testing.assert_close(fixed[prefill], ref[prefill], rtol=tolerance, atol=tolerance)
 
 
 def test_fp8_caches_take_the_torch_path(cpu_backend):
@@ -90,15 +102,16 @@ def test_fp8_caches_take_the_torch_path(cpu_backend):
 
 
 def test_metadata_is_built_once_and_read_by_every_layer(cpu_backend):
-    batch, cache, qkv = make_step([1, 6, 1], [12, 0, 5], 4, 2, None, torch.float32, 3)
+    batch, cache, qkv = make_step([1, 6, 1], [12, 0, 5], 4, 2, 3, torch.float32, 3)
     metadata = cpu_backend.build_metadata(batch)
-    (plan,) = metadata.groups
-    assert plan.decode is not None and len(plan.chunks) == 1
-    assert metadata.pure_decode(0) is None  # a prefill chunk in the step
-    spec = LayerAttentionSpec(4, 2, 32, 32**-0.5, None, None, 0, 0)
+    (rows,) = metadata.rows  # one plan of every row per KV group
+    assert rows.seq_rows.tolist() == [0, 1, 7, 8]
+    assert rows.lens.tolist() == [13, 1, 2, 3, 4, 5, 6, 6]  # each row sees up to itself
+    # the window (3) of each sequence's first row decides its first block: keys from 13 - 3
+    assert rows.starts.tolist() == [8, 0, 0] and rows.blocks.shape == (3, 1)
+    spec = LayerAttentionSpec(4, 2, 32, 32**-0.5, 3, None, 0, 0)
     q, k, v = qkv[:, :4], qkv[:, 4:6], qkv[:, 6:]
     first = cpu_backend.forward(q, k, v, cache.clone(), spec, metadata)
     second = cpu_backend.forward(q, k, v, cache.clone(), spec, metadata)
     assert torch.equal(first, second)
-    decode_only, _, _ = make_step([1, 1], [12, 5], 4, 2, None, torch.float32, 3)
-    assert cpu_backend.build_metadata(decode_only).pure_decode(0) is not None
+    assert metadata._torch is None  # a fixed-order step on a float32 cache needs no torch plan

@@ -141,19 +141,17 @@ def test_doctor_prints_what_a_bug_report_needs(capsys):
 
 def test_features_can_be_turned_off_to_act_as_an_older_cpu(monkeypatch, capsys):
     """INFERD_CPU_FEATURES_OFF: every choice made from the CPU's features follows (the variant,
-    bf16 or not, the default weights), as on a CPU without them; doctor says so."""
-    from inferd.cpu_info import cpu_has_fast_bf16, default_gguf_weights
+    bf16 or not), as on a CPU without them; doctor says so."""
+    from inferd.cpu_info import cpu_has_fast_bf16
 
     monkeypatch.setattr("inferd.cpu_info._cpuinfo", lambda: "flags\t: sse2 avx2 fma f16c "
                         "avx512f avx512bw avx512vl avx512_vnni avx512_bf16 avx_vnni\n")  # fmt: skip
     monkeypatch.setattr(variants, "machine", lambda: "x86_64")
     monkeypatch.delenv("INFERD_CPU_FEATURES_OFF", raising=False)
     assert variants.runnable()[0].name == "avx512-vnni" and cpu_has_fast_bf16()
-    assert default_gguf_weights() == "gguf+bf16"
     monkeypatch.setenv("INFERD_CPU_FEATURES_OFF", "avx512*, avx_vnni")  # an AVX2-only CPU
     assert "avx512f" not in cpu_flags() and "avx2" in cpu_flags()
     assert variants.runnable()[0].name == "avx2" and not cpu_has_fast_bf16()
-    assert default_gguf_weights() == "gguf+float32"
     assert main(["doctor", "--json"]) == 0
     facts = json.loads(capsys.readouterr().out)
     assert facts["INFERD_CPU_FEATURES_OFF"] == "avx512* avx_vnni"
@@ -161,11 +159,11 @@ def test_features_can_be_turned_off_to_act_as_an_older_cpu(monkeypatch, capsys):
 
 
 def test_doctor_says_which_mode_runs_by_default(capsys):
-    from inferd.cpu_info import default_cpu_dtype, default_gguf_weights
+    from inferd.cpu_info import default_cpu_dtype
 
     assert main(["doctor", "--json"]) == 0
     facts = json.loads(capsys.readouterr().out)
-    expected = default_gguf_weights() + ": the file's blocks with C kernels for decode steps"
+    expected = "gguf: the file's blocks with C kernels at every step size"
     if facts["cpu kernels"].startswith("none"):
         expected = f"{default_cpu_dtype()} weights dequantised from the file"
     assert facts["default on this CPU, GGUF file"].startswith(expected)

@@ -1,6 +1,7 @@
-"""The C decode attention (cpu_kernels/decode_attention.c) against attention written out in
-PyTorch, on a shuffled paged pool: GQA and MQA, sliding windows, softcapping, and several
-sequences of different lengths in one call."""
+"""The C attention (cpu_kernels/decode_attention.c) against attention written out in PyTorch, on a
+shuffled paged pool: GQA and MQA, sliding windows, softcapping, several sequences with one or
+many query rows in one call; and its fixed reduction order: a row gets the same bits alone, in
+any batch, in any chunking of its prompt and with any number of threads, in every variant."""
 
 from __future__ import annotations
 
@@ -10,64 +11,116 @@ import pytest
 import torch
 from kernel_variants import VARIANT_NAMES, variant_library
 
+from inferd.attention.backend import LayerAttentionSpec
+from inferd.attention.cpu_backend import RowPlan, attend_in_c
+
+BS, DIM = 4, 40  # 40: not a whole number of 16-float lanes
+
 
 @pytest.fixture(scope="module", params=VARIANT_NAMES)
 def lib(request):
     return variant_library(request.param)
 
 
-def decode_in_c(lib, q, pool, blocks, starts, lens, scale, window, softcap):
-    """The kernel through its C signature (kernels.h), as the attention backend calls it."""
-    n, heads, dim = q.shape
-    out = torch.empty_like(q)
-    rc = lib.inferd_decode_attention(
-        q.data_ptr(), pool[0].data_ptr(), pool[1].data_ptr(), blocks.data_ptr(),
-        starts.data_ptr(), lens.data_ptr(), n, blocks.shape[1], pool.shape[2], heads,
-        pool.shape[3], dim, scale, window or 0, softcap or 0.0,
-        int(pool.dtype == torch.bfloat16), out.data_ptr(),
-    )  # fmt: skip
-    assert rc == 0
-    return out
+class Pool:
+    """A random paged pool and, per sequence, a shuffled block table of 48 blocks."""
+
+    def __init__(self, seqs: int, kv_heads: int, dtype: torch.dtype, seed: int = 0):
+        gen = torch.Generator().manual_seed(seed)
+        blocks = 48 * seqs + 1
+        self.cache = torch.randn(2, blocks, BS, kv_heads, DIM, generator=gen).to(dtype)
+        perm = (torch.randperm(blocks - 1, generator=gen) + 1).view(seqs, 48)
+        self.tables = [perm[s] for s in range(seqs)]
+
+    def keys(self, s: int, lo: int, hi: int) -> tuple[torch.Tensor, torch.Tensor]:
+        pos = torch.arange(lo, hi)
+        slots = self.tables[s][pos // BS] * BS + pos % BS
+        k, v = (self.cache[i].reshape(-1, *self.cache.shape[3:])[slots].float() for i in (0, 1))
+        return k, v
+
+
+def attend(lib, pool: Pool, q: torch.Tensor, rows: list[tuple[int, list[int]]],
+           spec: LayerAttentionSpec) -> torch.Tensor:  # fmt: skip
+    """The kernel on one call's rows: `rows` lists, per sequence of the call, its pool sequence
+    and the positions of its query rows (consecutive), q [rows, H, D] in that order."""
+    seq_rows, lens, tables, firsts = [0], [], [], []
+    for s, positions in rows:
+        seq_rows.append(seq_rows[-1] + len(positions))
+        lens += [p + 1 for p in positions]
+        lo = 0 if spec.window is None else max(0, positions[0] + 1 - spec.window)
+        firsts.append(lo // BS)
+        table = pool.tables[s][lo // BS :]
+        tables.append(torch.cat([table, table.new_zeros(48 - len(table))]))  # padded
+    plan = RowPlan(torch.tensor(seq_rows), torch.tensor(lens), torch.stack(tables).long(),
+                   torch.tensor(firsts) * BS, BS)  # fmt: skip
+    return attend_in_c(lib, q, pool.cache, plan, spec)
 
 
 def reference(q, keys, values, scale, softcap):
-    """q [H, D] against one sequence's visible keys/values [T, KV, D]."""
+    """q [H, D] against one row's visible keys/values [T, KV, D]."""
     heads, kv_heads = q.shape[0], keys.shape[1]
     k = keys.repeat_interleave(heads // kv_heads, 1).transpose(0, 1)  # [H, T, D]
     v = values.repeat_interleave(heads // kv_heads, 1).transpose(0, 1)
-    scores = (q[:, None, :] * k).sum(-1) * scale
+    scores = (q[:, None, :].double() * k).sum(-1) * scale
     if softcap:
         scores = torch.tanh(scores / softcap) * softcap
-    return (torch.softmax(scores.double(), -1).float()[:, :, None] * v).sum(1)
+    return (torch.softmax(scores, -1)[:, :, None] * v).sum(1).float()
+
+
+def spec_of(heads, kv_heads, window=None, softcap=None):
+    return LayerAttentionSpec(heads, kv_heads, DIM, 1 / math.sqrt(DIM), window, softcap, 0, 0)
 
 
 @pytest.mark.parametrize("heads, kv_heads", [(4, 1), (8, 2), (2, 2)])
-@pytest.mark.parametrize("window, softcap", [(None, None), (7, None), (None, 30.0)])
-# one sequence: its keys are split into ranges across threads and merged
-@pytest.mark.parametrize("lens", [[1, 9, 23], [30]])
+@pytest.mark.parametrize("window, softcap", [(None, None), (7, None), (70, None), (None, 30.0)])
 @pytest.mark.parametrize("cache_dtype", [torch.float32, torch.bfloat16])
-def test_decode_attention_matches_pytorch(lib, heads, kv_heads, window, softcap, lens,
-                                          cache_dtype):  # fmt: skip
-    torch.manual_seed(heads + (window or 0))
-    bs, dim, num_blocks = 4, 40, 40  # 40: not a whole number of 16-float vectors
-    pool = torch.randn(2, num_blocks, bs, kv_heads, dim).to(cache_dtype)
-    scale = 1 / math.sqrt(dim)
-    perm = torch.randperm(num_blocks - 1) + 1  # block 0 is the null block
-    tables = [perm[i * 8 : (i + 1) * 8] for i in range(len(lens))]
-    firsts = [0 if window is None else max(0, n - window) // bs for n in lens]
-    width = max((n - 1) // bs - f + 1 for n, f in zip(lens, firsts))
-    blocks = torch.zeros(len(lens), width, dtype=torch.long)
-    for i, (n, f) in enumerate(zip(lens, firsts)):
-        used = tables[i][f : (n - 1) // bs + 1]
-        blocks[i, : len(used)] = used
-    q = torch.randn(len(lens), heads, dim)
-    out = decode_in_c(lib, q, pool, blocks, torch.tensor(firsts) * bs, torch.tensor(lens),
-                      scale, window, softcap)  # fmt: skip
-    for i, n in enumerate(lens):
-        lo = 0 if window is None else max(0, n - window)
-        pos = torch.arange(lo, n)
-        slots = tables[i][pos // bs] * bs + pos % bs
-        keys = pool[0].reshape(-1, kv_heads, dim)[slots].float()
-        values = pool[1].reshape(-1, kv_heads, dim)[slots].float()
-        expected = reference(q[i], keys, values, scale, softcap)
-        torch.testing.assert_close(out[i], expected, rtol=1e-5, atol=1e-5)
+def test_attention_matches_pytorch(lib, heads, kv_heads, window, softcap, cache_dtype):
+    """Decode rows, a prefill chunk of 11 rows crossing a chunk boundary and one from the start,
+    and a long context (several 64-key chunks), in one call."""
+    pool = Pool(4, kv_heads, cache_dtype, seed=heads + (window or 0))
+    rows = [(0, [9]), (1, list(range(58, 69))), (2, [150]), (3, list(range(0, 5)))]
+    spec = spec_of(heads, kv_heads, window, softcap)
+    q = torch.randn(sum(len(p) for _, p in rows), heads, DIM)
+    out = attend(lib, pool, q, rows, spec)
+    i = 0
+    for s, positions in rows:
+        for p in positions:
+            lo = 0 if window is None else max(0, p + 1 - window)
+            keys, values = pool.keys(s, lo, p + 1)
+            expected = reference(q[i], keys, values, spec.scale, softcap)
+            torch.testing.assert_close(out[i], expected, rtol=2e-5, atol=2e-5)
+            i += 1
+
+
+@pytest.mark.parametrize("window", [None, 50])
+def test_a_row_gets_the_same_bits_however_the_step_is_made(lib, window):
+    """One prompt's 140 query rows (three 64-key chunks), computed as one prefill chunk, as
+    chunks of 16 and of 64 rows, row by row as decode rows, and inside a batch with other
+    sequences: the same bits for every row; and with one thread or several."""
+    pool = Pool(3, 1, torch.float32)
+    spec = spec_of(4, 1, window)
+    positions = list(range(140))
+    q = torch.randn(140, 4, DIM, generator=torch.Generator().manual_seed(1))
+    whole = attend(lib, pool, q, [(0, positions)], spec)
+    for chunk in (16, 64, 1):
+        parts = [attend(lib, pool, q[a : a + chunk], [(0, positions[a : a + chunk])], spec)
+                 for a in range(0, 140, chunk)]  # fmt: skip
+        assert torch.equal(torch.cat(parts), whole), chunk
+    others = torch.randn(9, 4, DIM)
+    batch = [(1, [30]), (0, positions[70:]), (2, list(range(100, 108)))]
+    mixed = attend(lib, pool, torch.cat([others[:1], q[70:], others[1:]]), batch, spec)
+    assert torch.equal(mixed[1:71], whole[70:])
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        assert torch.equal(attend(lib, pool, q, [(0, positions)], spec), whole)
+        one = attend(lib, pool, q[139:], [(0, [139])], spec)
+    finally:
+        torch.set_num_threads(threads)
+    assert torch.equal(one, whole[139:])
+
+
+def test_shapes_it_cannot_take_are_refused(lib):
+    pool = Pool(1, 2, torch.float32)
+    with pytest.raises(RuntimeError, match="attention kernel failed"):
+        attend(lib, pool, torch.randn(1, 3, DIM), [(0, [3])], spec_of(3, 2))

@@ -105,7 +105,7 @@ class Recorder:
 
 
 def test_c_kernels_and_c_decoder_layers_are_named(tmp_path, monkeypatch, c_kernels):
-    from parity.test_gguf_llama_family import LAYERS, write_tiny_gguf
+    from tiny_gguf import LAYERS, write_tiny_gguf
 
     from inferd.attention.cpu_backend import CpuAttentionBackend
     from inferd.engine.runner import ModelRunner, SequenceStep
@@ -119,7 +119,7 @@ def test_c_kernels_and_c_decoder_layers_are_named(tmp_path, monkeypatch, c_kerne
     runner = ModelRunner(model, [16], 16, torch.float32, torch.device("cpu"),
                          CpuAttentionBackend(c_kernels))  # fmt: skip
     ids = [int(i) for i in np.random.default_rng(1).integers(0, 500, 8)]
-    runner.execute([SequenceStep(ids, 0, [[1]])])  # the prefill: layers' own forward
+    runner.execute([SequenceStep(ids, 0, [[1]])])  # the prefill (the C decoder too)
     record = Recorder()
     patches = instrument_model(runner, record)
     runner.execute([SequenceStep([3], 8, [[1]])])  # a decode step: the C decoder

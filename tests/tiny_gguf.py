@@ -1,0 +1,69 @@
+"""Tiny random GGUF files written by the tests with the `gguf` package: Llama, Qwen2 (q/k/v
+bias) and Qwen3 (q/k norms) shapes, quantised to Q8_0, Q5_0, Q4_0 and Q4_1 (every storage width
+of inferd's blocks, with and without offsets), with a vocabulary in the file's metadata so that
+`LLM(model=path)` runs them (token ids in, token ids out)."""
+
+from __future__ import annotations
+
+import numpy as np
+
+HIDDEN, HEADS, KV_HEADS, HEAD_DIM, INTER, LAYERS, VOCAB = 128, 4, 2, 32, 256, 2, 512
+
+
+def write_tiny_gguf(path, arch: str) -> None:
+    import gguf
+    from gguf.constants import GGMLQuantizationType as T
+
+    rng = np.random.default_rng(0)
+    writer = gguf.GGUFWriter(str(path), arch)
+    writer.add_block_count(LAYERS)
+    writer.add_embedding_length(HIDDEN)
+    writer.add_feed_forward_length(INTER)
+    writer.add_head_count(HEADS)
+    writer.add_head_count_kv(KV_HEADS)
+    writer.add_key_length(HEAD_DIM)
+    writer.add_value_length(HEAD_DIM)
+    writer.add_rope_freq_base(10000.0)
+    writer.add_layer_norm_rms_eps(1e-5)
+    writer.add_context_length(256)
+    # a vocabulary of plain pieces: <unk>, <s>, </s>, then "▁t3" ... (SentencePiece style)
+    tokens = ["<unk>", "<s>", "</s>"] + [f"\u2581t{i}" for i in range(3, VOCAB)]
+    writer.add_tokenizer_model("llama")
+    writer.add_token_list(tokens)
+    writer.add_token_scores([0.0] * 3 + [-float(i) for i in range(3, VOCAB)])
+    writer.add_token_types([2, 3, 3] + [1] * (VOCAB - 3))
+    writer.add_bos_token_id(1)
+    writer.add_eos_token_id(2)
+    writer.add_unk_token_id(0)
+
+    def quantised(name, rows, cols, qtype, scale=0.08):
+        data = (rng.standard_normal((rows, cols)) * scale).astype(np.float32)
+        writer.add_tensor(name, gguf.quants.quantize(data, qtype), raw_dtype=qtype)
+
+    def dense(name, n, around=1.0):
+        writer.add_tensor(name, (around + 0.1 * rng.standard_normal(n)).astype(np.float32))
+
+    quantised("token_embd.weight", VOCAB, HIDDEN, T.Q8_0, scale=1.0)
+    quantised("output.weight", VOCAB, HIDDEN, T.Q4_1)
+    dense("output_norm.weight", HIDDEN)
+    for i in range(LAYERS):
+        p = f"blk.{i}"
+        quantised(f"{p}.attn_q.weight", HEADS * HEAD_DIM, HIDDEN, T.Q5_0)
+        quantised(f"{p}.attn_k.weight", KV_HEADS * HEAD_DIM, HIDDEN, T.Q5_0)
+        quantised(f"{p}.attn_v.weight", KV_HEADS * HEAD_DIM, HIDDEN, T.Q8_0)
+        quantised(f"{p}.attn_output.weight", HIDDEN, HEADS * HEAD_DIM, T.Q4_1)
+        quantised(f"{p}.ffn_gate.weight", INTER, HIDDEN, T.Q4_0)
+        quantised(f"{p}.ffn_up.weight", INTER, HIDDEN, T.Q4_0)
+        quantised(f"{p}.ffn_down.weight", HIDDEN, INTER, T.Q8_0)
+        dense(f"{p}.attn_norm.weight", HIDDEN)
+        dense(f"{p}.ffn_norm.weight", HIDDEN)
+        if arch == "qwen2":
+            for proj, n in (("q", HEADS), ("k", KV_HEADS), ("v", KV_HEADS)):
+                dense(f"{p}.attn_{proj}.bias", n * HEAD_DIM, around=0.0)
+        if arch == "qwen3":
+            dense(f"{p}.attn_q_norm.weight", HEAD_DIM)
+            dense(f"{p}.attn_k_norm.weight", HEAD_DIM)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
