@@ -192,8 +192,12 @@ class CausalLM(nn.Module):
         for module in self.modules():
             if isinstance(module, RMSNorm | SelfAttention):
                 module.finalize()
-        if (self.scheme.blocks and self.scheme.kernels is not None and not self.tp.enabled
-                and self.c_decoder_computes_layers()):
+        if (
+            self.scheme.blocks
+            and self.scheme.kernels is not None
+            and not self.tp.enabled
+            and self.c_decoder_computes_layers()
+        ):
             from inferd.models.cpu_decoder import CpuDecoder
 
             self.cpu_decoder = CpuDecoder.for_model(self)
