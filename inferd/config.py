@@ -168,3 +168,6 @@ class EngineConfig:
     # Each row's result independent of the rest of its step for the dense modes too (CPU; the
     # default on GGUF blocks is so already): inferd/layers/row_tiles.py, docs/performance.md.
     deterministic: bool = False
+    # Fields a short-name model's catalog entry set (loader/catalog.py `with_engine_defaults`),
+    # with why: the start-up lines then name the entry, not a flag nobody gave.
+    defaults_from: tuple[tuple[str, str], ...] = ()

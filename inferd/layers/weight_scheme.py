@@ -155,9 +155,11 @@ def check_quantization(method: str, device: torch.device) -> None:
 
 
 def choose_scheme(quantization: str | None, dtype: str, checkpoint_format: str | None,
-                  device: torch.device, tensor_parallel: int = 1) -> WeightScheme:  # fmt: skip
+                  device: torch.device, tensor_parallel: int = 1,
+                  dtype_origin: str | None = None) -> WeightScheme:  # fmt: skip
     """The scheme of these flags for this checkpoint (`gguf`, `hf`, or None: not known yet,
-    only the flags are checked) on this device. Raises ValueError naming the flag."""
+    only the flags are checked) on this device. Raises ValueError naming the flag.
+    `dtype_origin`: who set a non-auto `dtype`, when no flag did (a catalog entry)."""
     resolved = resolve_dtype(dtype, device)
     if quantization is not None:
         check_quantization(quantization, device)
@@ -171,7 +173,7 @@ def choose_scheme(quantization: str | None, dtype: str, checkpoint_format: str |
             raise ValueError(f"quantization {quantization} needs dtype bfloat16 (or auto)")
         return WeightScheme(quantization, torch.bfloat16, quantize=quantization, reason=forced)
     if dtype != "auto":
-        return WeightScheme.dense(resolved, f"chosen by --dtype {dtype}")
+        return WeightScheme.dense(resolved, f"chosen by {dtype_origin or '--dtype ' + dtype}")
     if device.type != "cpu":
         return WeightScheme.dense(resolved, f"the default on {device.type}")
     if checkpoint_format != "gguf":

@@ -203,4 +203,5 @@ def with_engine_defaults(config):
         return config
     untouched = {f.name: f.default for f in fields(config)}
     changes = {k: v for k, v in entry.engine_defaults if getattr(config, k) == untouched[k]}
-    return replace(config, **changes)
+    origins = tuple((k, f"the default of {entry.name} (inferd/loader/catalog.py)") for k in changes)
+    return replace(config, **changes, defaults_from=config.defaults_from + origins)

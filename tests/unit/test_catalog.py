@@ -52,8 +52,12 @@ def test_a_stamp_that_does_not_match_the_file_is_not_present():
 
 def test_engine_defaults_apply_only_where_the_user_left_the_default():
     name = "smollm2-135m-instruct"
-    assert catalog.with_engine_defaults(EngineConfig(model=name)).dtype == "float32"
+    defaulted = catalog.with_engine_defaults(EngineConfig(model=name))
+    assert defaulted.dtype == "float32"
+    # the start-up line then names the entry, not a --dtype nobody gave
+    assert dict(defaulted.defaults_from)["dtype"].startswith(f"the default of {name}")
     chosen = EngineConfig(model=name, dtype="bfloat16")
     assert catalog.with_engine_defaults(chosen).dtype == "bfloat16"
+    assert catalog.with_engine_defaults(chosen).defaults_from == ()
     assert catalog.with_engine_defaults(EngineConfig()).dtype == "auto"  # the embedded model
     assert catalog.lookup(" SmolLM2-135M-Instruct ") is catalog.SMOLLM2_INSTRUCT

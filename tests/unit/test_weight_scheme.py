@@ -166,3 +166,10 @@ def test_start_up_says_which_weights_run(tmp_path, capsys):
     LLM(model=str(folder), dtype="float32", kv_cache_memory=4 << 20, max_model_len=64)
     lines = capsys.readouterr().err.splitlines()
     assert "inferd: weights: float32: dense float32 weights; chosen by --dtype float32" in lines
+
+
+def test_a_dtype_set_by_a_catalog_entry_is_not_called_a_flag():
+    origin = "the default of smollm2-135m-instruct (inferd/loader/catalog.py)"
+    scheme = ws.choose_scheme(None, "float32", "gguf", torch.device("cpu"), dtype_origin=origin)
+    assert scheme.describe().endswith(f"chosen by {origin}")
+    assert "--dtype" not in scheme.describe()
