@@ -88,11 +88,6 @@ def _pack_bits(bits: torch.Tensor) -> torch.Tensor:
     return (bits.reshape(*bits.shape[:-1], -1, 8) * weights).sum(-1, dtype=torch.uint8)
 
 
-def _unpack_bits(packed: torch.Tensor) -> torch.Tensor:
-    shifts = torch.arange(8, dtype=torch.uint8)
-    return ((packed.unsqueeze(-1) >> shifts) & 1).reshape(*packed.shape[:-1], -1)
-
-
 class BlockPart:
     """Rows of a weight in one storage width (see block_gemv.c): 8 bits, q itself; 4 and 5
     bits, `stored` = q + zero. Tensors in the kernels' group layout (block_layout.h)."""
@@ -163,20 +158,39 @@ class BlockPart:
         rows = torch.as_tensor(rows, dtype=torch.int64)
         return rows // GROUP, rows % GROUP
 
-    def integers(self, rows=slice(None)) -> torch.Tensor:
-        """q of `rows` (an index tensor or a slice), as int16 [len(rows), K]."""
-        g, r = self._index(rows)
+    def _stored(self, g: torch.Tensor, r: torch.Tensor) -> torch.Tensor:
+        """The stored values of rows (g, r), [n, K]: 8 bits, q as int8; else q + zero, uint8.
+        Reads only those rows' bytes (an embedding lookup of a few ids)."""
         groups, k, n = self.q.shape[0], self.shape[1], g.shape[0]
         if self.bits == 8:
-            picked = self.q.view(torch.int8).view(groups, k // 2, GROUP, 2)[g, :, r]
-            return picked.reshape(n, k).to(torch.int16)
+            return self.q.view(torch.int8).view(groups, k // 2, GROUP, 2)[g, :, r].reshape(n, k)
         nibbles = self.q.view(groups, -1, GROUP, 2)[g, :, r]  # [n, K/4 chunks, 2]
         stored = _unpack_nibbles(nibbles.reshape(n, -1), self.group, k)
+        if self.bits == 5:  # per unit 4 bytes, bit 2r + i: row r's two in byte r // 4
+            byte = self.high.view(groups, k // 2, 4)[g, :, r // 4]  # [n, K/2]
+            two = (byte >> (2 * (r % 4)).to(torch.uint8)[:, None]) & 3
+            stored = stored | (torch.stack([two & 1, two >> 1], -1).reshape(n, k) << 4)
+        return stored
+
+    def _all_stored(self) -> torch.Tensor:
+        """The stored values of every row, [N, K], the layout undone by views (no gathers)."""
+        groups, k, n = self.q.shape[0], self.shape[1], self.shape[0]
+        if self.bits == 8:
+            grouped = self.q.view(torch.int8).view(groups, k // 2, GROUP, 2).transpose(1, 2)
+            return grouped.reshape(groups * GROUP, k)[:n]
+        chunks = self.q.view(groups, -1, GROUP, 2).transpose(1, 2)  # [G, 16, K/4, 2]
+        stored = _unpack_nibbles(chunks.reshape(groups * GROUP, -1), self.group, k)
         if self.bits == 5:
-            units = self.high.view(groups, k // 2, 4)[g]  # [n, K/2, 4 bytes]: bit 2r + i
-            fifth = _unpack_bits(units).view(n, k // 2, GROUP, 2)[torch.arange(n), :, r]
-            stored = stored | (fifth.reshape(n, k) << 4)
-        return stored.to(torch.int16) - self.zero
+            bits = (self.high.view(groups, k // 2, 4, 1) >> torch.arange(8, dtype=torch.uint8)) & 1
+            fifth = bits.view(groups, k // 2, GROUP, 2).transpose(1, 2).reshape(groups * GROUP, k)
+            stored = stored | (fifth << 4)
+        return stored[:n]
+
+    def integers(self, rows=slice(None)) -> torch.Tensor:
+        """q of `rows` (an index tensor or a slice), as int16 [len(rows), K]."""
+        if isinstance(rows, slice) and rows == slice(None):
+            return self._all_stored().to(torch.int16) - self.zero
+        return self._stored(*self._index(rows)).to(torch.int16) - self.zero
 
     def _per_block(self, values: torch.Tensor, rows) -> torch.Tensor:
         """Block scales or offsets of `rows`, [len(rows), K/B]."""
@@ -184,12 +198,16 @@ class BlockPart:
         return values[g, :, r]
 
     def dequantized(self, rows=slice(None)) -> torch.Tensor:
-        """float32, bit-identical to the GGUF dequantisation: scale * q (+ offset)."""
-        scale = self._per_block(self.scale, rows).float().repeat_interleave(self.group, 1)
-        w = scale * self.integers(rows).float()
+        """float32, bit-identical to the GGUF dequantisation: scale * q (+ offset), q exact."""
+        g, r = self._index(rows)
+        n, k = g.shape[0], self.shape[1]
+        q = self._stored(g, r).float()
+        if self.zero:
+            q -= self.zero  # small integers: exact
+        w = q.view(n, k // self.group, self.group) * self.scale[g, :, r].float()[..., None]
         if self.offset is not None:
-            w = w + self._per_block(self.offset, rows).repeat_interleave(self.group, 1)
-        return w
+            w += self.offset[g, :, r][..., None]
+        return w.view(n, k)
 
     def block_scales(self) -> torch.Tensor:
         """The block scales [N, K/B] as float32 (for `stack`)."""
@@ -285,15 +303,22 @@ def stack(weights: list[BlockWeight]) -> BlockWeight:
     for p in [p for w in weights for p in w.parts]:
         last = parts[-1] if parts else None
         if last is not None and _same_layout(last, p):
-            q = torch.cat([last.integers(), p.integers()])
-            scale = torch.cat([last.block_scales(), p.block_scales()])
-            offset = None
-            if p.offset is not None:
-                offset = torch.cat([last.block_offsets(), p.block_offsets()])
-            parts[-1] = BlockPart(q, scale, offset)
+            parts[-1] = _joined(last, p)
         else:
             parts.append(p)
     return BlockWeight(parts=parts)
+
+
+def _joined(a: BlockPart, b: BlockPart) -> BlockPart:
+    """a's rows then b's, in one part of their (common) layout."""
+    if a.shape[0] % GROUP == 0:  # whole groups: the packed tensors follow each other
+        tensors, facts = a.stored()
+        tensors = {key: torch.cat([t, b.stored()[0][key]]) for key, t in tensors.items()}
+        return BlockPart.restored(tensors, {**facts, "rows": a.shape[0] + b.shape[0]})
+    q = torch.cat([a.integers(), b.integers()])
+    scale = torch.cat([a.block_scales(), b.block_scales()])
+    offset = None if a.offset is None else torch.cat([a.block_offsets(), b.block_offsets()])
+    return BlockPart(q, scale, offset)
 
 
 def _same_layout(a: BlockPart, b: BlockPart) -> bool:

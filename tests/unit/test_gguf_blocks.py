@@ -61,18 +61,19 @@ def test_unpacked_blocks_are_the_dequantised_weights_bit_for_bit(ggml_type):
     assert torch.equal(blocks.dequantized(torch.tensor([5, 1])), dense[[5, 1]])
 
 
-def test_stacking_parts_with_different_groups_keeps_every_weight():
+@pytest.mark.parametrize("rows", [4, 16])  # 16: whole groups, joined as they are packed
+def test_stacking_parts_with_different_groups_keeps_every_weight(rows):
     torch.manual_seed(0)
 
-    def part(group, with_offset):
-        q = torch.randint(-16, 16, (4, 64), dtype=torch.int8)
-        offset = torch.randn(4, 64 // group) if with_offset else None
-        return BlockWeight(q, torch.rand(4, 64 // group), offset)
+    def part(group, with_offset, n=rows):
+        q = torch.randint(-16, 16, (n, 64), dtype=torch.int8)
+        offset = torch.randn(n, 64 // group) if with_offset else None
+        return BlockWeight(q, torch.rand(n, 64 // group), offset)
 
-    weights = [part(32, False), part(32, False), part(16, False), part(32, True)]
+    weights = [part(32, False), part(32, False, 8), part(16, False), part(32, True)]
     stacked = stack(weights)
     # the first two share a layout and merge; the others keep their own
-    assert [p.shape[0] for p in stacked.parts] == [8, 4, 4]
+    assert [p.shape[0] for p in stacked.parts] == [rows + 8, rows, rows]
     assert torch.equal(stacked.dequantized(), torch.cat([w.dequantized() for w in weights]))
 
 
