@@ -37,7 +37,7 @@ from inferd.loader import gguf_quants as gq  # noqa: E402
 from inferd.loader.gguf_file import GGUFFile  # noqa: E402
 
 ROWS = (1, 2, 4, 8, 16, 64, 256, 512)
-HEAD_ROWS = (1, 2, 4, 8, 16, 64)  # the LM head only ever sees a step's last positions
+HEAD_ROWS = (1, 2, 4, 8, 16, 32, 64)  # the LM head only ever sees a step's last positions
 
 
 def model_path() -> str:

@@ -174,9 +174,10 @@ int64_t tile_rows(int64_t left) {
         if (heights[i] <= left) return heights[i];
 }
 
-/* Two groups per tile share each activation broadcast; but a decode step of a few rows reads
- * the weights from memory, and one stream at a time keeps that fastest. */
-int64_t tile_groups(int64_t M) { return M <= 4 ? 1 : 2; }
+/* Two groups per tile share each activation broadcast; but a step of a few rows is bound by
+ * reading the weights from memory, which one stream at a time keeps fastest (on an AMD EPYC
+ * with AVX-512, one thread: the LM head at 8 rows took half the time with one group). */
+int64_t tile_groups(int64_t M) { return M <= 8 ? 1 : 2; }
 
 INLINE void product_of(int b16, const BlockMatrix* W, int64_t g, int64_t groups, Panel x,
                        int64_t R, float* y, int64_t ldy, const int bits) {
