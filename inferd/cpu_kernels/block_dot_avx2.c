@@ -1,276 +1,200 @@
-/* block_gemv.c's inner loop for AVX2 (+ FMA, F16C), with AVX-VNNI where the build has it
- * (inferd).
+/* block_gemv.c's tile for AVX2 (+ FMA, F16C), with AVX-VNNI where the build has it (inferd).
  *
- * A 256-bit vector holds one activation block: 32 activations (each two int8 terms,
- * block_layout.h) against 32 stored weights (unsigned bytes s = q + zero), each int32 lane
- * collecting four products, which the block's two scales then turn into floats. AVX-VNNI does
- * the four multiply-adds of a term in one instruction (vpdpbusd), starting from -zero * (the
- * four activations' sum). Without it, see products and, for 8-bit weights, dot_wide. The
- * 4-bit layout gives both halves of a 64-weight chunk from one 32-byte load (low and high
- * nibbles); the 5-bit one adds a fifth bit per weight from one 64-bit word. */
+ * A 256-bit vector holds half a unit of a group: 8 rows x 2 weights as int16, one int32 lane per
+ * output row (a group is two such halves: rows 0-7 and 8-15). Against a broadcast pair of
+ * 16-bit activations (block_layout.h), AVX-VNNI's vpdpwssd adds both products to each row's
+ * int32 sum in one instruction; without it, vpmaddwd then vpaddd. Neither can saturate or
+ * wrap: a pair is at most 2 * 128 * 32639 < 2^24, a block's sum (from -zero * its activations'
+ * sum) stays within int32 (block_gemv.c). Unlike vpmaddubsw, which saturates int16 pair sums
+ * (8-bit weights times int8 activations reach 2 * 255 * 127 > 32767), vpmaddwd needs no
+ * recentring trick. At the end of each weight block the sums become floats once per row. */
 #include "block_layout.h"
 
 #ifdef INFERD_ISA_AVX2
 #include <immintrin.h>
 
-/* Loops over the rows of a step are short and constant: unrolled, their accumulators stay in
- * registers (an array the compiler indexes at run time would live in memory). */
+/* Loops over a tile's rows and halves are short and constant: unrolled, their accumulators
+ * stay in registers (an array the compiler indexes at run time would live in memory). */
 #define UNROLL _Pragma("GCC unroll 16")
+#define INLINE static inline __attribute__((always_inline))
+#define MAX_ACC 8 /* rows x halves of a tile: one register each for their integer sums */
 
-/* Where one row's data are: its first chunk in q (and high), the distance between chunks (4
- * chunks apart when interleaved), and its first scale; the inner loop only adds. */
+/* Half h of a group's data: where its bytes of each unit or chunk are. */
 typedef struct {
-    const uint8_t *q, *high;
-    const char* scale;
-    int64_t q_step, high_step;
-} RowPtr;
+    const uint8_t* q;       /* the group's q, plus 16 h */
+    const uint16_t* fifth;  /* 5 bits: the group's fifth bits, 16-bit words, plus h */
+    int64_t at;             /* its first scale: the group's, plus 8 h */
+} Half;
 
-static inline RowPtr row_ptr(const BlockMatrix* W, int64_t n, int bits) {
-    const int64_t cb = bits == 8 ? 64 : 32, group = W->interleaved ? 4 : 1;
-    const int64_t scale_bytes = W->half_scales ? 2 : 4;
-    RowPtr p = {W->q + chunk_at(W, n, 0, cb), NULL,
-                (const char*)W->scale + n * (W->K / W->B) * scale_bytes, cb * group, 8 * group};
-    if (bits == 5) p.high = W->high + chunk_at(W, n, 0, 8);
+INLINE Half half_of(const BlockMatrix* W, int64_t g, int h, const int bits) {
+    Half p = {group_q(W, g) + 16 * h, NULL, group_scales(W, g) + 8 * h};
+    if (bits == 5) p.fifth = (const uint16_t*)group_high(W, g) + h;
     return p;
 }
 
-/* 32 bits -> 32 bytes, byte j = 16 where bit j is set (the fifth bit of weight j), else 0. */
-static inline __m256i fifth_bits(uint32_t bits) {
-    const __m256i byte_of_bit = _mm256_set_epi64x(0x0303030303030303LL, 0x0202020202020202LL,
-                                                  0x0101010101010101LL, 0);
-    __m256i v = _mm256_shuffle_epi8(_mm256_set1_epi32((int)bits), byte_of_bit);
-    /* all bits but bit j % 8 set: the byte is all ones exactly where that bit was set */
-    v = _mm256_or_si256(v, _mm256_set1_epi64x(0x7FBFDFEFF7FBFDFELL));
-    v = _mm256_cmpeq_epi8(v, _mm256_set1_epi64x(-1));
-    return _mm256_and_si256(v, _mm256_set1_epi8(16));
+/* 16 fifth bits (bit 2r + i) -> 16 int16 words, 16 where the bit is set, else 0 */
+INLINE __m256i fifth_words(const uint16_t* at) {
+    uint16_t bits;
+    memcpy(&bits, at, 2);
+    const __m256i select = _mm256_setr_epi16(1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024,
+                                             2048, 4096, 8192, 16384, (short)0x8000);
+    const __m256i set = _mm256_cmpeq_epi16(_mm256_and_si256(_mm256_set1_epi16((short)bits),
+                                                            select), select);
+    return _mm256_and_si256(set, _mm256_set1_epi16(16));
 }
 
-/* Half h (weights 32h .. 32h+31) of chunk c, as unsigned bytes; `packed` is the chunk's 32
- * nibble bytes (4 and 5 bits), loaded once for both halves. */
-static inline __attribute__((always_inline)) __m256i half_weights(RowPtr p, int64_t c, int h,
-                                                                  __m256i packed, const int bits) {
-    if (bits == 8) return _mm256_loadu_si256((const __m256i*)(p.q + c * p.q_step + 32 * h));
-    const __m256i low4 = _mm256_set1_epi8(0x0F);
-    __m256i w = _mm256_and_si256(h ? _mm256_srli_epi16(packed, 4) : packed, low4);
-    if (bits == 5) {
-        uint32_t fifth;
-        memcpy(&fifth, p.high + c * p.high_step + 4 * h, 4);
-        w = _mm256_or_si256(w, fifth_bits(fifth));
-    }
-    return w;
-}
-
-/* The scales of a row's 32 weights from k, per int32 lane (B = 16: lanes 0-3 and 4-7 belong
- * to two blocks); `shift` is log2(B). Reads only these weights' scales. */
-static inline __attribute__((always_inline)) __m256 lane_scales(RowPtr p, int64_t k, int shift,
-                                                                const int half) {
-    const int64_t first = k >> shift;
-    if (shift == 5) {
-        return half ? _mm256_set1_ps(_cvtsh_ss(((const uint16_t*)p.scale)[first]))
-                    : _mm256_broadcast_ss((const float*)p.scale + first);
-    }
-    __m128 two;
-    if (half) {
-        int32_t bits;
-        memcpy(&bits, (const uint16_t*)p.scale + first, 4);
-        two = _mm_cvtph_ps(_mm_cvtsi32_si128(bits));
-    } else {
-        two = _mm_castpd_ps(_mm_load_sd((const double*)((const float*)p.scale + first)));
-    }
-    return _mm256_permutevar8x32_ps(_mm256_castps128_ps256(two),
-                                    _mm256_set_epi32(1, 1, 1, 1, 0, 0, 0, 0));
-}
-
-#ifndef __AVXVNNI__
-/* Per int32 lane, without AVX-VNNI: gain * the four products of the weights' integers and int8
- * activations a. vpmaddubsw (u8 x s8, pairs summed into int16), then vpmaddwd (pairs times gain
- * into int32). vpmaddubsw saturates at 32767: 4- and 5-bit weights (s < 32) x |a| <= 127 stay
- * far below, but 8-bit ones (s up to 255) would not. Those are recentred to q = s - 128 in
- * [-128, 127] and multiplied as |q| (unsigned, <= 128) by a with q's sign: a pair is at most
- * 2 * 128 * 127 = 32512, and the zero point is already gone (the caller leaves out c). */
-static inline __attribute__((always_inline)) __m256i products(__m256i w, __m256i a,
-                                                              const int bits, const int gain) {
-    const __m256i g = _mm256_set1_epi16((short)gain);
+/* The two half-units (lo, hi) of chunk c of block b (block_layout.h). */
+INLINE void unit_pair(Half p, int64_t b, int64_t c, const int B, const int bits, __m256i* lo,
+                      __m256i* hi) {
+    const int64_t ulo = b * (B / 2) + c, uhi = ulo + B / 4;
     if (bits == 8) {
-        const __m256i q = _mm256_xor_si256(w, _mm256_set1_epi8((char)0x80));
-        return _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_sign_epi8(q, q),
-                                                      _mm256_sign_epi8(a, q)), g);
+        *lo = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i*)(p.q + 32 * ulo)));
+        *hi = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i*)(p.q + 32 * uhi)));
+        return;
     }
-    return _mm256_madd_epi16(_mm256_maddubs_epi16(w, a), g);
+    const __m256i w =
+        _mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i*)(p.q + 32 * (b * (B / 4) + c))));
+    *lo = _mm256_and_si256(w, _mm256_set1_epi16(0x0F));
+    *hi = _mm256_srli_epi16(w, 4);
+    if (bits == 5) { /* the fifth bits of a unit: one uint32, this half's 16 of them */
+        *lo = _mm256_add_epi16(*lo, fifth_words(p.fifth + 2 * ulo));
+        *hi = _mm256_add_epi16(*hi, fifth_words(p.fifth + 2 * uhi));
+    }
 }
-#endif
 
-/* Per int32 lane: c + the four products of stored weights w and activations 256 a1 + a2
- * (block_layout.h); with AVX-VNNI two vpdpbusd, as block_dot_avx512.c does. */
-static inline __attribute__((always_inline)) __m256i dot4(__m256i c, __m256i w, __m256i a1,
-                                                          __m256i a2, const int bits) {
+/* sum + the two products of each row's int16 pair w and the activation pair `pair` */
+INLINE __m256i pair_dot(__m256i sum, __m256i w, __m256i pair) {
 #ifdef __AVXVNNI__
-    (void)bits;
-    const __m256i high = _mm256_dpbusd_avx_epi32(_mm256_setzero_si256(), w, a1);
-    return _mm256_add_epi32(_mm256_dpbusd_avx_epi32(c, w, a2),
-                            _mm256_slli_epi32(high, RESIDUAL_SHIFT));
+    return _mm256_dpwssd_avx_epi32(sum, w, pair);
 #else
-    const __m256i p = _mm256_add_epi32(products(w, a1, bits, 1 << RESIDUAL_SHIFT),
-                                       products(w, a2, bits, 1));
-    return bits == 8 ? p : _mm256_add_epi32(c, p);
+    return _mm256_add_epi32(sum, _mm256_madd_epi16(w, pair));
 #endif
 }
 
-#ifndef __AVXVNNI__
-/* 8-bit weights in blocks of 32 (Q8_0, the usual embedding and LM head), without AVX-VNNI: the
- * stored bytes s widened to int16 as they are loaded (vpmovzxbw), times the activations as int16
- * (xw = 256 a1 + a2) with vpmaddwd, from c, which removes the zero point: as many instructions
- * as one int8 term took with the sign trick of `products`. Lane i sums weights 2i, 2i+1, 16+2i
- * and 17+2i: one block, whose correction c spreads over the lanes differently from vpdpbusd's,
- * which its single scale does not mind. (|s| <= 255 times |xw| <= 32639, four per lane, plus
- * c: within int32.) */
-typedef struct {
-    __m256i lo, hi;
-} Wide;
-
-static inline __attribute__((always_inline)) Wide widen(const uint8_t* stored) {
-    return (Wide){_mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i*)stored)),
-                  _mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i*)(stored + 16)))};
+INLINE __m256 block_scales(const BlockMatrix* W, int64_t at) {
+    if (W->half_scales)
+        return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)((const uint16_t*)W->scale + at)));
+    return _mm256_loadu_ps((const float*)W->scale + at);
 }
 
-static inline __attribute__((always_inline)) __m256i dot_wide(__m256i c, Wide w,
-                                                              const int16_t* a) {
-    const __m256i lo = _mm256_madd_epi16(w.lo, _mm256_loadu_si256((const __m256i*)a));
-    const __m256i hi = _mm256_madd_epi16(w.hi, _mm256_loadu_si256((const __m256i*)(a + 16)));
-    return _mm256_add_epi32(_mm256_add_epi32(c, lo), hi);
-}
-#endif
-
-static inline float sum8(__m256 v) {
-    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-    s = _mm_add_ss(s, _mm_movehdup_ps(s));
-    return _mm_cvtss_f32(s);
-}
-
-/* Weights [k, k + 32 * halves) of R rows against M activation rows, into acc [M, R]. `wide`:
- * 8-bit weights in blocks of 32 through dot_wide. */
-static inline __attribute__((always_inline)) void chunk_dot(
-    const RowPtr* rp, QuantRows x, int64_t K, int64_t k, int shift, const int halves,
-    const int M, const int R, const int bits, const int half, const int wide, __m256* acc) {
-    const int64_t c = k / 64;
-    __m256i packed[4];
+/* R panel rows against HR halves of group g from half h0 (rows 16 g + 8 h0 ..). The R x HR
+ * integer sums live in registers through a weight block, the float sums in acc (kept in memory
+ * by the compiler where the 16 registers run out: an update per block). */
+INLINE void tile(const BlockMatrix* W, int64_t g, int h0, Panel x, float* y, int64_t ldy,
+                 const int bits, const int B, const int R, const int HR) {
+    const int64_t K = W->K, nb = K / B;
+    Half p[2];
     UNROLL
-    for (int r = 0; r < R; r++)
-        packed[r] = bits == 8 ? _mm256_setzero_si256()
-                              : _mm256_loadu_si256((const __m256i*)(rp[r].q + c * rp[r].q_step));
+    for (int h = 0; h < HR; h++) p[h] = half_of(W, g, h0 + h, bits);
+    __m256 acc[MAX_ACC];
     UNROLL
-    for (int h = 0; h < halves; h++) {
-        const int64_t kh = k + 32 * h;
-#ifndef __AVXVNNI__
-        if (wide) {
-            Wide w[4];
-            UNROLL
-            for (int r = 0; r < R; r++) w[r] = widen(rp[r].q + c * rp[r].q_step + 32 * h);
-            UNROLL
-            for (int m = 0; m < M; m++) {
-                const __m256i cz = _mm256_loadu_si256((const __m256i*)(x.xc + m * (K / 4) + kh / 4));
-                const __m256 d = _mm256_broadcast_ss(x.xl + m * (K / 4) + kh / 4);
-                UNROLL
-                for (int r = 0; r < R; r++) {
-                    const __m256 p = _mm256_cvtepi32_ps(dot_wide(cz, w[r], x.xw + m * K + kh));
-                    const __m256 s = lane_scales(rp[r], kh, 5, half);
-                    acc[m * R + r] = _mm256_fmadd_ps(_mm256_mul_ps(s, d), p, acc[m * R + r]);
-                }
-            }
-            continue;
-        }
-#endif
+    for (int i = 0; i < R * HR; i++) acc[i] = _mm256_setzero_ps();
+    for (int64_t b = 0; b < nb; b++) {
+        __m256i s[MAX_ACC];
         UNROLL
-        for (int m = 0; m < M; m++) {
-            const __m256i a1 = _mm256_loadu_si256((const __m256i*)(x.xq + m * K + kh));
-            const __m256i a2 = _mm256_loadu_si256((const __m256i*)(x.xr + m * K + kh));
-            const __m256i cz = _mm256_loadu_si256((const __m256i*)(x.xc + m * (K / 4) + kh / 4));
-            const __m256 d = _mm256_broadcast_ss(x.xl + m * (K / 4) + kh / 4);
+        for (int m = 0; m < R; m++) {
             UNROLL
-            for (int r = 0; r < R; r++) {
-                const __m256i w = half_weights(rp[r], c, h, packed[r], bits);
-                const __m256 p = _mm256_cvtepi32_ps(dot4(cz, w, a1, a2, bits));
-                const __m256 s = lane_scales(rp[r], kh, shift, half);
-                acc[m * R + r] = _mm256_fmadd_ps(_mm256_mul_ps(s, d), p, acc[m * R + r]);
+            for (int h = 0; h < HR; h++) s[m * HR + h] = _mm256_set1_epi32(x.zc[b * R + m]);
+        }
+        const int32_t* a = x.xw + b * (B / 2) * R; /* the block's first unit, row 0 */
+        UNROLL
+        for (int c = 0; c < B / 4; c++) {
+            __m256i lo[2], hi[2];
+            UNROLL
+            for (int h = 0; h < HR; h++) unit_pair(p[h], b, c, B, bits, &lo[h], &hi[h]);
+            UNROLL
+            for (int m = 0; m < R; m++) {
+                const __m256i alo = _mm256_set1_epi32(a[c * R + m]);
+                const __m256i ahi = _mm256_set1_epi32(a[(c + B / 4) * R + m]);
+                UNROLL
+                for (int h = 0; h < HR; h++)
+                    s[m * HR + h] = pair_dot(pair_dot(s[m * HR + h], lo[h], alo), hi[h], ahi);
             }
+        }
+        UNROLL
+        for (int h = 0; h < HR; h++) {
+            const __m256 scale = block_scales(W, p[h].at + b * GROUP);
+            UNROLL
+            for (int m = 0; m < R; m++) {
+                const int i = m * HR + h;
+                const __m256 d = _mm256_broadcast_ss(x.dx + b * B / XBLOCK * R + m);
+                acc[i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s[i]), _mm256_mul_ps(scale, d), acc[i]);
+            }
+            if (W->offset) {
+                const __m256 o = _mm256_loadu_ps(W->offset + p[h].at + b * GROUP);
+                UNROLL
+                for (int m = 0; m < R; m++)
+                    acc[m * HR + h] = _mm256_fmadd_ps(o, _mm256_broadcast_ss(x.xo + b * R + m),
+                                                      acc[m * HR + h]);
+            }
+        }
+    }
+    UNROLL
+    for (int h = 0; h < HR; h++) {
+        const int64_t n0 = g * GROUP + 8 * (h0 + h), valid = W->N - n0 < 8 ? W->N - n0 : 8;
+        const __m256i keep = _mm256_cmpgt_epi32(_mm256_set1_epi32((int)valid),
+                                                _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+        UNROLL
+        for (int m = 0; m < R; m++) {
+            if (valid == 8)
+                _mm256_storeu_ps(y + m * ldy + n0, acc[m * HR + h]);
+            else if (valid > 0)
+                _mm256_maskstore_ps(y + m * ldy + n0, keep, acc[m * HR + h]);
         }
     }
 }
 
-/* R weight rows (n, n+1, ...) against M activation rows; M, R, bits, half and wide are
- * compile-time constants in each instantiation (ROW_DOT), so the accumulators stay in the 16
- * registers. */
-static inline __attribute__((always_inline)) void row_dot_m(
-    const BlockMatrix* W, int64_t n, QuantRows x, const int M, const int R, const int bits,
-    const int half, const int wide, float* out /* [M, R] */) {
-    const int64_t K = W->K;
-    const int shift = W->B == 32 ? 5 : 4;
-    __m256 acc[8];
-    UNROLL
-    for (int i = 0; i < M * R; i++) acc[i] = _mm256_setzero_ps();
-    RowPtr rp[4];
-    UNROLL
-    for (int r = 0; r < R; r++) rp[r] = row_ptr(W, n + r, bits);
-    int64_t k = 0;
-    for (; k + 64 <= K; k += 64) chunk_dot(rp, x, K, k, shift, 2, M, R, bits, half, wide, acc);
-    if (k < K) chunk_dot(rp, x, K, k, shift, 1, M, R, bits, half, wide, acc); /* K%64 == 32 */
-    UNROLL
-    for (int i = 0; i < M * R; i++) out[i] = sum8(acc[i]);
-}
-
-#define ROW_DOT(name, bits, half, wide)                                                       \
-    static void name(const BlockMatrix* W, int64_t n, int64_t R, QuantRows x, int64_t M,      \
-                     float* out) {                                                            \
-        if (R == 1) {                                                                         \
-            switch (M) {                                                                      \
-                case 1: row_dot_m(W, n, x, 1, 1, bits, half, wide, out); break;               \
-                case 2: row_dot_m(W, n, x, 2, 1, bits, half, wide, out); break;               \
-                case 3: row_dot_m(W, n, x, 3, 1, bits, half, wide, out); break;               \
-                default: row_dot_m(W, n, x, 4, 1, bits, half, wide, out); break;              \
-            }                                                                                 \
-            return;                                                                           \
-        }                                                                                     \
-        switch (M) { /* R == rows_together(M) */                                              \
-            case 1: row_dot_m(W, n, x, 1, 4, bits, half, wide, out); break;                   \
-            case 2: row_dot_m(W, n, x, 2, 4, bits, half, wide, out); break;                   \
-            case 3: row_dot_m(W, n, x, 3, 2, bits, half, wide, out); break;                   \
-            default: row_dot_m(W, n, x, 4, 2, bits, half, wide, out); break;                  \
-        }                                                                                     \
+/* Up to two rows against both halves at once; more, half by half. */
+INLINE void product(const BlockMatrix* W, int64_t g, Panel x, int64_t R, float* y, int64_t ldy,
+                    const int bits, const int B) {
+    if (R <= 2) {
+        if (R == 1) tile(W, g, 0, x, y, ldy, bits, B, 1, 2);
+        else tile(W, g, 0, x, y, ldy, bits, B, 2, 2);
+        return;
     }
-ROW_DOT(row_dot_8_0, 8, 0, 0) ROW_DOT(row_dot_8_1, 8, 1, 0) ROW_DOT(row_dot_5_0, 5, 0, 0)
-ROW_DOT(row_dot_5_1, 5, 1, 0) ROW_DOT(row_dot_4_0, 4, 0, 0) ROW_DOT(row_dot_4_1, 4, 1, 0)
-#ifndef __AVXVNNI__
-ROW_DOT(row_dot_8_0_wide, 8, 0, 1) ROW_DOT(row_dot_8_1_wide, 8, 1, 1)
-#endif
-#undef ROW_DOT
-
-RowDot row_dot_for(const BlockMatrix* W) {
-    const int h = W->half_scales != 0;
-    switch (W->bits) {
-        case 4: return h ? row_dot_4_1 : row_dot_4_0;
-        case 5: return h ? row_dot_5_1 : row_dot_5_0;
-        default:
-#ifndef __AVXVNNI__
-            if (W->B == 32) return h ? row_dot_8_1_wide : row_dot_8_0_wide;
-#endif
-            return h ? row_dot_8_1 : row_dot_8_0;
+    for (int h = 0; h < 2; h++) {
+        if (g * GROUP + 8 * h >= W->N) break; /* padding only */
+        switch (R) { /* the heights tile_rows gives */
+            case 3: tile(W, g, h, x, y, ldy, bits, B, 3, 1); break;
+            case 4: tile(W, g, h, x, y, ldy, bits, B, 4, 1); break;
+            case 6: tile(W, g, h, x, y, ldy, bits, B, 6, 1); break;
+            default: tile(W, g, h, x, y, ldy, bits, B, 8, 1); break;
+        }
     }
 }
 
-/* Four accumulators at most: one activation row with four weight rows, two with two. */
-int64_t rows_together(int64_t M) { return M <= 2 ? 4 : 2; }
+/* 8 rows of integer sums in registers; fewer at the end of a call, in tiles that keep the
+ * instantiations few. */
+int64_t tile_rows(int64_t left) {
+    static const int64_t heights[] = {8, 6, 4, 3, 2, 1};
+    for (int i = 0;; i++)
+        if (heights[i] <= left) return heights[i];
+}
 
-void unpack_chunk(const BlockMatrix* W, int64_t n, int64_t c, int64_t len, uint8_t* out) {
-    const int bits = (int)W->bits;
-    const RowPtr p = row_ptr(W, n, bits);
-    const __m256i packed = bits == 8 ? _mm256_setzero_si256()
-                                     : _mm256_loadu_si256((const __m256i*)(p.q + c * p.q_step));
-    for (int h = 0; h < len / 32; h++) {
-        const __m256i w = bits == 8 ? half_weights(p, c, h, packed, 8)
-                        : bits == 5 ? half_weights(p, c, h, packed, 5)
-                                    : half_weights(p, c, h, packed, 4);
-        _mm256_storeu_si256((__m256i*)(out + 32 * h), w);
+INLINE void product_of(int b16, const BlockMatrix* W, int64_t g, Panel x, int64_t R, float* y,
+                       int64_t ldy, const int bits) {
+    if (b16)
+        product(W, g, x, R, y, ldy, bits, 16);
+    else
+        product(W, g, x, R, y, ldy, bits, 32);
+}
+
+static void group_product(const BlockMatrix* W, int64_t g, Panel x, int64_t R, float* y,
+                          int64_t ldy) {
+    switch (W->bits) { /* bits and B are constants in each instantiation: its loops unroll */
+        case 4: product_of(W->B == 16, W, g, x, R, y, ldy, 4); break;
+        case 5: product_of(W->B == 16, W, g, x, R, y, ldy, 5); break;
+        default: product_of(W->B == 16, W, g, x, R, y, ldy, 8);
     }
+}
+
+int64_t tile_groups(int64_t M) {
+    (void)M;
+    return 1;
+}
+
+void tile_product(const BlockMatrix* W, int64_t g, int64_t groups, Panel x, int64_t R, float* y,
+                  int64_t ldy) {
+    for (int64_t j = 0; j < groups; j++) group_product(W, g + j, x, R, y, ldy);
 }
 #endif

@@ -1,70 +1,52 @@
-/* block_gemv.c's inner loop in plain C, for any CPU (inferd): the same exact integer block sums
- * as the SIMD versions, one weight row at a time. The compiler may vectorise it for the
- * baseline of its target (SSE2 on x86-64); no wider instructions are assumed. */
+/* block_gemv.c's tile in plain C, for any CPU (inferd): the same exact integer block sums and
+ * the same float operations per output as the SIMD tiles (fmaf for their fused multiply-adds),
+ * so it gives the same bits. The compiler may vectorise the integer loops for the baseline of
+ * its target (SSE2 on x86-64); no wider instructions are assumed. */
+#include <math.h>
+
 #include "block_layout.h"
 
 #ifdef INFERD_ISA_PORTABLE
 
-void unpack_chunk(const BlockMatrix* W, int64_t n, int64_t c, int64_t len, uint8_t* out) {
-    if (W->bits == 8) {
-        memcpy(out, W->q + chunk_at(W, n, c, 64), (size_t)len);
-        return;
-    }
-    const uint8_t* p = W->q + chunk_at(W, n, c, 32); /* 4 and 5 bits: K % 64 == 0, len 64 */
-    for (int j = 0; j < 32; j++) {
-        out[j] = p[j] & 0xF;
-        out[j + 32] = p[j] >> 4;
-    }
-    if (W->bits == 5) {
-        const uint8_t* high = W->high + chunk_at(W, n, c, 8);
-        for (int j = 0; j < 64; j++) out[j] |= (uint8_t)(((high[j / 8] >> (j % 8)) & 1) << 4);
-    }
-}
-
-/* sum_j (w[j] - zero) * a[j] over one block, a the 16-bit activations (block_layout.h); the
- * zero point comes from xc. A loop the compiler vectorises for the baseline ISA. */
-static inline int32_t block_sum(const uint8_t* w, const int16_t* a, int64_t B) {
-    int32_t sum = 0;
-    for (int64_t j = 0; j < B; j++) sum += (int32_t)w[j] * a[j];
-    return sum;
-}
-
-static void row_dot(const BlockMatrix* W, int64_t n0, int64_t R, QuantRows x, int64_t M,
-                    float* out) {
-    const int64_t K = W->K, B = W->B;
-    uint8_t unpacked[64];
-    for (int64_t r = 0; r < R; r++) {
-        const int64_t n = n0 + r;
-        float total[MAX_ROWS] = {0};
-        for (int64_t k = 0; k < K; k += 64) {
-            const int64_t len = K - k >= 64 ? 64 : 32;
-            const uint8_t* stored = unpacked;
-            if (W->bits == 8)
-                stored = W->q + chunk_at(W, n, k / 64, 64);
-            else
-                unpack_chunk(W, n, k / 64, len, unpacked);
-            for (int64_t b = 0; b < len / B; b++) {
-                const int64_t kb = k + b * B;
-                const float s = scale_at(W, n * (K / B) + kb / B);
-                for (int64_t m = 0; m < M; m++) {
-                    /* the zero point: xc holds -zero * (the sum of each four activations) */
-                    int32_t sum = block_sum(stored + b * B, x.xw + m * K + kb, B);
-                    for (int64_t l = 0; l < B / 4; l++) sum += x.xc[(m * K + kb) / 4 + l];
-                    total[m] += s * x.xl[(m * K + kb) / 4] * (float)sum;
-                }
+/* A panel of R rows against group g, a block of the group's weights unpacked at a time. */
+static void group_product(const BlockMatrix* W, int64_t g, Panel x, int64_t R, float* y,
+                          int64_t ldy) {
+    const int64_t K = W->K, B = W->B, nb = K / B, at = group_scales(W, g);
+    const int64_t n0 = g * GROUP, valid = W->N - n0 < GROUP ? W->N - n0 : GROUP;
+    int16_t w[16][32]; /* the block's units (B / 2 <= 16), [unit][2r + i] */
+    float acc[8][GROUP] = {{0}};
+    for (int64_t b = 0; b < nb; b++) {
+        for (int64_t u = 0; u < B / 2; u++) unpack_unit(W, g, b * (B / 2) + u, w[u]);
+        for (int64_t m = 0; m < R; m++) {
+            int32_t sum[GROUP] = {0}; /* unpack_unit removed the zero point already */
+            for (int64_t u = 0; u < B / 2; u++) {
+                int16_t a[2];
+                memcpy(a, x.xw + (b * (B / 2) + u) * R + m, 4);
+                for (int r = 0; r < GROUP; r++)
+                    sum[r] += w[u][2 * r] * a[0] + w[u][2 * r + 1] * a[1];
+            }
+            const float d = x.dx[b * B / XBLOCK * R + m];
+            for (int r = 0; r < GROUP; r++) {
+                const float t = scale_at(W, at + b * GROUP + r) * d;
+                acc[m][r] = fmaf((float)sum[r], t, acc[m][r]);
+                if (W->offset)
+                    acc[m][r] = fmaf(W->offset[at + b * GROUP + r], x.xo[b * R + m], acc[m][r]);
             }
         }
-        for (int64_t m = 0; m < M; m++) out[m * R + r] = total[m];
     }
+    for (int64_t m = 0; m < R; m++)
+        memcpy(y + m * ldy + n0, acc[m], sizeof(float) * (size_t)valid);
 }
 
-RowDot row_dot_for(const BlockMatrix* W) {
-    (void)W;
-    return row_dot;
-}
-
-int64_t rows_together(int64_t M) {
+/* up to 8 rows against a block unpacked once */
+int64_t tile_rows(int64_t left) { return left < 8 ? left : 8; }
+int64_t tile_groups(int64_t M) {
     (void)M;
     return 1;
+}
+
+void tile_product(const BlockMatrix* W, int64_t g, int64_t groups, Panel x, int64_t R, float* y,
+                  int64_t ldy) {
+    for (int64_t j = 0; j < groups; j++) group_product(W, g + j, x, R, y, ldy);
 }
 #endif

@@ -1,37 +1,46 @@
-/* Matrix-vector products over weights kept in GGUF's block quantisation (inferd, `--quantization
- * gguf`). Built once per machine by cpu_kernels/build.py and called through ctypes.
+/* Products with weights kept in GGUF's block quantisation (inferd, the default mode on CPU for a
+ * GGUF file). Built once per machine by cpu_kernels/build.py and called through ctypes.
  *
  * Weights: small integers q with one scale per block of B weights along the input (B = 32, or
  * 16 for Q6_K/Q3_K/Q2_K) and, for the types that have one, one float offset per block:
  *     w[n, k] = scale[n, k/B] * q[n, k] + offset[n, k/B].
- * Every GGUF type converts to this form without changing a single weight value. q is stored
- * unsigned, as s = q + zero (zero: one constant per matrix), in one of three widths, picked from
- * the values' range so that the bytes read per token stay close to the GGUF file's:
- *   8 bits: one byte per weight (zero = 128);
- *   4 bits: 64 weights in 32 bytes, byte j holding weight j (low nibble) and j + 32 (high);
- *   5 bits: the 4-bit layout plus one 64-bit word of fifth bits per 64 weights.
- * Scales are fp16 where that is exact (Q8_0, Q5_0, Q4_0 scales are fp16 in the file), else fp32.
- * With `interleaved` (N a multiple of 4, K of 64), the bytes of each chunk of 64 weights of rows
- * 4i..4i+3 follow each other ([N/4, K/64, 4, chunk bytes]): a decode step reads four rows at
- * once, and this keeps its reads sequential, which the hardware prefetcher needs.
+ * Every GGUF type converts to this form without changing a single weight value. q is stored in
+ * one of three widths, picked from the values' range so that the bytes read per token stay
+ * close to the GGUF file's: 8 bits (q itself, int8), or 4 and 5 bits (s = q + zero, zero one
+ * constant per matrix; 5 bits: 4 of them as for 4, plus one bit apart).
  *
- * Activations: llama.cpp quantises each row of x to int8 in blocks of 32 (scale d = absmax /
- * 127) for the same products, which moves each activation by up to d / 2: on a small model that
- * flips a few percent of the next-token argmaxes against float32. Here each activation is two
- * int8 terms instead, x = (d / 256) * (256 q1 + q2), q2 holding q1's rounding residual: within
- * d / 512, 16-bit activations. The block dot products are exact integer sums (AVX-512 VNNI: 64
- * multiply-adds per instruction, two instructions per 64 weights for the two terms, against the
- * same weight bytes), so a product still reads little more than the weight bytes: decode on a
- * CPU is bound by memory bandwidth, and this keeps it there.
+ * Layout: lanes are output rows. The rows are in groups of 16 (the last padded with zeros: the
+ * product never writes them), and per group, for each pair of inputs (2u, 2u + 1), a "unit" of
+ * the 16 rows' two weights side by side: one 32-bit lane per row, so that a vector of 16 int32
+ * lanes (AVX-512; AVX2 takes a group as two halves of 8) multiplies 16 rows by one broadcast
+ * pair of activations (block_layout.h has the byte offsets). The group's block scales (and
+ * offsets) are 16 contiguous values per block. gguf_blocks.py builds this layout.
  *
- *   y[m, n] = sum_b scale[n, b] * dx[m, b*B/32] * dot(s_b - zero, 256 q1_b + q2_b)
- *           + sum_b offset[n, b] * xsum[m, b]      (dx: d / 256; xsum: exact float sums)
- * (|s - zero| <= 255 and |256 q1 + q2| <= 32639: a lane's four products fit in int32.)
+ * Activations: llama.cpp quantises each row of x to int8 in blocks of 32 (d = absmax / 127) for
+ * the same products, which moves each activation by up to d / 2: on a small model that flips a
+ * few percent of the next-token argmaxes against float32. Here each activation is two int8
+ * terms, x ~ (d / 256) * a with a = 256 q1 + q2 (q2 holding q1's rounding residual): within
+ * d / 512, a 16-bit integer. Per output n, activation row m and weight block b, the integer sum
+ *     isum = sum_{k in b} q[n, k] * a[m, k]
+ * is exact in int32 (vpdpwssd, or vpmaddwd + vpaddd: one int32 lane per row, a pair of products
+ * each; |q| <= 128 and |a| <= 32639 over B <= 32 inputs; 4/5-bit weights multiply s <= 31 and
+ * start the sum from -zero * (the block's sum of a), which removes the zero point: below 2^28),
+ * and each output then takes, for b = 0, 1, ... in order, the same IEEE float operations:
+ *     acc = fma(float(isum), scale[n, b] * dx[m, b], acc)       (dx = d / 256)
+ *     acc = fma(offset[n, b], float(sum_{k in b} a[m, k]) * dx[m, b], acc)   (if offsets)
+ * and y[m, n] = acc. NOTE: that sequence is the numeric definition. Every ISA variant performs
+ * it (the portable C with fmaf), and nothing in it depends on how many rows share the call, on
+ * which tile or thread computes a row, or on the vector width: a row's outputs are the same bits
+ * alone or in any batch, and the same in every variant (tests/unit/test_block_invariance.py).
+ * (The offsets multiply the quantised activations' exact sums, not a float sum of x, whose
+ * order would depend on the vector width.)
  *
- * The inner loop over a row's blocks is written once per ISA (block_dot_avx512.c: AVX-512 with or
- * without VNNI; block_dot_avx2.c: AVX2 with or without AVX-VNNI; block_dot_portable.c: plain C);
- * build.py compiles one library per ISA variant and loads the best one the CPU runs. This file
- * is what they share: the activations' quantisation, the threads, the offsets, dequantisation.
+ * Each ISA's tile (block_dot_avx512.c, block_dot_avx2.c, block_dot_portable.c) keeps the
+ * integer sums of several activation rows against one or two groups in registers, so each
+ * unpacked weight vector serves all of them, as in a GEMM; the activations of a tile's rows are
+ * packed side by side (a panel, block_layout.h) so that one pointer reaches them all. build.py
+ * compiles one library per ISA variant and loads the best the CPU runs. This file is what they
+ * share: the activations' quantisation, the threads, dequantisation.
  */
 #include <math.h>
 #include <stdint.h>
@@ -55,120 +64,110 @@ const char* inferd_kernel_isa(void) {
 #endif
 }
 
-/* x [M, K] -> the QuantRows buffers (block_layout.h), and xs [M, K/B] the exact float sums per
- * weight block (for the offsets). NOTE: tests/unit/test_gguf_blocks.py repeats this arithmetic
- * in PyTorch bit for bit: f = x * (1 / d); q1 = rint(f); q2 = rint((f - q1) * 256) (f - q1 is
- * exact in float32), clamped to +-127 (it reaches 128 only at exact ties). */
-static void quantize_rows(const float* x, int64_t M, int64_t K, int64_t B, int64_t zero,
-                          int8_t* xq, int8_t* xr, int16_t* xw, float* xl, int32_t* xc,
-                          float* xs) {
-    /* Plain loops the compiler vectorises: a step of one row spends as long here as in the
-     * products of a small matrix. */
+/* Where the rows of a call are: tile t holds rows start[t] .. start[t] + rows[t] - 1, and its
+ * panel (block_layout.h) is at offset start[t] * (per-row size) in each array. */
+typedef struct {
+    int64_t count;
+    int64_t* start;
+    int64_t* rows;
+} Tiles;
+
+/* Row j of a panel of R rows (block_layout.h) from xrow [K]. NOTE: tests/unit/test_gguf_blocks.py
+ * repeats this arithmetic in PyTorch bit for bit: f = x * (1 / d); q1 = rint(f);
+ * q2 = rint((f - q1) * 256) (f - q1 is exact in float32), clamped to +-127 (it reaches 128 only
+ * at exact ties). Only IEEE operations whose result does not depend on the vector width (max,
+ * division, rint, exact integer sums), so every variant gets the same bits. */
+static void quantize_row(const float* xrow, int64_t K, int64_t B, int64_t zero, int64_t j,
+                         int64_t R, Panel out) {
+    int32_t* xw = (int32_t*)out.xw;
+    float *dx = (float*)out.dx, *xo = (float*)out.xo;
+    int32_t* zc = (int32_t*)out.zc;
     const float step = (float)(1 << RESIDUAL_SHIFT);
-    for (int64_t m = 0; m < M; m++) {
-        const float* xrow = x + m * K;
-        int8_t *q1 = xq + m * K, *q2 = xr + m * K;
-        for (int64_t b = 0; b < K / XBLOCK; b++) {
-            const float* v = xrow + b * XBLOCK;
-            float amax = 0.0f;
+    for (int64_t blk = 0; blk < K / XBLOCK; blk++) {
+        const float* v = xrow + blk * XBLOCK;
+        float amax = 0.0f;
 #pragma omp simd reduction(max : amax)
-            for (int j = 0; j < XBLOCK; j++) {
-                const float a = fabsf(v[j]);
-                amax = a > amax ? a : amax;
-            }
-            const float d = amax / 127.0f;
-            const float inv = d > 0.0f ? 1.0f / d : 0.0f;
-            for (int j = 0; j < XBLOCK / 4; j++) xl[m * (K / 4) + b * (XBLOCK / 4) + j] = d / step;
-            int32_t hi[XBLOCK], lo[XBLOCK];
-#pragma omp simd
-            for (int j = 0; j < XBLOCK; j++) {
-                const float f = v[j] * inv, q = rintf(f), r = rintf((f - q) * step);
-                hi[j] = (int32_t)q;
-                lo[j] = (int32_t)(r > 127.0f ? 127.0f : r < -127.0f ? -127.0f : r);
-            }
-            for (int j = 0; j < XBLOCK; j++) {
-                q1[b * XBLOCK + j] = (int8_t)hi[j];
-                q2[b * XBLOCK + j] = (int8_t)lo[j];
-            }
+        for (int i = 0; i < XBLOCK; i++) {
+            const float t = fabsf(v[i]);
+            amax = t > amax ? t : amax;
         }
-        for (int64_t b = 0; b < K / B; b++) {
-            float s = 0.0f;
-#pragma omp simd reduction(+ : s)
-            for (int j = 0; j < B; j++) s += xrow[b * B + j];
-            xs[m * (K / B) + b] = s;
-        }
-        if (xw) {
+        const float d = amax / 127.0f;
+        const float inv = d > 0.0f ? 1.0f / d : 0.0f;
+        dx[blk * R + j] = d / step;
+        int16_t a[XBLOCK];
 #pragma omp simd
-            for (int64_t k = 0; k < K; k++)
-                xw[m * K + k] = (int16_t)((int32_t)q1[k] * (1 << RESIDUAL_SHIFT) + q2[k]);
+        for (int i = 0; i < XBLOCK; i++) {
+            const float f = v[i] * inv, q = rintf(f), r = rintf((f - q) * step);
+            const float q2 = r > 127.0f ? 127.0f : r < -127.0f ? -127.0f : r;
+            a[i] = (int16_t)((int32_t)q * (1 << RESIDUAL_SHIFT) + (int32_t)q2);
         }
-#pragma omp simd
-        for (int64_t g = 0; g < K / 4; g++) {
-            const int8_t *a = q1 + 4 * g, *r = q2 + 4 * g;
-            const int32_t sum = ((int32_t)a[0] + a[1] + a[2] + a[3]) * (1 << RESIDUAL_SHIFT) +
-                                r[0] + r[1] + r[2] + r[3];
-            xc[m * (K / 4) + g] = (int32_t)(-zero) * sum;
+        for (int64_t u = 0; u < XBLOCK / 2; u++) {
+            int32_t pair; /* a[2u] in the low half, as a vector lane of int16 pairs reads it */
+            memcpy(&pair, a + 2 * u, 4);
+            xw[(blk * XBLOCK / 2 + u) * R + j] = pair;
+        }
+        for (int64_t b = blk * XBLOCK / B; b < (blk + 1) * XBLOCK / B; b++) {
+            int32_t sum = 0;
+            for (int64_t i = b * B - blk * XBLOCK; i < (b + 1) * B - blk * XBLOCK; i++) sum += a[i];
+            zc[b * R + j] = (int32_t)(-zero) * sum;
+            /* |sum| <= 32 * 32639 < 2^24: exact as a float */
+            if (xo) xo[b * R + j] = (float)sum * (d / step);
         }
     }
 }
 
+/* Rows of a call per work item besides its group, so that both threads work when a matrix
+ * has few groups: a multiple of every variant's largest tile (tile_rows). */
+#define ROW_CHUNK 96
+
 /* y [M, ldy] (columns 0..N-1) = x [M, K] . w^T. Returns 0, -1 if the layout is not supported
- * (K not a multiple of 32, or of 64 for 4/5 bits; B not 16 or 32), -2 if out of memory. */
+ * (K not a multiple of 32, B not 16 or 32, bits not 4, 5 or 8, M < 1, ldy < N), -2 if out of
+ * memory. */
 int inferd_block_gemv(const float* x, int64_t M, const BlockMatrix* W, float* y, int64_t ldy) {
-    const int64_t K = W->K, B = W->B, nb = K / B;
-    if (K % XBLOCK || (B != 16 && B != 32) || M < 1 || (W->bits != 8 && K % 64)) return -1;
-#ifdef WIDE_ACTIVATIONS
-    const int64_t wide = 1;
-#else
-    const int64_t wide = 0;
-#endif
-    int8_t* xq = malloc((size_t)(M * K * (2 + 2 * wide))); /* q1, q2, then 256 q1 + q2 */
-    float* xl = malloc(sizeof(float) * (size_t)(M * K / 4));
-    float* xs = malloc(sizeof(float) * (size_t)(M * nb));
-    int32_t* xc = malloc(sizeof(int32_t) * (size_t)(M * K / 4));
-    if (!xq || !xl || !xs || !xc) {
-        free(xq); free(xl); free(xs); free(xc);
-        return -2;
+    const int64_t K = W->K, B = W->B, N = W->N, nb = K / B;
+    if (K <= 0 || K % XBLOCK || (B != 16 && B != 32) || M < 1 || N < 0 || ldy < N ||
+        (W->bits != 4 && W->bits != 5 && W->bits != 8))
+        return -1;
+    if (N == 0) return 0;
+    /* one buffer: the tiles' starts and rows, then xw [M, K/2] int32, dx [M, K/32], zc and xo
+     * [M, nb] */
+    const size_t values = (size_t)(M * (K / 2 + K / XBLOCK + 2 * nb));
+    char* buffer = malloc(16 * (size_t)M + 4 * values);
+    if (!buffer) return -2;
+    Tiles tiles = {0, (int64_t*)buffer, (int64_t*)buffer + M};
+    int32_t* xw = (int32_t*)(tiles.rows + M);
+    float* dx = (float*)(xw + M * (K / 2));
+    int32_t* zc = (int32_t*)(dx + M * (K / XBLOCK));
+    float* xo = (float*)(zc + M * nb);
+    for (int64_t m = 0; m < M; m += tiles.rows[tiles.count - 1]) {
+        tiles.start[tiles.count] = m;
+        tiles.rows[tiles.count++] = tile_rows(M - m);
     }
-    int8_t* xr = xq + M * K;
-    int16_t* xw = wide ? (int16_t*)(xq + 2 * M * K) : NULL;
-    quantize_rows(x, M, K, B, W->zero, xq, xr, xw, xl, xc, xs);
-    const RowDot row_dot = row_dot_for(W);
-    /* Each thread takes tiles of TILE weight rows and runs every activation row against a tile
-     * (MAX_ROWS at a time) before the next tile: the tile comes from memory once and stays in
-     * L1 for the other passes, so a step of many rows costs arithmetic, not re-reading the
-     * matrix once per MAX_ROWS rows. */
+#pragma omp parallel for schedule(static) if (M * K >= 1 << 16)
+    for (int64_t t = 0; t < tiles.count; t++) {
+        const int64_t m0 = tiles.start[t], R = tiles.rows[t];
+        const Panel panel = {xw + m0 * (K / 2), dx + m0 * (K / XBLOCK), zc + m0 * nb,
+                             W->offset ? xo + m0 * nb : NULL};
+        for (int64_t j = 0; j < R; j++) quantize_row(x + (m0 + j) * K, K, B, W->zero, j, R, panel);
+    }
+    const int64_t G = (N + GROUP - 1) / GROUP, per_item = tile_groups(M);
+    const int64_t items = (G + per_item - 1) / per_item, chunks = (M + ROW_CHUNK - 1) / ROW_CHUNK;
+    /* NOTE: a thread takes groups and runs a chunk of rows against them, tile by tile,
+     * consecutive work items sharing the groups (their weights stay in cache). Which thread,
+     * chunk, tile or group it falls in changes nothing in a row's arithmetic. */
 #pragma omp parallel for schedule(static)
-    for (int64_t t = 0; t < (W->N + TILE - 1) / TILE; t++) {
-        const int64_t n0 = t * TILE, tile = W->N - n0 < TILE ? W->N - n0 : TILE;
-        float part[MAX_ROWS * TILE];
-        for (int64_t m0 = 0; m0 < M; m0 += MAX_ROWS) {
-            const int64_t rows = M - m0 < MAX_ROWS ? M - m0 : MAX_ROWS;
-            const int64_t group = rows_together(rows); /* weight rows per kernel call */
-            const int64_t R = tile < group ? 1 : group;
-            const QuantRows xm0 = {xq + m0 * K, xr + m0 * K, xw ? xw + m0 * K : NULL,
-                                   xc + m0 * (K / 4), xl + m0 * (K / 4)};
-            for (int64_t r0 = 0; r0 < tile; r0 += R) {
-                row_dot(W, n0 + r0, R, xm0, rows, part);
-                for (int64_t r = 0; r < R; r++) {
-                    const int64_t n = n0 + r0 + r;
-                    for (int64_t m = 0; m < rows; m++) {
-                        float v = part[m * R + r];
-                        if (W->offset) {
-                            const float* on = W->offset + n * nb;
-                            const float* xsm = xs + (m0 + m) * nb;
-                            float o = 0.0f;
-#pragma omp simd reduction(+ : o)
-                            for (int64_t b = 0; b < nb; b++) o += on[b] * xsm[b];
-                            v += o;
-                        }
-                        y[(m0 + m) * ldy + n] = v;
-                    }
-                }
-            }
+    for (int64_t item = 0; item < items * chunks; item++) {
+        const int64_t g = item / chunks * per_item, first = item % chunks * ROW_CHUNK;
+        const int64_t groups = G - g < per_item ? G - g : per_item;
+        for (int64_t t = 0; t < tiles.count; t++) {
+            const int64_t m0 = tiles.start[t];
+            if (m0 < first || m0 >= first + ROW_CHUNK) continue;
+            const Panel panel = {xw + m0 * (K / 2), dx + m0 * (K / XBLOCK), zc + m0 * nb,
+                                 W->offset ? xo + m0 * nb : NULL};
+            tile_product(W, g, groups, panel, tiles.rows[t], y + m0 * ldy, ldy);
         }
     }
-    free(xq); free(xl); free(xs); free(xc);
+    free(buffer);
     return 0;
 }
 
@@ -180,38 +179,39 @@ static inline uint16_t float_to_bf16(float f) { /* round to nearest even, as PyT
 }
 
 /* out [rows, K] = weight rows first .. first+rows-1 (scale * q + offset), as float32, or
- * bfloat16 with `bf16`: what a step with many rows multiplies by with PyTorch's GEMM (a slab of
- * rows at a time where no copy is kept, so the slab is still in cache when the GEMM reads it).
- * The loops over a row are plain C that the compiler vectorises for the variant's ISA. */
+ * bfloat16 with `bf16`. A group at a time: its units unpacked once for all its rows. */
 void inferd_block_dequantize(const BlockMatrix* W, int64_t first, int64_t rows, int64_t bf16,
                              void* out) {
     const int64_t K = W->K, B = W->B, nb = K / B;
-    const float zero = (float)W->zero;
+    if (rows <= 0) return;
+    const int64_t g_first = first / GROUP, g_last = (first + rows - 1) / GROUP;
 #pragma omp parallel
     {
+        int16_t* q = malloc(sizeof(int16_t) * (size_t)(GROUP * K)); /* [K/2 units, 16, 2] */
         float* row = malloc(sizeof(float) * (size_t)K);
-        uint8_t stored[64];
 #pragma omp for schedule(static)
-        for (int64_t n = first; n < first + rows; n++) {
-            if (!row) continue;
-            for (int64_t k = 0; k < K; k += 64) {
-                const int64_t len = K - k >= 64 ? 64 : 32;
-                unpack_chunk(W, n, k / 64, len, stored);
-                for (int64_t j = 0; j < len; j++) row[k + j] = (float)stored[j] - zero;
-            }
-            for (int64_t b = 0; b < nb; b++) {
-                const float s = scale_at(W, n * nb + b);
-                const float o = W->offset ? W->offset[n * nb + b] : 0.0f;
-                float* v = row + b * B;
-                for (int64_t j = 0; j < B; j++) v[j] = s * v[j] + o;
-            }
-            if (bf16) {
-                uint16_t* o = (uint16_t*)out + (n - first) * K;
-                for (int64_t k = 0; k < K; k++) o[k] = float_to_bf16(row[k]);
-            } else {
-                memcpy((float*)out + (n - first) * K, row, sizeof(float) * (size_t)K);
+        for (int64_t g = g_first; g <= g_last; g++) {
+            if (!q || !row) continue;
+            for (int64_t u = 0; u < K / 2; u++) unpack_unit(W, g, u, q + 32 * u);
+            const int64_t lo = g * GROUP > first ? g * GROUP : first;
+            const int64_t hi = (g + 1) * GROUP < first + rows ? (g + 1) * GROUP : first + rows;
+            for (int64_t n = lo; n < hi; n++) {
+                const int64_t r = n - g * GROUP, at = group_scales(W, g) + r;
+                for (int64_t b = 0; b < nb; b++) {
+                    const float s = scale_at(W, at + b * GROUP);
+                    const float o = W->offset ? W->offset[at + b * GROUP] : 0.0f;
+                    for (int64_t k = b * B; k < (b + 1) * B; k++)
+                        row[k] = s * (float)q[32 * (k / 2) + 2 * r + k % 2] + o;
+                }
+                if (bf16) {
+                    uint16_t* o = (uint16_t*)out + (n - first) * K;
+                    for (int64_t k = 0; k < K; k++) o[k] = float_to_bf16(row[k]);
+                } else {
+                    memcpy((float*)out + (n - first) * K, row, sizeof(float) * (size_t)K);
+                }
             }
         }
+        free(q);
         free(row);
     }
 }

@@ -1,5 +1,6 @@
-/* What block_gemv.c shares with its per-ISA inner loops (block_dot_*.c): where a weight's bytes
- * are, the ISA this build targets, and the row-dot signature. Internal: not part of the C ABI. */
+/* What block_gemv.c shares with its per-ISA tiles (block_dot_*.c): where a weight's bytes are,
+ * the quantised activations, the ISA this build targets, and the tile signature. Internal: not
+ * part of the C ABI. block_gemv.c's opening comment describes the layout and the arithmetic. */
 #ifndef INFERD_BLOCK_LAYOUT_H
 #define INFERD_BLOCK_LAYOUT_H
 #include <stdint.h>
@@ -17,21 +18,49 @@
 #define INFERD_ISA_PORTABLE 1
 #endif
 
+#define GROUP 16  /* output rows per group: the 16 float lanes of a 512-bit vector */
 #define XBLOCK 32 /* activation quantisation block */
-/* Rows of x handled per pass over a tile of weight rows (block_gemv.c), their accumulators in
- * registers: AVX-512 takes four weight rows at once (16 accumulators of 32 registers), AVX2
- * fewer (rows_together). More activation rows are further passes over the tile, in L1 by then:
- * on an AMD EPYC with AVX-512, passes of 4 took half the time of passes of 8 (with 2 weight
- * rows) or of single weight rows, for 5 to 16 activation rows. */
-#define MAX_ROWS 4
-/* Weight rows a thread takes at a time: a multiple of every rows_together() value */
-#define TILE 4
+#define RESIDUAL_SHIFT 8 /* q2 counts in steps of 1 / 256 of q1's */
 
-/* Where the `bytes` bytes of chunk c (weights 64c ...) of row n start, in an array holding
- * `bytes` bytes per 64 weights of every row. */
-static inline int64_t chunk_at(const BlockMatrix* W, int64_t n, int64_t c, int64_t bytes) {
-    if (W->interleaved) return ((n >> 2) * (W->K / 64) + c) * 4 * bytes + (n & 3) * bytes;
-    return n * (W->K * bytes / 64) + c * bytes;
+/* A group's bytes in W->q: 16 rows x K weights, in 8 or 4 bits (5 bits: 4 here, the fifth in
+ * W->high, one uint32 per unit). A unit is the 16 rows x 2 inputs (2u, 2u + 1) one int32 lane
+ * per row multiplies: 8 bits, 32 bytes per unit (byte 2r + i = q of row r, input 2u + i, as
+ * int8); 4/5 bits, 32 bytes per chunk c of block b, byte 2r + i holding unit b*B/2 + c in its
+ * low nibble and unit b*B/2 + c + B/4 in its high one (both units of a chunk in one block). */
+static inline const uint8_t* group_q(const BlockMatrix* W, int64_t g) {
+    return W->q + g * (W->bits == 8 ? 16 : 8) * W->K;
+}
+
+static inline const uint8_t* group_high(const BlockMatrix* W, int64_t g) {
+    return W->high + g * 2 * W->K; /* K / 2 units of 4 bytes */
+}
+
+/* A group's 16 block scales (then offsets) are contiguous: [N/16, K/B, 16]. */
+static inline int64_t group_scales(const BlockMatrix* W, int64_t g) {
+    return g * W->K / W->B * GROUP;
+}
+
+static inline uint32_t fifth_bits(const uint8_t* high, int64_t u) {
+    const uint8_t* p = high + 4 * u; /* little-endian, whatever the host */
+    return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
+}
+
+/* q (the zero point removed) of unit u of group g: out[2r + i] = q[16g + r, 2u + i]. Plain C
+ * for the portable tile and for dequantisation. */
+static inline void unpack_unit(const BlockMatrix* W, int64_t g, int64_t u, int16_t out[32]) {
+    const uint8_t* q = group_q(W, g);
+    if (W->bits == 8) {
+        for (int j = 0; j < 32; j++) out[j] = (int8_t)q[32 * u + j];
+        return;
+    }
+    const int64_t B = W->B, b = u / (B / 2), within = u % (B / 2);
+    const uint8_t* chunk = q + 32 * (b * (B / 4) + within % (B / 4));
+    const int shift = within < B / 4 ? 0 : 4;
+    const uint32_t fifth = W->bits == 5 ? fifth_bits(group_high(W, g), u) : 0;
+    for (int j = 0; j < 32; j++) {
+        const int s = ((chunk[j] >> shift) & 0xF) | (int)((fifth >> j) & 1) << 4;
+        out[j] = (int16_t)(s - W->zero);
+    }
 }
 
 static inline float half_to_float(uint16_t h) {
@@ -58,41 +87,33 @@ static inline float scale_at(const BlockMatrix* W, int64_t i) {
                           : ((const float*)W->scale)[i];
 }
 
-/* The activations of a product, quantised by block_gemv.c for every ISA alike (it describes
- * the arithmetic): per block of 32, d = absmax / 127 and each value x = (d / 256) * (256 q1 + q2)
- * to within d / 512, with q1 and q2 int8, |q1|, |q2| <= 127. Rows of [M, K]:
- *   xq: q1;  xr: q2;  xw: 256 q1 + q2 as int16 (for the ISAs that multiply 16-bit activations,
- *   WIDE_ACTIVATIONS; else NULL);
- *   per group of four (one int32 lane of a dot-product instruction) xl [M, K/4] the block's
- *   d / 256 and xc [M, K/4] = -zero * (the four 256 q1 + q2), which removes the weights' zero
- *   point inside the exact integer sums. */
+/* The activations of a product, quantised by block_gemv.c for every ISA alike, for the rows
+ * of one tile (a "panel" of R rows, R = tile_rows(...)), row m of the panel at a constant
+ * offset, so that a tile needs one pointer per array:
+ *   xw [K/2, R]: per unit u, each row's pair (a[2u], a[2u + 1]) of a = 256 q1 + q2 as int16
+ *      (|a| <= 32639), read as one int32;
+ *   dx [K/32, R]: the activation block's d / 256;
+ *   zc [K/B, R]: -zero * A, A the exact sum of the weight block's a (the integer sum's start);
+ *   xo [K/B, R]: float(A) * dx, the offsets' factor (NULL without offsets). */
 typedef struct {
-    const int8_t* xq;
-    const int8_t* xr;
-    const int16_t* xw;
-    const int32_t* xc;
-    const float* xl;
-} QuantRows;
+    const int32_t* xw;
+    const float* dx;
+    const int32_t* zc;
+    const float* xo;
+} Panel;
 
-#define RESIDUAL_SHIFT 8 /* q2 counts in steps of 1 / 256 of q1's */
-#if defined(INFERD_ISA_PORTABLE) || (defined(INFERD_ISA_AVX2) && !defined(__AVXVNNI__))
-#define WIDE_ACTIVATIONS 1 /* the inner loop multiplies int16 activations (some or all types) */
-#endif
-
-/* out [M, R] = the scaled block sums of weight rows n .. n+R-1 against M activation rows
- * (offsets excluded). R is 1 or rows_together(M). */
-typedef void (*RowDot)(const BlockMatrix* W, int64_t n, int64_t R, QuantRows x, int64_t M,
-                       float* out);
-
-#define INTERNAL __attribute__((visibility("hidden"))) /* not exported from the library */
-
-/* Each ISA's file defines these three (block_dot_avx512.c, block_dot_avx2.c,
+/* Each ISA's file defines these two (block_dot_avx512.c, block_dot_avx2.c,
  * block_dot_portable.c); the others compile to nothing. */
-INTERNAL RowDot row_dot_for(const BlockMatrix* W);
-/* weight rows per row_dot call for M activation rows: as many as the registers allow */
-INTERNAL int64_t rows_together(int64_t M);
-/* the stored (unsigned) bytes of chunk c of row n: 64 of them, or 32 for a last half chunk */
-INTERNAL void unpack_chunk(const BlockMatrix* W, int64_t n, int64_t c, int64_t len,
-                           uint8_t* out);
+#define INTERNAL __attribute__((visibility("hidden"))) /* not exported from the library */
+/* the rows of the next tile when `left` rows (>= 1) are still to do: as many as the registers
+ * take. NOTE: from some `left` on, always the variant's largest tile, a divisor of ROW_CHUNK
+ * (block_gemv.c), so that a call's chunks of rows start at tiles' starts. */
+INTERNAL int64_t tile_rows(int64_t left);
+/* groups a work item takes at once for a product of M rows */
+INTERNAL int64_t tile_groups(int64_t M);
+/* y [R, ldy] columns 16 g .. 16 (g + groups) - 1 (those below W->N) = the R = tile_rows(...)
+ * rows of a panel against `groups` <= tile_groups(M) groups from g. */
+INTERNAL void tile_product(const BlockMatrix* W, int64_t g, int64_t groups, Panel x, int64_t R,
+                           float* y, int64_t ldy);
 
 #endif

@@ -4,14 +4,14 @@
 #define INFERD_KERNELS_H
 #include <stdint.h>
 
-/* One block-quantised matrix, or a row range of a stacked one (see block_gemv.c). */
+/* One block-quantised matrix, or a row range of a stacked one, its rows in groups of 16 (the
+ * last padded): the layout is block_gemv.c's opening comment. */
 typedef struct {
-    const uint8_t* q;     /* [N, K * bits / 8] (the 5-bit layout: its 4-bit part) */
-    const uint8_t* high;  /* 5 bits: [N, K / 8] fifth bits, else NULL */
-    const void* scale;    /* [N, K / B] fp16 or fp32 */
-    const float* offset;  /* [N, K / B] or NULL */
+    const uint8_t* q;     /* [ceil(N/16), 16 * K * bits / 8] (5 bits: their low 4) */
+    const uint8_t* high;  /* 5 bits: [ceil(N/16), 2 K] fifth bits, else NULL */
+    const void* scale;    /* [ceil(N/16), K / B, 16] fp16 or fp32 */
+    const float* offset;  /* [ceil(N/16), K / B, 16] or NULL */
     int64_t N, K, B, bits, zero, half_scales;
-    int64_t interleaved;  /* q and high hold rows in groups of 4, chunk by chunk (block_gemv.c) */
 } BlockMatrix;
 
 int inferd_block_gemv(const float* x, int64_t M, const BlockMatrix* W, float* y, int64_t ldy);

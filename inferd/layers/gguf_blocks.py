@@ -5,13 +5,22 @@ input, `w = scale * q + offset` with small integers q. A `BlockWeight` holds exa
 weight changes value (unlike re-quantising a dequantised matrix to int8 or int4, which rounds
 weights that were already rounded once). q is stored in 4, 5 or 8 bits, whichever its range
 needs, and scales in fp16 where that is exact, so a token reads about as many bytes as the GGUF
-file holds (cpu_kernels/block_gemv.c describes the layouts).
+file holds.
 
-`BlockWeight.forward` is the C kernel, which quantises each activation to two int8 terms per
+The layout is the kernels' (cpu_kernels/block_gemv.c, byte offsets in block_layout.h): output
+rows in groups of 16 (the last padded with zero rows), and per group, for each pair of inputs
+(a "unit"), the 16 rows' two weights side by side, so that one vector lane per output row
+multiplies a broadcast pair of activations; 4-bit (and 5-bit) units two to a 32-byte chunk, in
+the low and high nibbles; the 5-bit layout's fifth bits one 32-bit word per unit; block scales
+and offsets [groups, K/B, 16]. `integers` and `dequantized` read it back (a few rows, e.g. an
+embedding lookup, without unpacking the rest).
+
+`BlockWeight.forward` is the C kernel: each activation row quantised to two int8 terms per
 block of 32 values (16-bit precision: llama.cpp's one int8 term flips a few percent of a small
-model's argmaxes) and sums exactly in integers (VNNI where the CPU has it). It wins for steps of
-a few rows (bound by reading weights); steps with many rows are bound by arithmetic and go to
-PyTorch's GEMM on `dense()` weights instead: `BlockMethod` (block_method.py) picks per step.
+model's argmaxes), exact integer sums per weight block, and per output the same float
+operations whatever the step's rows (batch-invariant) and whatever the ISA variant (the
+variants agree bit for bit). Tiles of several rows reuse each unpacked weight, so steps of
+many rows (prefill) are a GEMM on the blocks, and steps of a few (decode) read them once.
 """
 
 from __future__ import annotations
@@ -30,82 +39,80 @@ class BlockMatrix(ctypes.Structure):
     """Mirrors the C struct in cpu_kernels/kernels.h."""
 
     _fields_ = [("q", _P), ("high", _P), ("scale", _P), ("offset", _P), ("N", _I), ("K", _I),
-                ("B", _I), ("bits", _I), ("zero", _I), ("half_scales", _I),
-                ("interleaved", _I)]  # fmt: skip
+                ("B", _I), ("bits", _I), ("zero", _I), ("half_scales", _I)]  # fmt: skip
 
 
-def _interleave(rows: torch.Tensor, chunks: int) -> torch.Tensor:
-    """[N, chunks * c] → [N/4, chunks, 4, c]: the chunks of rows 4i..4i+3 side by side."""
-    n, width = rows.shape
-    return rows.view(n // 4, 4, chunks, width // chunks).transpose(1, 2).contiguous()
+GROUP = 16  # output rows per group (cpu_kernels/block_gemv.c)
 
 
-def _deinterleave(grouped: torch.Tensor, rows) -> torch.Tensor:
-    """`rows` (an index tensor or a slice) of an interleaved array, as [len, chunks * c]."""
-    groups, chunks, _, c = grouped.shape
-    if isinstance(rows, slice):
-        return grouped.transpose(1, 2).reshape(groups * 4, chunks * c)[rows]
-    return grouped[rows // 4, :, rows % 4, :].reshape(-1, chunks * c)
+def _grouped(rows: torch.Tensor) -> torch.Tensor:
+    """[N, C] → [ceil(N/16), 16, C], the last group padded with zeros (scale 0: the padding
+    rows are 0, and the kernels never write them)."""
+    n, c = rows.shape
+    pad = -n % GROUP
+    if pad:
+        rows = torch.cat([rows, rows.new_zeros((pad, c))])
+    return rows.view(-1, GROUP, c)
 
 
-def _pack_nibbles(stored: torch.Tensor) -> torch.Tensor:
-    """[rows, K] values < 16 → [rows, K / 2] bytes: per 64 weights, byte j = w[j] | w[j+32] << 4."""
-    rows, k = stored.shape
-    halves = stored.view(rows, k // 64, 2, 32)
-    return ((halves[:, :, 0] & 0xF) | ((halves[:, :, 1] & 0xF) << 4)).reshape(rows, k // 2)
+def _by_group(per_row: torch.Tensor) -> torch.Tensor:
+    """Block scales or offsets [N, K/B] → [ceil(N/16), K/B, 16]: a group's 16 contiguous."""
+    return _grouped(per_row).transpose(1, 2).contiguous()
 
 
-def _unpack_nibbles(packed: torch.Tensor) -> torch.Tensor:
-    rows, half = packed.shape
-    chunks = packed.view(rows, half // 32, 1, 32)
-    return torch.cat([chunks & 0xF, chunks >> 4], dim=2).reshape(rows, half * 2)
+def _units(stored: torch.Tensor) -> torch.Tensor:
+    """[G, 16, K] → [G, K/2, 16, 2]: per pair of inputs (a unit), the 16 rows' two values."""
+    g, _, k = stored.shape
+    return stored.view(g, GROUP, k // 2, 2).transpose(1, 2)
+
+
+def _pack_nibbles(stored: torch.Tensor, block: int) -> torch.Tensor:
+    """[G, 16, K] values < 16 → [G, 8 K] bytes: per block, chunk c (32 bytes, byte 2r + i) holds
+    unit c of the block in its low nibbles and unit c + B/4 in its high ones."""
+    g, _, k = stored.shape
+    v = stored.view(g, GROUP, k // block, 2, block // 4, 2)  # [g, r, b, nibble, c, i]
+    v = v.permute(0, 2, 4, 1, 5, 3)  # [g, b, c, r, i, nibble]
+    return (v[..., 0] | (v[..., 1] << 4)).reshape(g, -1)
+
+
+def _unpack_nibbles(packed: torch.Tensor, block: int, k: int) -> torch.Tensor:
+    """One row's bytes of each chunk, [n, K/2] ordered [b, c, i] → its values [n, K]."""
+    n = packed.shape[0]
+    v = packed.view(n, k // block, 1, block // 4, 2)
+    return torch.cat([v & 0xF, v >> 4], dim=2).reshape(n, k)
 
 
 def _pack_bits(bits: torch.Tensor) -> torch.Tensor:
-    """[rows, K] of 0/1 → [rows, K / 8] bytes, bit i of byte j = weight 8j + i."""
-    rows, k = bits.shape
-    weights = (1 << torch.arange(8, dtype=torch.uint8)).view(1, 1, 8)
-    return (bits.view(rows, k // 8, 8) * weights).sum(-1, dtype=torch.uint8)
-
-
-def _unpack_bits(packed: torch.Tensor) -> torch.Tensor:
-    shifts = torch.arange(8, dtype=torch.uint8).view(1, 1, 8)
-    return ((packed.unsqueeze(-1) >> shifts) & 1).reshape(packed.shape[0], -1)
+    """[..., 8 j] of 0/1 → [..., j] bytes, bit i of byte j = element 8j + i."""
+    weights = 1 << torch.arange(8, dtype=torch.uint8)
+    return (bits.reshape(*bits.shape[:-1], -1, 8) * weights).sum(-1, dtype=torch.uint8)
 
 
 class BlockPart:
-    """Rows of a weight in one storage width (see block_gemv.c): `stored` = q + zero."""
+    """Rows of a weight in one storage width (see block_gemv.c): 8 bits, q itself; 4 and 5
+    bits, `stored` = q + zero. Tensors in the kernels' group layout (block_layout.h)."""
 
     def __init__(self, q: torch.Tensor, scale: torch.Tensor, offset: torch.Tensor | None):
         rows, k = q.shape
         q = q.to(torch.int8)  # every GGUF type's integers fit
         self.group = k // scale.shape[1]
-        if self.group not in (16, 32) or k % 32:
+        if self.group not in (16, 32) or k % 32 or k != self.group * scale.shape[1]:
             raise ValueError(f"unsupported block layout: {k} inputs, {scale.shape[1]} blocks")
         lo, hi = int(q.min()), int(q.max())
-        self.bits = 8
-        if k % 64 == 0 and hi - lo < 32:
-            self.bits = 4 if hi - lo < 16 else 5
-        self.zero = 128 if self.bits == 8 else -lo
-        if self.bits == 8:
-            stored = q.view(torch.uint8) ^ 128  # q + 128 in a byte: the sign bit flipped
-        else:
-            stored = (q.to(torch.int16) + self.zero).to(torch.uint8)
+        self.bits = 8 if hi - lo >= 32 else 4 if hi - lo < 16 else 5
+        self.zero = 0 if self.bits == 8 else -lo
         self.high = None
         if self.bits == 8:
-            self.q = stored.contiguous()
+            self.q = _units(_grouped(q)).contiguous().view(torch.uint8).flatten(1)
         else:
-            self.q = _pack_nibbles(stored)
+            stored = _grouped((q.to(torch.int16) + self.zero).to(torch.uint8))
+            self.q = _pack_nibbles(stored & 0xF, self.group)
             if self.bits == 5:
-                self.high = _pack_bits(stored >> 4)
-        self.interleaved = rows % 4 == 0 and k % 64 == 0
-        if self.interleaved:
-            self.q = _interleave(self.q, k // 64)
-            self.high = None if self.high is None else _interleave(self.high, k // 64)
+                self.high = _pack_bits(_units(stored >> 4).flatten(2)).flatten(1)
         scale = scale.float()
         half = scale.half()
-        self.scale = half if torch.equal(half.float(), scale) else scale.contiguous()
-        self.offset = None if offset is None else offset.float().contiguous()
+        self.scale = _by_group(half if torch.equal(half.float(), scale) else scale)
+        self.offset = None if offset is None else _by_group(offset.float())
         self.shape = (rows, k)
         self._describe()
 
@@ -116,47 +123,98 @@ class BlockPart:
             self.q.data_ptr(), None if self.high is None else self.high.data_ptr(),
             self.scale.data_ptr(), None if self.offset is None else self.offset.data_ptr(),
             rows, k, self.group, self.bits, self.zero, int(self.scale.dtype == torch.float16),
-            int(self.interleaved),
         )  # fmt: skip
 
     def stored(self) -> tuple[dict[str, torch.Tensor], dict[str, int]]:
         """The tensors and the layout facts that rebuild this part (gguf_cache.py)."""
         tensors = {"q": self.q, "scale": self.scale, "high": self.high, "offset": self.offset}
         facts = dict(rows=self.shape[0], cols=self.shape[1], group=self.group, bits=self.bits,
-                     zero=self.zero, interleaved=int(self.interleaved))  # fmt: skip
+                     zero=self.zero)  # fmt: skip
         return {k: v for k, v in tensors.items() if v is not None}, facts
 
     @classmethod
     def restored(cls, tensors: dict[str, torch.Tensor], facts: dict[str, int]) -> BlockPart:
-        """The part `stored` described, from its tensors as they are (no packing)."""
+        """The part `stored` described, from its tensors as they are (no packing). Raises
+        ValueError where they do not have the sizes the facts imply."""
         part = cls.__new__(cls)
         part.q, part.scale = tensors["q"], tensors["scale"]
         part.high, part.offset = tensors.get("high"), tensors.get("offset")
         part.shape = (facts["rows"], facts["cols"])
         part.group, part.bits, part.zero = facts["group"], facts["bits"], facts["zero"]
-        part.interleaved = bool(facts["interleaved"])
+        groups, k = -(-part.shape[0] // GROUP), part.shape[1]
+        blocks = k // part.group
+        per_group = {"q": GROUP * k // (1 if part.bits == 8 else 2), "scale": blocks * GROUP,
+                     "high": 2 * k, "offset": blocks * GROUP}  # fmt: skip
+        sizes_fit = all(t.numel() == groups * per_group[key] for key, t in tensors.items())
+        if not sizes_fit or (part.bits == 5) != (part.high is not None):
+            raise ValueError(f"stored blocks do not have the sizes of {facts}")
         part._describe()
         return part
 
-    def _rows(self, packed: torch.Tensor, rows) -> torch.Tensor:
-        return _deinterleave(packed, rows) if self.interleaved else packed[rows]
+    def _index(self, rows) -> tuple[torch.Tensor, torch.Tensor]:
+        """Group and row within it of `rows` (an index tensor or a slice)."""
+        if isinstance(rows, slice):
+            rows = torch.arange(*rows.indices(self.shape[0]))
+        rows = torch.as_tensor(rows, dtype=torch.int64)
+        return rows // GROUP, rows % GROUP
+
+    def _stored(self, g: torch.Tensor, r: torch.Tensor) -> torch.Tensor:
+        """The stored values of rows (g, r), [n, K]: 8 bits, q as int8; else q + zero, uint8.
+        Reads only those rows' bytes (an embedding lookup of a few ids)."""
+        groups, k, n = self.q.shape[0], self.shape[1], g.shape[0]
+        if self.bits == 8:
+            return self.q.view(torch.int8).view(groups, k // 2, GROUP, 2)[g, :, r].reshape(n, k)
+        nibbles = self.q.view(groups, -1, GROUP, 2)[g, :, r]  # [n, K/4 chunks, 2]
+        stored = _unpack_nibbles(nibbles.reshape(n, -1), self.group, k)
+        if self.bits == 5:  # per unit 4 bytes, bit 2r + i: row r's two in byte r // 4
+            byte = self.high.view(groups, k // 2, 4)[g, :, r // 4]  # [n, K/2]
+            two = (byte >> (2 * (r % 4)).to(torch.uint8)[:, None]) & 3
+            stored = stored | (torch.stack([two & 1, two >> 1], -1).reshape(n, k) << 4)
+        return stored
+
+    def _all_stored(self) -> torch.Tensor:
+        """The stored values of every row, [N, K], the layout undone by views (no gathers)."""
+        groups, k, n = self.q.shape[0], self.shape[1], self.shape[0]
+        if self.bits == 8:
+            grouped = self.q.view(torch.int8).view(groups, k // 2, GROUP, 2).transpose(1, 2)
+            return grouped.reshape(groups * GROUP, k)[:n]
+        chunks = self.q.view(groups, -1, GROUP, 2).transpose(1, 2)  # [G, 16, K/4, 2]
+        stored = _unpack_nibbles(chunks.reshape(groups * GROUP, -1), self.group, k)
+        if self.bits == 5:
+            bits = (self.high.view(groups, k // 2, 4, 1) >> torch.arange(8, dtype=torch.uint8)) & 1
+            fifth = bits.view(groups, k // 2, GROUP, 2).transpose(1, 2).reshape(groups * GROUP, k)
+            stored = stored | (fifth << 4)
+        return stored[:n]
 
     def integers(self, rows=slice(None)) -> torch.Tensor:
-        """q of `rows`, as int16."""
-        if self.bits == 8:
-            stored = self._rows(self.q, rows)
-        else:
-            stored = _unpack_nibbles(self._rows(self.q, rows))
-            if self.bits == 5:
-                stored = stored | (_unpack_bits(self._rows(self.high, rows)) << 4)
-        return stored.to(torch.int16) - self.zero
+        """q of `rows` (an index tensor or a slice), as int16 [len(rows), K]."""
+        if isinstance(rows, slice) and rows == slice(None):
+            return self._all_stored().to(torch.int16) - self.zero
+        return self._stored(*self._index(rows)).to(torch.int16) - self.zero
+
+    def _per_block(self, values: torch.Tensor, rows) -> torch.Tensor:
+        """Block scales or offsets of `rows`, [len(rows), K/B]."""
+        g, r = self._index(rows)
+        return values[g, :, r]
 
     def dequantized(self, rows=slice(None)) -> torch.Tensor:
-        """float32, bit-identical to the GGUF dequantisation: scale * q (+ offset)."""
-        w = self.scale[rows].float().repeat_interleave(self.group, 1) * self.integers(rows).float()
+        """float32, bit-identical to the GGUF dequantisation: scale * q (+ offset), q exact."""
+        g, r = self._index(rows)
+        n, k = g.shape[0], self.shape[1]
+        q = self._stored(g, r).float()
+        if self.zero:
+            q -= self.zero  # small integers: exact
+        w = q.view(n, k // self.group, self.group) * self.scale[g, :, r].float()[..., None]
         if self.offset is not None:
-            w = w + self.offset[rows].repeat_interleave(self.group, 1)
-        return w
+            w += self.offset[g, :, r][..., None]
+        return w.view(n, k)
+
+    def block_scales(self) -> torch.Tensor:
+        """The block scales [N, K/B] as float32 (for `stack`)."""
+        return self._per_block(self.scale, slice(None)).float()
+
+    def block_offsets(self) -> torch.Tensor | None:
+        return None if self.offset is None else self._per_block(self.offset, slice(None))
 
     @property
     def nbytes(self) -> int:
@@ -245,13 +303,22 @@ def stack(weights: list[BlockWeight]) -> BlockWeight:
     for p in [p for w in weights for p in w.parts]:
         last = parts[-1] if parts else None
         if last is not None and _same_layout(last, p):
-            q = torch.cat([last.integers(), p.integers()])
-            scale = torch.cat([last.scale.float(), p.scale.float()])
-            offset = None if p.offset is None else torch.cat([last.offset, p.offset])
-            parts[-1] = BlockPart(q, scale, offset)
+            parts[-1] = _joined(last, p)
         else:
             parts.append(p)
     return BlockWeight(parts=parts)
+
+
+def _joined(a: BlockPart, b: BlockPart) -> BlockPart:
+    """a's rows then b's, in one part of their (common) layout."""
+    if a.shape[0] % GROUP == 0:  # whole groups: the packed tensors follow each other
+        tensors, facts = a.stored()
+        tensors = {key: torch.cat([t, b.stored()[0][key]]) for key, t in tensors.items()}
+        return BlockPart.restored(tensors, {**facts, "rows": a.shape[0] + b.shape[0]})
+    q = torch.cat([a.integers(), b.integers()])
+    scale = torch.cat([a.block_scales(), b.block_scales()])
+    offset = None if a.offset is None else torch.cat([a.block_offsets(), b.block_offsets()])
+    return BlockPart(q, scale, offset)
 
 
 def _same_layout(a: BlockPart, b: BlockPart) -> bool:

@@ -39,7 +39,7 @@ from inferd.cache import checksum_of, checksum_of_buffer, discard, write_text_at
 
 log = logging.getLogger(__name__)
 
-_FORMAT = 3  # 3: entries carry a checksum
+_FORMAT = 4  # 3: entries carry a checksum; 4: block parts in groups of 16 rows (block_gemv.c)
 KEEP = 4  # entries kept; older ones are removed
 
 

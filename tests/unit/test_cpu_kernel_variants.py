@@ -36,6 +36,17 @@ def test_each_cpu_gets_the_best_variant_it_has_every_feature_of():
     assert names(variants.runnable(AVX2_ONLY, "aarch64")) == ["portable"]
 
 
+def test_amx_listed_by_cpuid_chooses_nothing():
+    """Some VMs list AMX where the OS never enabled it (its instructions trap): no variant uses
+    it, so a CPU that lists it gets exactly what it would without."""
+    xeon = AVX2_ONLY | {"avx512f", "avx512bw", "avx512vl", "avx512_vnni", "avx512_bf16"}
+    amx = frozenset({"amx_tile", "amx_int8", "amx_bf16"})
+    with_amx, without = variants.runnable(xeon | amx, "x86_64"), variants.runnable(xeon, "x86_64")
+    assert names(with_amx) == names(without)
+    for v in variants.VARIANTS:
+        assert not any("amx" in f for f in (*v.needs, *variants.target_flags(v, "x86_64")))
+
+
 def test_inferd_cpu_kernels_values():
     assert variants.requested(None) == variants.requested("auto") == "auto"
     assert variants.requested("0") == variants.requested("off") == "off"

@@ -1,11 +1,13 @@
 """`--quantization gguf`: GGUF blocks unpacked without changing a weight, and the C kernels.
 
 Unpacking is checked bit for bit against the `gguf` package's dequantisation, on random blocks of
-every type. The matrix-vector kernel, in every ISA variant this CPU runs (tests/kernel_variants.py),
-is checked against its definition: the activations quantised to two int8 terms per 32 values
-(16-bit) exactly as the kernel does it, so the integer sums are exact and only float rounding of
-the scaled sums remains; and against the exact float product, within the bound the activation
-rounding implies.
+every type, and so are the layout's row lookups and dense copies. The block product, in every
+ISA variant this CPU runs (tests/kernel_variants.py), is checked against its definition
+(tests/block_definition.py): the activations quantised to two int8 terms per 32 values (16-bit)
+exactly as the kernel does it, so the integer sums are exact and only the float rounding of the
+scaled sums remains, within a bound derived from that arithmetic; and against the exact float
+product, within the bound the activation rounding implies. Batch invariance and the variants'
+agreement: tests/unit/test_block_invariance.py.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
+from block_definition import exact_product, float_bound, quantize_like_the_kernel, rounding_bound
 from kernel_variants import VARIANT_NAMES, variant_library
 
 from inferd.layers.gguf_blocks import BlockWeight, stack
@@ -58,58 +61,20 @@ def test_unpacked_blocks_are_the_dequantised_weights_bit_for_bit(ggml_type):
     assert torch.equal(blocks.dequantized(torch.tensor([5, 1])), dense[[5, 1]])
 
 
-def test_stacking_parts_with_different_groups_keeps_every_weight():
+@pytest.mark.parametrize("rows", [4, 16])  # 16: whole groups, joined as they are packed
+def test_stacking_parts_with_different_groups_keeps_every_weight(rows):
     torch.manual_seed(0)
 
-    def part(group, with_offset):
-        q = torch.randint(-16, 16, (4, 64), dtype=torch.int8)
-        offset = torch.randn(4, 64 // group) if with_offset else None
-        return BlockWeight(q, torch.rand(4, 64 // group), offset)
+    def part(group, with_offset, n=rows):
+        q = torch.randint(-16, 16, (n, 64), dtype=torch.int8)
+        offset = torch.randn(n, 64 // group) if with_offset else None
+        return BlockWeight(q, torch.rand(n, 64 // group), offset)
 
-    weights = [part(32, False), part(32, False), part(16, False), part(32, True)]
+    weights = [part(32, False), part(32, False, 8), part(16, False), part(32, True)]
     stacked = stack(weights)
     # the first two share a layout and merge; the others keep their own
-    assert [p.shape[0] for p in stacked.parts] == [8, 4, 4]
+    assert [p.shape[0] for p in stacked.parts] == [rows + 8, rows, rows]
     assert torch.equal(stacked.dequantized(), torch.cat([w.dequantized() for w in weights]))
-
-
-def quantize_like_the_kernel(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """x [m, k] → (16-bit integer activations, their per-32 scales), by block_gemv.c's float32
-    arithmetic: d = absmax / 127, f = x * (1 / d), q1 = round-half-even(f),
-    q2 = round((f - q1) * 256) clamped to ±127 (f - q1 is exact in float32); the activations
-    are 256 q1 + q2 with scale d / 256. Same bits, so no rounding can flip."""
-    m, k = x.shape
-    xb = x.view(m, k // 32, 32)
-    d = xb.abs().amax(-1, keepdim=True) / 127
-    inv = torch.where(d > 0, 1 / d, torch.zeros_like(d))
-    f = xb * inv
-    q1 = torch.round(f)
-    q2 = torch.round((f - q1) * 256).clamp(-127, 127)
-    return (q1 * 256 + q2).view(m, k), d / 256
-
-
-def emulate(x: torch.Tensor, w: BlockWeight) -> torch.Tensor:
-    """What the kernel computes, in float64: the integer activations times the weights'
-    integers with their scales; offsets times the exact float sums."""
-    m, k = x.shape
-    q, d = quantize_like_the_kernel(x)
-    xq = (q.view(m, k // 32, 32).double() * d.double()).view(m, k)
-    out = []
-    for p in w.parts:
-        scale = p.scale.double().repeat_interleave(p.group, 1)
-        y = xq @ (p.integers().double() * scale).t()
-        if p.offset is not None:
-            y += x.view(m, k // p.group, p.group).double().sum(-1) @ p.offset.double().t()
-        out.append(y)
-    return torch.cat(out, dim=1).float()
-
-
-def rounding_bound(x: torch.Tensor, w: BlockWeight) -> torch.Tensor:
-    """[m, n]: how far rounding the activations can move each output. Each moves by at most half
-    the second term's step d / 256 (a whole step where the clamp to ±127 bites, at exact
-    ties): |y - exact| <= sum_k d_k / 256 * |w_nk|."""
-    step = quantize_like_the_kernel(x)[1].double().expand(-1, -1, 32)
-    return step.reshape(x.shape) @ w.dequantized().double().abs().t()
 
 
 @pytest.fixture(scope="module", params=VARIANT_NAMES)
@@ -121,12 +86,12 @@ def kernels(request):
 
 @pytest.mark.parametrize("group", [16, 32])
 @pytest.mark.parametrize("with_offset", [False, True])
-# 48 outputs: rows in groups of four (interleaved); 22: not, and a last group of two
+# outputs in groups of 16: 48 fill three; 22 leave a last group of six rows (padding)
 @pytest.mark.parametrize("rows, in_features, out_features",
                          [(1, 640, 48), (3, 96, 22), (8, 2048, 48), (11, 64, 22)])  # fmt: skip
 @pytest.mark.parametrize(
     "q_range, fp16_scales", [((-128, 128), True), ((-16, 16), False), ((0, 16), True)]
-)  # 8, 5 and 4 bits (96 inputs: 8 bits whatever the range, and a last half chunk)
+)  # 8, 5 and 4 bits (96 inputs: an odd number of 32-input blocks)
 def test_block_kernel_matches_its_definition(kernels, group, with_offset, rows, in_features,
                                              out_features, q_range, fp16_scales):  # fmt: skip
     torch.manual_seed(rows * in_features + group)
@@ -142,17 +107,30 @@ def test_block_kernel_matches_its_definition(kernels, group, with_offset, rows, 
         ]
     )
     assert w.parts[0].scale.dtype == (torch.float16 if fp16_scales else torch.float32)
+    expected_bits = 8 if q_range[0] == -128 else 5 if q_range[0] == -16 else 4
+    assert {p.bits for p in w.parts} == {expected_bits}
     w.lib = kernels
     x = torch.randn(rows, in_features)
     x[0, :32] = 0  # an all-zero activation block (scale 0)
     x[-1, 32:64] = torch.arange(32) - 15.5  # halves of a step of 1 (the block's largest
     x[-1, 32] = 127.0  # value 127): ties, where the second term is clamped
     y = w(x)
-    expected = emulate(x, w)
-    torch.testing.assert_close(y, expected, rtol=1e-5, atol=1e-5 * expected.abs().max().item())
+    definition = exact_product(x, w)
+    assert ((y.double() - definition).abs() <= float_bound(x, w)).all()
     exact = x.double() @ w.dequantized().double().t()
-    slack = 1e-5 * exact.abs().max()  # float rounding of the scaled sums
-    assert ((y.double() - exact).abs() <= rounding_bound(x, w) + slack).all()
+    assert ((y.double() - exact).abs() <= rounding_bound(x, w) + float_bound(x, w)).all()
+
+
+def test_a_wrong_integer_sum_leaves_the_float_bound():
+    """The bound is tight enough to see one weight off by one, in one output."""
+    torch.manual_seed(3)
+    q = torch.randint(-128, 128, (16, 640), dtype=torch.int8)
+    scale = torch.rand(16, 20) * 0.02
+    x = torch.randn(4, 640)
+    w, wrong = BlockWeight(q, scale, None), q.clone()
+    wrong[5, 100] += 1 if wrong[5, 100] < 127 else -1
+    gap = (exact_product(x, BlockWeight(wrong, scale, None)) - exact_product(x, w)).abs()
+    assert (gap[:, 5] > float_bound(x, w)[:, 5]).all()
 
 
 @pytest.mark.parametrize("q_range", [(-128, 128), (-16, 16), (-8, 8)])  # 8, 5 and 4 bits
@@ -171,20 +149,37 @@ def test_block_kernel_does_not_saturate(kernels, q_range, group):
     x[:, 1:] *= 126.498 / 127  # q1 = 126 and a residual of 0.498 steps (q2 = 127) but for
     x[:, 0::32] = torch.sign(x[:, 0::32])  # each block's first, which sets the scale
     assert (quantize_like_the_kernel(x)[0].abs() == 126 * 256 + 127).sum() == 2 * 31 * 8
-    torch.testing.assert_close(w(x), emulate(x, w), rtol=1e-6, atol=0)
+    assert ((w(x).double() - exact_product(x, w)).abs() <= float_bound(x, w)).all()
     exact = 0.5 * (q[0].double() * x[0].double()).sum().item()
     assert w(x)[0, 0].item() == pytest.approx(exact, rel=1e-4)  # |row 0| at its largest
 
 
 @pytest.mark.parametrize("ggml_type", [gq.Q8_0, gq.Q5_0, gq.Q4_K, gq.Q6_K], ids=gq.type_name)
 def test_dense_weights_from_the_kernel_equal_the_dequantisation(kernels, ggml_type):
-    rows, cols = 12, 512
-    parts = gq.unpack(random_tensor(ggml_type, rows, cols, 4), ggml_type, (rows, cols))
-    w = BlockWeight(*parts)
+    rows, cols = 44, 512  # three groups of 16 rows, the last padded
+    raw = random_tensor(ggml_type, rows, cols, 4)
+    w = BlockWeight(*gq.unpack(raw, ggml_type, (rows, cols)))
     w.lib = kernels
-    expected = w.dequantized()
-    torch.testing.assert_close(w.dense(torch.float32), expected, rtol=1e-6, atol=0)
-    torch.testing.assert_close(w.dense(torch.bfloat16), expected.bfloat16(), rtol=8e-3, atol=0)
+    expected = gq.dequantize(raw, ggml_type, (rows, cols))
+    assert torch.equal(w.dense(torch.float32), expected)
+    assert torch.equal(w.dense(torch.bfloat16), expected.bfloat16())
+    assert torch.equal(w.dense(torch.float32, slice(5, 37)), expected[5:37])  # across groups
+    assert torch.equal(w.dense(torch.float32, slice(40, 44)), expected[40:])  # the last rows
+
+
+@pytest.mark.parametrize("q_range", [(-128, 128), (-16, 16), (-8, 8)])  # 8, 5 and 4 bits
+@pytest.mark.parametrize("rows", [1, 16, 37])
+def test_row_lookups_are_the_rows_of_the_dense_weights(q_range, rows):
+    """An embedding lookup reads a few rows out of the grouped layout, in any order."""
+    torch.manual_seed(rows)
+    q = torch.randint(*q_range, (rows, 96), dtype=torch.int8)
+    scale, offset = torch.rand(rows, 3), torch.randn(rows, 3)
+    w = BlockWeight(q, scale, offset)
+    expected = scale.repeat_interleave(32, 1) * q.float() + offset.repeat_interleave(32, 1)
+    assert torch.equal(w.dequantized(), expected)
+    ids = torch.randint(0, rows, (7,))
+    assert torch.equal(w.dequantized(ids), expected[ids])
+    assert torch.equal(w.parts[0].integers(ids), q[ids].to(torch.int16))
 
 
 def test_rms_norm_kernel_matches_pytorch(kernels):
