@@ -103,28 +103,38 @@ class SnapshotBuilder:
             self._prediction = predict_memory(engine)
         if now - self._weights_at >= _WEIGHTS_EVERY_S:
             self._weights, self._weights_at = _weight_bytes(setup.runner.model), now
-        device = setup.device.type
-        status = proc_status()
-        # NOTE: not glibc's heap figures (memory/snapshot.py heap_stats): mallinfo2 walks every
-        # arena, tens of milliseconds with a model loaded, which a step must not wait for.
-        memory = MemorySnapshot(
-            device=device,
-            weights=self._weights,
-            kv_pool=setup.kv_plan.total_bytes,
-            rss=status.get("VmRSS"),
-            rss_anon=status.get("RssAnon"),
-            rss_peak=status.get("VmHWM"),
-            device_total=_device_total(device),
-            predicted=self._prediction,
-        )
-        if device == "cuda":
+        return memory_snapshot(setup.device, self._weights, setup.kv_plan.total_bytes,
+                               self._prediction)  # fmt: skip
+
+
+def memory_snapshot(device, weights: int, kv_pool: int, predicted: MemoryPrediction | None,
+                    cuda=None) -> MemorySnapshot:  # fmt: skip
+    """What the process holds now. `device`: a torch.device; `cuda`: where CUDA figures come
+    from (torch.cuda unless a test hands in a fake: memory_allocated, memory_reserved and
+    mem_get_info, each of a device)."""
+    status = proc_status()
+    # NOTE: not glibc's heap figures (memory/snapshot.py heap_stats): mallinfo2 walks every
+    # arena, tens of milliseconds with a model loaded, which a step must not wait for.
+    memory = MemorySnapshot(
+        device=device.type,
+        weights=weights,
+        kv_pool=kv_pool,
+        rss=status.get("VmRSS"),
+        rss_anon=status.get("RssAnon"),
+        rss_peak=status.get("VmHWM"),
+        device_total=_ram() if device.type == "cpu" else None,
+        predicted=predicted,
+    )
+    if device.type == "cuda":
+        if cuda is None:
             import torch
 
-            free, total = torch.cuda.mem_get_info(setup.device)
-            memory.cuda_allocated = torch.cuda.memory_allocated(setup.device)
-            memory.cuda_reserved = torch.cuda.memory_reserved(setup.device)
-            memory.cuda_device_used, memory.device_total = total - free, total
-        return memory
+            cuda = torch.cuda
+        free, total = cuda.mem_get_info(device)
+        memory.cuda_allocated = cuda.memory_allocated(device)
+        memory.cuda_reserved = cuda.memory_reserved(device)
+        memory.cuda_device_used, memory.device_total = total - free, total
+    return memory
 
 
 def _requests_of(sequences, skip: dict[str, Request] | None = None) -> dict[str, Request]:
@@ -225,10 +235,7 @@ def _weight_bytes(model) -> int:
     return sum(t.numel() * t.element_size() for t in tensors)
 
 
-def _device_total(device: str) -> int | None:
-    """The machine's RAM on CPU (on CUDA the caller asks the device)."""
-    if device == "cuda":
-        return None
+def _ram() -> int | None:
     try:
         return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
     except (OSError, ValueError):
@@ -247,6 +254,10 @@ def predict_memory(engine: LLMEngine) -> MemoryPrediction | None:
     config, setup = engine.config, engine.setup
     checkpoint = setup.checkpoint
     dtype, block_kernels = _DENSE.get(str(setup.dtype), "auto"), False
+    if config.quantization == "gguf":  # blocks without the default mode's bf16 copy
+        log.info("no memory prediction for the dashboard: the estimate does not model "
+                 "--quantization gguf")  # fmt: skip
+        return None
     if config.quantization in ("int8", "int4", "fp8"):
         dtype = config.quantization
     elif config.dtype == "auto" and config.quantization is None:
@@ -268,7 +279,7 @@ def predict_memory(engine: LLMEngine) -> MemoryPrediction | None:
             checkpoint=checkpoint_weights(checkpoint),
             block_kernels=block_kernels,
         )
-    except (ValueError, AttributeError, IndexError) as e:
+    except ValueError as e:
         log.info("no memory prediction for the dashboard: %s", e)
         return None
     per_device, plan = est.per_device, est.weight_plan

@@ -9,12 +9,19 @@ import asyncio
 import json
 
 import pytest
+import torch
 from test_scheduler import BS, add, make, run_all, run_step
 from tiny_models import make_tiny_checkpoint
 
 from inferd import LLM, SamplingParams
 from inferd.engine.async_engine import AsyncEngine
-from inferd.engine.snapshot import SnapshotBuilder, _Places, kv_groups, request_snapshot
+from inferd.engine.snapshot import (
+    SnapshotBuilder,
+    _Places,
+    kv_groups,
+    memory_snapshot,
+    request_snapshot,
+)
 from inferd.engine_client import SnapshotClient
 from inferd.engine_snapshot import (
     BLOCK_CACHED,
@@ -191,3 +198,24 @@ def test_async_engine_builds_snapshots_on_its_thread_only_when_asked(tiny_gemma)
     snap = asyncio.run(run())
     assert isinstance(snap, EngineSnapshot) and calls == [1]
     assert snap.counters.generation_tokens >= 4 and snap.requests == []
+
+
+class FakeCuda:
+    """torch.cuda's memory figures, as the snapshot reads them."""
+
+    def memory_allocated(self, device=None) -> int:
+        return 700
+
+    def memory_reserved(self, device=None) -> int:
+        return 900
+
+    def mem_get_info(self, device=None) -> tuple[int, int]:
+        return 4000, 10_000  # free, total
+
+
+def test_the_cuda_figures_come_from_the_allocator_and_the_device():
+    m = memory_snapshot(torch.device("cuda", 0), 300, 200, None, cuda=FakeCuda())
+    assert (m.device, m.cuda_allocated, m.cuda_reserved) == ("cuda", 700, 900)
+    assert (m.cuda_device_used, m.device_total) == (6000, 10_000)
+    cpu = memory_snapshot(torch.device("cpu"), 300, 200, None)
+    assert cpu.cuda_allocated is None and cpu.device_total > 0 and cpu.rss > 0
