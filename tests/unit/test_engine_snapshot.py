@@ -15,13 +15,8 @@ from tiny_models import make_tiny_checkpoint
 
 from inferd import LLM, SamplingParams
 from inferd.engine.async_engine import AsyncEngine
-from inferd.engine.snapshot import (
-    SnapshotBuilder,
-    _Places,
-    kv_groups,
-    memory_snapshot,
-    request_snapshot,
-)
+from inferd.engine.snapshot import SnapshotBuilder, _Places, kv_groups, request_snapshot
+from inferd.engine.snapshot_memory import memory_snapshot
 from inferd.engine_client import SnapshotClient
 from inferd.engine_snapshot import (
     BLOCK_CACHED,

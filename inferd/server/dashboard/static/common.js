@@ -27,6 +27,8 @@ const Inferd = (() => {
     const note = document.getElementById("key-message");
     note.textContent = message;
     input.value = "";
+    // NOTE: Escape would close the dialog and leave the page waiting for a key forever.
+    dialog.oncancel = (e) => e.preventDefault();
     asking = new Promise((resolve) => {
       const done = () => {
         sessionStorage.setItem(KEY_ITEM, input.value.trim());
