@@ -16,6 +16,7 @@ The server it starts runs without prefix caching, so every run computes the same
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import subprocess
 import sys
@@ -71,6 +72,18 @@ def generated(before: dict[str, float], after: dict[str, float]) -> float:
     return after[key] - before.get(key, 0.0)
 
 
+def cpu_seconds(pid: int | None) -> float | None:
+    """User + system CPU time of a process so far (Linux), None when unknown."""
+    if pid is None:
+        return None
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rpartition(")")[2].split()
+    except OSError:
+        return None
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def start_server(port: int, threads: int | None) -> subprocess.Popen:
     cmd = [sys.executable, "-m", "inferd", "serve", "--port", str(port), "--quiet",
            "--no-enable-prefix-caching", "--disable-log-requests"]  # fmt: skip
@@ -115,18 +128,21 @@ def main() -> None:
         order = ["without", "with", "with", "without"] * args.rounds
         for i, arm in enumerate(order):
             before = metric_values(base)
+            cpu_before = cpu_seconds(proc.pid if proc else None)
             watcher = Watcher(base, args.interval) if arm == "with" else None
             result = run_serve(base, requests)
             events = watcher.stop() if watcher else 0
             after = metric_values(base)
+            cpu_after = cpu_seconds(proc.pid if proc else None)
             rate = result.metrics.output_throughput
             runs[arm].append(rate)
             tokens[arm].append(generated(before, after))
             names_seen[arm] |= {k.split("{")[0] for k in after}
+            cpu = "" if cpu_before is None else f", server CPU {cpu_after - cpu_before:.1f} s"
             print(
                 f"run {i + 1:2d} {arm:>7} dashboard: {rate:7.1f} output tok/s over "
                 f"{result.metrics.duration:5.1f} s, {events} snapshots received, "
-                f"{tokens[arm][-1]:.0f} tokens counted by /metrics",
+                f"{tokens[arm][-1]:.0f} tokens counted by /metrics{cpu}",
                 flush=True,
             )
         med = {arm: statistics.median(v) for arm, v in runs.items()}

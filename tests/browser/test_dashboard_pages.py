@@ -8,7 +8,10 @@ from __future__ import annotations
 import re
 import time
 
+import pytest
 from conftest import API_KEY, Load, Page
+
+pytestmark = pytest.mark.slow
 
 USED_BLOCKS = "[...document.querySelectorAll('.kv-group')].reduce((n, g) => n + +g.dataset.used, 0)"
 UPDATES = "+(document.body.dataset.updates || 0)"
