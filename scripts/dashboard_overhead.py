@@ -125,6 +125,7 @@ def main() -> None:
         runs: dict[str, list[float]] = {"without": [], "with": []}
         names_seen: dict[str, set[str]] = {"without": set(), "with": set()}
         tokens: dict[str, list[float]] = {"without": [], "with": []}
+        used: dict[str, list[float]] = {"without": [], "with": []}  # server CPU seconds a run
         order = ["without", "with", "with", "without"] * args.rounds
         for i, arm in enumerate(order):
             before = metric_values(base)
@@ -138,7 +139,10 @@ def main() -> None:
             runs[arm].append(rate)
             tokens[arm].append(generated(before, after))
             names_seen[arm] |= {k.split("{")[0] for k in after}
-            cpu = "" if cpu_before is None else f", server CPU {cpu_after - cpu_before:.1f} s"
+            cpu = ""
+            if cpu_before is not None:
+                used[arm].append(cpu_after - cpu_before)
+                cpu = f", server CPU {used[arm][-1]:.1f} s"
             print(
                 f"run {i + 1:2d} {arm:>7} dashboard: {rate:7.1f} output tok/s over "
                 f"{result.metrics.duration:5.1f} s, {events} snapshots received, "
@@ -155,6 +159,13 @@ def main() -> None:
         )
         verdict = "within noise" if abs(ratio - 1) <= spread else "outside the noise"
         print(f"verdict: the dashboard's effect on throughput is {verdict}")
+        if used["with"] and used["without"]:
+            # The same tokens each run: CPU time is the steadier measure on a shared machine.
+            cpu = {arm: statistics.median(v) for arm, v in used.items()}
+            print(
+                f"median server CPU seconds a run: without {cpu['without']:.2f}, with "
+                f"{cpu['with']:.2f} (with/without {cpu['with'] / cpu['without']:.3f})"
+            )
         same_names = names_seen["with"] == names_seen["without"]
         same_tokens = set(tokens["with"]) == set(tokens["without"])
         print(
