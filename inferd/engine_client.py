@@ -14,6 +14,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
+from inferd.engine_snapshot import EngineSnapshot
 from inferd.outputs import RequestOutput
 from inferd.sampling_params import SamplingParams
 from inferd.step_timing import StepTiming
@@ -161,3 +162,13 @@ class ProfilingClient(Protocol):
 
     async def stop_profile(self) -> TraceFiles:
         """Stop the trace and write its files; ProfilerStateError when none runs."""
+
+
+# ---- the dashboard (optional: a server offers /dashboard's data only when its client has it) --
+@runtime_checkable
+class SnapshotClient(Protocol):
+    """An engine client that can describe its engine's state (AsyncEngine can)."""
+
+    async def snapshot(self) -> EngineSnapshot:
+        """The engine's state now (inferd/engine_snapshot.py), built between two steps; the
+        engine does no work for it unless asked. Raises EngineDeadError when the engine died."""

@@ -93,6 +93,7 @@ def run_latency(
             iteration_output_throughput=float(np.median(output[i])),
             notes=count_mismatches(timings[i], wanted),
             step_phases=phases[i],
+            timings=timings[i],
         )
         for i, system in enumerate(systems)
     ]

@@ -192,6 +192,8 @@ class SystemResult:
     # inferd: mean time per step phase over the measured part, per kind of step
     # (inferd/step_timing.py PhaseBreakdown); empty for peers.
     step_phases: list = field(default_factory=list)
+    # The measured requests, for plots of their distributions (bench/plots.py); not in to_dict.
+    timings: list[RequestTiming] = field(default_factory=list)
 
     def to_dict(self) -> dict:
         return {

@@ -178,6 +178,7 @@ def run_serve(
             "max_concurrency": str(max_concurrency or "unlimited"),
         },
         notes=count_mismatches(timings, [r.output_len for r in requests]),
+        timings=timings,
     )
     errors = sorted({t.error for t in timings if t.error})
     result.notes += [f"failed: {e}" for e in errors[:3]]

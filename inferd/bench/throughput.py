@@ -67,6 +67,7 @@ def run_throughput(
             info=dict(system.info),
             notes=count_mismatches(timings[i], wanted),
             step_phases=phases[i],
+            timings=timings[i],
         )
         for i, system in enumerate(systems)
     ]

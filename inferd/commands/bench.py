@@ -79,9 +79,9 @@ def _workload_arguments(p: argparse.ArgumentParser, prompts_flag: str = "--num-p
     p.add_argument(
         "--json", metavar="PATH", help="write the results as JSON ('-': stdout) (default: no file)"
     )
-    p.add_argument(
-        "--plot", metavar="PNG", help="plot throughput and latency percentiles (default: no plot)"
-    )
+    p.add_argument("--plot", metavar="PNG", help="plot throughput, throughput against "
+                   "concurrency and the latency distributions; needs pip install "
+                   "'inferd[plot]' (default: no plot)")  # fmt: skip
 
 
 def _local_arguments(p: argparse.ArgumentParser) -> None:
@@ -193,10 +193,13 @@ def _run_local(args: argparse.Namespace) -> int:
 
     from inferd.bench import latency, report, throughput
     from inferd.bench.peers import parse_peers
+    from inferd.bench.plots import plot_bench, pyplot
     from inferd.bench.systems import InferdSystem
     from inferd.bench.workload import workload_vocab
 
     console = _console(args)
+    if args.plot:
+        pyplot()  # without matplotlib: say so before measuring for minutes
     peer_names = parse_peers(args.compare)
     if args.profile:
         from inferd.profiling.trace import trace_directory
@@ -278,7 +281,7 @@ def _run_local(args: argparse.Namespace) -> int:
     if args.json:
         report.write_json(args.json, _document(args, spec, env_start, env_end, results, skipped))
     if args.plot:
-        report.plot(results, args.plot, title)
+        plot_bench(results, args.plot, title)
     return 0
 
 
@@ -341,12 +344,15 @@ def _run_serve(args: argparse.Namespace) -> int:
     from contextlib import nullcontext
 
     from inferd.bench import report
+    from inferd.bench.plots import plot_bench, pyplot
     from inferd.bench.serve import run_serve, server_trace
     from inferd.bench.workload import make_requests, workload_vocab
     from inferd.loader import open_checkpoint
     from inferd.tokenizer import checkpoint_tokenizer
 
     console = _console(args)
+    if args.plot:
+        pyplot()
     spec = workload_spec(args)
     tokenizer = checkpoint_tokenizer(open_checkpoint(args.tokenizer))
     requests = make_requests(spec, workload_vocab(tokenizer), tokenizer)
@@ -369,7 +375,7 @@ def _run_serve(args: argparse.Namespace) -> int:
     if args.json:
         report.write_json(args.json, _document(args, spec, env_start, env_end, [result], []))
     if args.plot:
-        report.plot([result], args.plot, title)
+        plot_bench([result], args.plot, title)
     return 0 if result.metrics.completed else 1
 
 

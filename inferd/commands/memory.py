@@ -77,6 +77,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", action="store_true", help="print a JSON dict, not tables")
     parser.add_argument("--measure", action="store_true",
                         help="also load the model, generate, and measure memory")
+    parser.add_argument("--plot", metavar="PNG",
+                        help="also draw the memory by component across context lengths and "
+                        "concurrency against the device's memory; needs pip install "
+                        "'inferd[plot]' (default: no plot)")
     # fmt: on
 
 
@@ -89,6 +93,10 @@ def run(args: argparse.Namespace) -> int:
     if args.model and args.model_pos and args.model != args.model_pos:
         raise ValueError(f"two models given: {args.model_pos!r} and --model {args.model!r}")
     model = args.model or args.model_pos
+    if args.plot:
+        from inferd.bench.plots import pyplot
+
+        pyplot()  # without matplotlib: say so first
     device = args.device
     if device is None:
         import torch
@@ -103,21 +111,28 @@ def run(args: argparse.Namespace) -> int:
     memory, source = args.device_memory, "--device-memory"
     if memory is None:
         memory, source = local_device_memory(device), f"this machine's {device} memory"
-    est = estimate_memory(
-        checkpoint.config,
+    settings = dict(
         dtype=args.dtype,
         kv_cache_dtype=args.kv_cache_dtype,
-        max_model_len=args.max_model_len,
-        concurrency=args.concurrency,
         max_num_batched_tokens=args.max_num_batched_tokens,
         tensor_parallel_size=args.tensor_parallel_size,
         device=device,
-        device_memory=memory,
         attention_backend=args.attention_backend,
         checkpoint=checkpoint_weights(checkpoint),
         name=checkpoint.display_name,
         block_kernels=block_kernels,
     )
+    est = estimate_memory(
+        checkpoint.config,
+        max_model_len=args.max_model_len,
+        concurrency=args.concurrency,
+        device_memory=memory,
+        **settings,
+    )
+    if args.plot:
+        from inferd.commands.memory_plot import plot_memory
+
+        plot_memory(args.plot, est, checkpoint.config, settings, memory, source)
     measured = None
     if args.measure:
         from inferd.llm import LLM

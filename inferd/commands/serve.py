@@ -130,6 +130,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help='return a request\'s timeline when it asks ("return_timeline": true); off by '
         "default: its cached-prefix count shows whether others sent the same prompt",
     )
+    parser.add_argument(
+        "--disable-dashboard",
+        action="store_true",
+        help="serve no chat page at / and no dashboard at /dashboard (default: both, behind "
+        "--api-key: the dashboard shows every request's sizes and timeline, never its text)",
+    )
     add_feature_arguments(parser)
     add_api_arguments(parser)
 
@@ -209,6 +215,7 @@ def run(args: argparse.Namespace) -> int:
         cors=cors,
         profiler_dir=args.profiler_dir,
         enable_request_timeline=args.enable_request_timeline,
+        dashboard=not args.disable_dashboard,
         seats=engine.setup.max_num_seqs,
         max_queued_requests=args.max_queued_requests,
         max_queued_tokens=max_queued_tokens,

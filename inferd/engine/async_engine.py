@@ -31,7 +31,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from inferd.engine.snapshot import SnapshotBuilder
 from inferd.engine_client import EngineStats, ModelInfo, PromptInput, TokenizerLike, TraceFiles
+from inferd.engine_snapshot import EngineSnapshot
 from inferd.errors import EngineDeadError, RequestFailed
 from inferd.outputs import RequestOutput
 from inferd.sampling_params import SamplingParams
@@ -118,6 +120,7 @@ class AsyncEngine:
         self._progress_at = time.monotonic()
         self._dead_reason: str | None = None
         self._stopping = False
+        self._snapshots = SnapshotBuilder()  # the dashboard's, built only when asked
 
     # ---- what the server may ask (event loop) ------------------------------------------------
     @property
@@ -228,6 +231,10 @@ class AsyncEngine:
 
     async def stop_profile(self) -> TraceFiles:
         return await self._on_loop_thread(lambda engine: engine.stop_profile())
+
+    # ---- the dashboard (inferd.engine_client.SnapshotClient) ---------------------------------
+    async def snapshot(self) -> EngineSnapshot:
+        return await self._on_loop_thread(self._snapshots)
 
     async def _on_loop_thread(self, function: Callable[[Any], Any]) -> Any:
         if self._dead_reason is not None or self._loop is None:

@@ -26,6 +26,7 @@ from inferd.server.admission import Admission, AdmissionLimits
 from inferd.server.api_settings import APISettings
 from inferd.server.auth import APIKeyMiddleware
 from inferd.server.cors import CORSSettings, add_cors
+from inferd.server.dashboard import install_dashboard
 from inferd.server.drain import Drain
 from inferd.server.errors import install_error_handlers
 from inferd.server.head import HeadAsGetMiddleware
@@ -59,6 +60,7 @@ class ServerSettings:
     cors: CORSSettings = field(default_factory=CORSSettings)
     profiler_dir: str | None = None  # set: /start_profile and /stop_profile (routes_profile.py)
     enable_request_timeline: bool = False  # honour "return_timeline" (server/timeline.py)
+    dashboard: bool = True  # the chat page at /, the dashboard at /dashboard (server/dashboard/)
     # Admission control (server/admission.py); None: no limit.
     seats: int = 1  # the engine's max_num_seqs
     max_queued_requests: int | None = None
@@ -117,6 +119,8 @@ def create_app(client: EngineClient, settings: ServerSettings | None = None) -> 
     app.include_router(responses_router)
     app.include_router(messages_router)
     app.state.responses = ResponseStore(settings.api.max_stored_responses)
+    if settings.dashboard:  # the pages at / and /dashboard (server/dashboard/)
+        install_dashboard(app, client, settings.enable_request_timeline)
     if settings.profiler_dir:  # as vLLM: the profiling routes exist only when asked for
         app.state.profiler_dir = settings.profiler_dir
         app.include_router(profile_router)

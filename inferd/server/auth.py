@@ -1,7 +1,8 @@
 """API-key check for every route except the probes (`/health`, `/ping`, `/metrics`), which
 monitoring systems call without credentials, the API's description (`/docs`, `/openapi.json`),
-and `OPTIONS` (CORS preflights). The key comes as `Authorization: Bearer KEY` (OpenAI's
-clients) or `x-api-key: KEY` (Anthropic's).
+the browser pages and their static files (`/`, `/dashboard`, `/dashboard/static/...`: a page
+asks for the key, then sends it with every data request), and `OPTIONS` (CORS preflights).
+The key comes as `Authorization: Bearer KEY` (OpenAI's clients) or `x-api-key: KEY` (Anthropic's).
 
 A plain ASGI middleware rather than a FastAPI dependency: it also guards unknown paths and runs
 before the body is read, so an unauthenticated client cannot make the server buffer a body.
@@ -15,8 +16,11 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from inferd.server.errors import APIError
 
-# Probes, and the API's description (a browser opening /docs cannot send a bearer header).
-OPEN_PATHS = frozenset({"/health", "/ping", "/metrics", "/docs", "/openapi.json"})
+# Probes, the API's description, the pages (a browser opening them cannot send a bearer header).
+OPEN_PATHS = frozenset(
+    {"/health", "/ping", "/metrics", "/docs", "/openapi.json", "/", "/dashboard"}
+)
+OPEN_PREFIXES = ("/dashboard/static/",)  # the pages' scripts and styles (server/dashboard/)
 
 
 def bearer_token(headers: list[tuple[bytes, bytes]]) -> bytes | None:
@@ -37,6 +41,10 @@ def key_matches(given: bytes | None, expected: bytes) -> bool:
     return given is not None and hmac.compare_digest(given, expected)
 
 
+def _open(path: str) -> bool:
+    return path in OPEN_PATHS or path.startswith(OPEN_PREFIXES)
+
+
 class APIKeyMiddleware:
     def __init__(self, app: ASGIApp, api_key: str):
         self.app = app
@@ -45,7 +53,7 @@ class APIKeyMiddleware:
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         # NOTE: OPTIONS carries no credentials (a browser's CORS preflight never does): it is
         # answered by the CORS middleware or the router, never with a 401.
-        if scope["type"] != "http" or scope["path"] in OPEN_PATHS or scope["method"] == "OPTIONS":
+        if scope["type"] != "http" or scope["method"] == "OPTIONS" or _open(scope["path"]):
             return await self.app(scope, receive, send)
         headers = scope.get("headers", [])
         given = [bearer_token(headers), api_key_header(headers)]

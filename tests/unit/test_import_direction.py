@@ -26,10 +26,11 @@ BASE: dict[str, set[str]] = {
     "config": set(),
     "outputs": set(),
     "step_timing": set(),
+    "engine_snapshot": set(),
     "platform": {"cpu_info"},
     "structured_params": {"errors"},
     "sampling_params": {"errors", "structured_params"},
-    "engine_client": {"outputs", "sampling_params", "errors", "step_timing"},
+    "engine_client": {"outputs", "sampling_params", "errors", "step_timing", "engine_snapshot"},
 }
 # node → what it may import besides the bottom row (docs/architecture.md has the same table).
 ABOVE: dict[str, set[str]] = {
