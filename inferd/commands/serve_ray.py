@@ -78,7 +78,8 @@ def add_ray_arguments(parser: argparse.ArgumentParser) -> None:
         "--max-replicas",
         type=_positive(int),
         default=None,
-        help="autoscale: at most this many replicas, by Serve's ongoing requests",
+        help="autoscale: at most this many replicas, by Serve's count of ongoing requests "
+        "(default: no autoscaling, --num-replicas)",
     )
     g.add_argument("--autoscaling-config", type=_json_object, default=None, metavar="JSON",
                    help="Serve's other autoscaling fields, e.g. '{\"target_ongoing_requests\": "

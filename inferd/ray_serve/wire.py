@@ -69,24 +69,30 @@ class EngineCall:
 
 @dataclass(frozen=True)
 class ErrorData:
-    kind: str  # the class name of an inferd error, or "internal"
+    kind: str  # the inferd error class it is (or derives from), or "internal"
     message: str
     param: str | None = None
+    code: str | None = None  # OpenAI's machine-readable code, where the error has one
 
     @classmethod
     def of(cls, error: BaseException) -> ErrorData:
-        if isinstance(error, InvalidRequest):
-            return cls(type(error).__name__, error.message, error.param)
-        if isinstance(error, (Overloaded, EngineDeadError, RequestFailed)):
-            return cls(type(error).__name__, str(error))
+        # NOTE: subclasses (InvalidGrammarError, ...) cross as the class the server maps.
+        for kind in (ContextTooLong, InvalidRequest):
+            if isinstance(error, kind):
+                return cls(kind.__name__, error.message, error.param, error.code)
+        for kind in (Overloaded, EngineDeadError, RequestFailed):
+            if isinstance(error, kind):
+                return cls(kind.__name__, str(error))
         return cls("internal", f"{type(error).__name__}: {error}")
 
     def error(self) -> BaseException:
         """The typed error again (the server maps each type to its status code)."""
-        if self.kind == "ContextTooLong":
-            return ContextTooLong(self.param, self.message)
-        if self.kind == "InvalidRequest":
-            return InvalidRequest(self.param, self.message)
+        if self.kind in ("ContextTooLong", "InvalidRequest"):
+            error = (ContextTooLong if self.kind == "ContextTooLong" else InvalidRequest)(
+                self.param, self.message
+            )
+            error.code = self.code
+            return error
         simple = {"Overloaded": Overloaded, "EngineDeadError": EngineDeadError,
                   "RequestFailed": RequestFailed}  # fmt: skip
         return simple.get(self.kind, RuntimeError)(self.message)

@@ -15,6 +15,7 @@ from inferd.outputs import CompletionOutput, RequestMetrics, RequestOutput
 from inferd.ray_serve.replica_board import ReplicaBoard
 from inferd.ray_serve.wire import EngineCall, ErrorData, PromptMemo, ReplicaReport, shifted
 from inferd.sampling_params import SamplingParams
+from inferd.structured_params import InvalidGrammarError
 
 
 def _trip(value):
@@ -35,6 +36,13 @@ def test_errors_cross_by_kind_with_their_param(error):
     again = _trip(ErrorData.of(error)).error()
     assert type(again) is type(error) and str(again) == str(error)
     assert getattr(again, "param", None) == getattr(error, "param", None)
+
+
+def test_a_subclass_crosses_as_the_error_the_server_maps():
+    error = InvalidGrammarError("response_format: unknown type", "response_format")
+    again = _trip(ErrorData.of(error)).error()
+    assert type(again) is InvalidRequest and again.param == "response_format"
+    assert str(again) == str(error) and again.code == error.code
 
 
 def test_an_unexpected_error_stays_an_internal_one():
