@@ -7,8 +7,8 @@
     serve deploy docs/ray_serve.yaml                     # the same builder, from a config file
 
 Every `inferd serve` flag keeps its meaning: each replica builds its engine as `inferd serve`
-does (`make_engine`), and the ingress its ServerSettings (`make_settings`). The builder's
-arguments are those flags, by name (`max_model_len=2048`, `enable_prefix_caching=false`).
+does, and the ingress its ServerSettings (serve_ray_factories.py). The builder's arguments are
+those flags, by name (`max_model_len=2048`, `enable_prefix_caching=false`).
 """
 
 from __future__ import annotations
@@ -18,10 +18,10 @@ import functools
 import json
 import logging
 import signal
-import sys
 import threading
 from typing import Any
 
+from inferd.commands.serve_ray_factories import make_engine, make_settings
 from inferd.ray_serve.options import DEFAULT_ROUTER, ROUTERS, RayOptions
 
 log = logging.getLogger("inferd.serve")
@@ -35,14 +35,14 @@ _RAY_FLAGS = ("ray_address", "num_replicas", "min_replicas", "max_replicas",
 _NOT_IN_BUILDER = ("host", "port", "ray", "ray_address")
 
 
-def _positive(kind: type):
+def _at_least(kind: type, low: float):
     def parse(text: str):
         try:
             value = kind(text)
         except ValueError as e:
             raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from e
-        if value < 0 or (kind is int and value < 1):
-            raise argparse.ArgumentTypeError(f"expected a positive number, got {text!r}")
+        if not value >= low:
+            raise argparse.ArgumentTypeError(f"expected a number >= {low}, got {text!r}")
         return value
 
     return parse
@@ -59,67 +59,55 @@ def _json_object(text: str) -> dict[str, Any]:
 
 
 def add_ray_arguments(parser: argparse.ArgumentParser) -> None:
+    # NOTE: every Ray flag defaults to None, so that one given without --ray is always seen
+    # (and refused); RayOptions holds the real defaults, which the help states.
     g = parser.add_argument_group("Ray Serve (replicas behind one endpoint; docs/ray.md)")
     g.add_argument("--ray", action="store_true",
                    help="serve on Ray Serve: the same API in front of engine replicas (needs "
                         "the ray extra: pip install 'inferd[ray]')")  # fmt: skip
-    g.add_argument("--ray-address", default=None,
+    g.add_argument("--ray-address",
                    help="the Ray cluster to join: auto (the one `ray start` runs here) or "
                         "HOST:PORT (default: start a local cluster for this command)")  # fmt: skip
-    g.add_argument("--num-replicas", type=_positive(int), default=1,
-                   help="engine replicas, each with its own model copy and KV cache")  # fmt: skip
-    g.add_argument(
-        "--min-replicas",
-        type=_positive(int),
-        default=None,
-        help="autoscale: at least this many replicas (default 1 with --max-replicas)",
-    )
-    g.add_argument(
-        "--max-replicas",
-        type=_positive(int),
-        default=None,
-        help="autoscale: at most this many replicas, by Serve's count of ongoing requests "
-        "(default: no autoscaling, --num-replicas)",
-    )
-    g.add_argument("--autoscaling-config", type=_json_object, default=None, metavar="JSON",
+    g.add_argument("--num-replicas", type=_at_least(int, 1),
+                   help="engine replicas, each with its own model copy and KV cache "
+                        "(default: 1)")  # fmt: skip
+    g.add_argument("--min-replicas", type=_at_least(int, 1),
+                   help="autoscale: at least this many replicas (default 1 with "
+                        "--max-replicas)")  # fmt: skip
+    g.add_argument("--max-replicas", type=_at_least(int, 1),
+                   help="autoscale: at most this many replicas, by Serve's count of ongoing "
+                        "requests (default: no autoscaling, --num-replicas)")  # fmt: skip
+    g.add_argument("--autoscaling-config", type=_json_object, metavar="JSON",
                    help="Serve's other autoscaling fields, e.g. '{\"target_ongoing_requests\": "
                         "4, \"downscale_delay_s\": 60}' (default: Serve's)")  # fmt: skip
-    g.add_argument(
-        "--replica-cpus",
-        type=_positive(float),
-        default=1.0,
-        help="CPUs Ray reserves per replica; also its threads unless --threads",
-    )
+    g.add_argument("--replica-cpus", type=_at_least(float, 0),
+                   help="CPUs Ray reserves per replica, also its engine threads unless "
+                        "--threads (default: 1)")  # fmt: skip
     g.add_argument(
         "--replica-gpus",
-        type=_positive(float),
-        default=0.0,
-        help="GPUs Ray reserves per replica (1 on a GPU machine)",
+        type=_at_least(float, 0),
+        help="GPUs Ray reserves per replica (default: 0; 1 on a GPU machine)",
     )
-    g.add_argument(
-        "--max-replicas-per-node",
-        type=_positive(int),
-        default=None,
-        help="spread replicas: at most this many on one Ray node (default: no bound)",
-    )
-    g.add_argument("--max-ongoing-requests", type=_positive(int), default=None,
+    g.add_argument("--max-replicas-per-node", type=_at_least(int, 1),
+                   help="spread replicas: at most this many on one Ray node (default: no "
+                        "bound)")  # fmt: skip
+    g.add_argument("--max-ongoing-requests", type=_at_least(int, 1),
                    help="requests one replica takes at once; more wait in the router "
                         "(default: --max-num-seqs, else the engine's default)")  # fmt: skip
-    g.add_argument("--request-router", choices=sorted(ROUTERS), default=DEFAULT_ROUTER,
+    g.add_argument("--request-router", choices=sorted(ROUTERS),
                    help="prefix: inferd's, on the engines' KV block hashes (exact prefix "
                         "affinity, load-bounded); ray-prefix: Ray's PrefixCacheAffinityRouter "
-                        "on prompt text; pow2: Serve's power of two choices")  # fmt: skip
-    g.add_argument("--router-imbalance", type=int, default=8,
+                        "on prompt text; pow2: Serve's power of two choices (default: "
+                        f"{DEFAULT_ROUTER})")  # fmt: skip
+    g.add_argument("--router-imbalance", type=_at_least(int, 0),
                    help="prefix routers: send a request to the replica holding its prefix "
                         "unless that one has more than this many requests beyond the least "
-                        "loaded")  # fmt: skip
+                        "loaded (default: 8)")  # fmt: skip
 
 
 def uses_ray(args: argparse.Namespace) -> bool:
     """Whether `inferd serve` runs on Ray: --ray, or a Ray flag (refused without --ray)."""
-    defaults = argparse.ArgumentParser(add_help=False)
-    add_ray_arguments(defaults)
-    given = [f for f in _RAY_FLAGS if getattr(args, f) != defaults.get_default(f)]
+    given = [f for f in _RAY_FLAGS if getattr(args, f, None) is not None]
     if given and not args.ray:
         raise ValueError(f"--{given[0].replace('_', '-')} needs --ray")
     return bool(args.ray)
@@ -137,88 +125,20 @@ def ray_options(args: argparse.Namespace) -> RayOptions:
     device = "cuda" if args.replica_gpus else "cpu"
     ongoing = (args.max_ongoing_requests or args.max_num_seqs
                or ENGINE_DEFAULTS[device]["max_num_seqs"])  # fmt: skip
-    return RayOptions(
-        num_replicas=args.num_replicas,
-        min_replicas=args.min_replicas,
-        max_replicas=args.max_replicas,
-        autoscaling_config=args.autoscaling_config or {},
-        replica_cpus=args.replica_cpus,
-        replica_gpus=args.replica_gpus,
-        max_replicas_per_node=args.max_replicas_per_node,
-        max_ongoing_requests=ongoing,
-        request_router=args.request_router,
-        router_imbalance=args.router_imbalance,
-        block_size=args.block_size,
-        shutdown_timeout_s=args.shutdown_timeout,
-    )
-
-
-# ---- what runs in the Ray workers ------------------------------------------------------------
-def _worker_logging(args: argparse.Namespace) -> None:
-    """A Ray worker has none of the CLI's logging set-up: the same level, format and quiet."""
-    from inferd.commands.serve import _show_startup_logs
-    from inferd.progress import set_quiet
-
-    logging.basicConfig(level=args.log_level, stream=sys.stderr,
-                        format="%(levelname)s %(name)s: %(message)s")  # fmt: skip
-    set_quiet(args.quiet)
-    _show_startup_logs()
-
-
-def make_engine(args: argparse.Namespace):
-    """In each replica: the engine as `inferd serve` builds it, behind its EngineClient."""
-    from inferd.commands.engine_args import engine_config_from_args
-    from inferd.commands.serve import _set_chat_template
-    from inferd.commands.serve_features import with_request_limits
-    from inferd.commands.startup_gc import engine_started
-    from inferd.engine.async_engine import AsyncEngine
-    from inferd.engine.engine import LLMEngine
-    from inferd.ray_serve.replica import ReplicaEngine
-    from inferd.ray_serve.wire import EngineFacts
-    from inferd.tokenizer.byte_bound import max_bytes_per_token
-    from inferd.tokenizer.template_files import load_chat_template
-
-    _worker_logging(args)
-    template = load_chat_template(args.chat_template) if args.chat_template else None
-    engine = LLMEngine(with_request_limits(engine_config_from_args(args), args))
-    engine_started()
-    _set_chat_template(engine, template)
-    blocks = engine.setup.kv_plan.num_blocks  # per KV group (full attention, sliding windows)
-    facts = EngineFacts(engine.model_config, engine.setup.max_num_seqs, engine.config.block_size,
-                        min(blocks) if isinstance(blocks, list | tuple) else int(blocks),
-                        max_bytes_per_token(engine.tokenizer.backend))  # fmt: skip
-    return ReplicaEngine(AsyncEngine(engine, args.stall_timeout), facts)
-
-
-def make_settings(args: argparse.Namespace, max_replicas: int, description):
-    """In the ingress: `inferd serve`'s ServerSettings, for the model the replicas describe."""
-    from types import SimpleNamespace
-
-    from inferd.commands.serve_api import api_settings
-    from inferd.commands.serve_features import cors_settings, tool_settings
-    from inferd.server.app import DEFAULT_MAX_REQUEST_BYTES, ServerSettings
-
-    _worker_logging(args)
-    info, facts = description.model_info, description.facts
-    # tool_settings reads the engine's tokenizer and model config only.
-    engine_view = SimpleNamespace(tokenizer=description.tokenizer, model_config=facts.model_config)
-    model_arg = args.model or args.model_pos
-    return ServerSettings(
-        served_model_names=args.served_model_name or ([model_arg] if model_arg else []),
-        api_key=args.api_key or None,
-        max_request_bytes=args.max_request_bytes or DEFAULT_MAX_REQUEST_BYTES,
-        log_requests=not args.disable_log_requests,
-        tools=tool_settings(engine_view, args),
-        cors=cors_settings(args),
-        enable_request_timeline=args.enable_request_timeline,
-        seats=facts.max_num_seqs * max_replicas,  # every replica's batch at once
-        max_queued_requests=args.max_queued_requests,
-        max_queued_tokens=max(args.max_queued_tokens, info.max_model_len),
-        max_prompts_per_request=args.max_prompts_per_request,
-        max_bytes_per_token=facts.max_bytes_per_token,
-        shutdown_timeout_s=args.shutdown_timeout,
-        api=api_settings(args),
-    )
+    given = {
+        "num_replicas": args.num_replicas,
+        "min_replicas": args.min_replicas,
+        "max_replicas": args.max_replicas,
+        "autoscaling_config": args.autoscaling_config,
+        "replica_cpus": args.replica_cpus,
+        "replica_gpus": args.replica_gpus,
+        "max_replicas_per_node": args.max_replicas_per_node,
+        "request_router": args.request_router,
+        "router_imbalance": args.router_imbalance,
+    }
+    return RayOptions(**{k: v for k, v in given.items() if v is not None},
+                      max_ongoing_requests=ongoing, block_size=args.block_size,
+                      shutdown_timeout_s=args.shutdown_timeout)  # fmt: skip
 
 
 # ---- the application -------------------------------------------------------------------------
@@ -336,7 +256,7 @@ def run_on_ray(args: argparse.Namespace) -> int:
                  "a local cluster" if ours else args.ray_address)  # fmt: skip
         serve.run(app, name=APP_NAME, route_prefix="/")
         log.info("serving on http://%s:%d (Ray Serve; %s)", args.host, args.port,
-                 _describe(args))  # fmt: skip
+                 _describe(ray_options(args)))  # fmt: skip
         stop.wait()
         log.info("shutting down: the requests in flight get up to %.0f s (--shutdown-timeout)",
                  args.shutdown_timeout)  # fmt: skip
@@ -348,9 +268,10 @@ def run_on_ray(args: argparse.Namespace) -> int:
     return 0
 
 
-def _describe(args: argparse.Namespace) -> str:
-    if args.min_replicas or args.max_replicas:
-        scale = f"{args.min_replicas or 1} to {args.max_replicas or args.min_replicas} replicas"
+def _describe(options: RayOptions) -> str:
+    if options.autoscaling:
+        low, high = options.replica_range
+        scale = f"{low} to {high} replicas, autoscaled"
     else:
-        scale = f"{args.num_replicas} replica{'s' if args.num_replicas > 1 else ''}"
-    return f"{scale}, router {args.request_router}"
+        scale = f"{options.num_replicas} replica{'s' if options.num_replicas > 1 else ''}"
+    return f"{scale}, router {options.request_router}"

@@ -7,9 +7,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 # inferd's router on its KV block hashes (router.py), Ray's on prompt text, and Serve's default.
+# NOTE: Ray's public name for its router, ray.serve.llm.request_router.PrefixCacheAffinityRouter,
+# is a bare subclass of the class below, but importing ray.serve.llm needs pyarrow (ray[llm],
+# which pulls vLLM); the class itself needs only ray[serve], which the `ray` extra pins exactly.
 ROUTERS = {
     "prefix": "inferd.ray_serve.router.BlockPrefixRouter",
-    "ray-prefix": "ray.serve.llm.request_router.PrefixCacheAffinityRouter",
+    "ray-prefix": "ray.llm._internal.serve.routing_policies.prefix_aware.prefix_aware_router"
+    ".PrefixCacheAffinityRouter",
     "pow2": None,
 }
 DEFAULT_ROUTER = "prefix"

@@ -1,6 +1,6 @@
 """The Ray tests run when the `ray` extra is installed (`pip install -e ".[test,ray]"`); those
-that need a cluster share one: two Ray nodes on loopback (two logical CPUs each), one Serve HTTP
-proxy, stopped at the end with every Ray process gone (checked)."""
+that need a cluster share one per module: two Ray nodes on loopback (two logical CPUs each), one
+Serve HTTP proxy, stopped at the end with every Ray process gone (checked)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import pytest
 from ray_helpers import free_port, ray_processes, stop_leftovers
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def ray_cluster():
     pytest.importorskip("ray.serve")
     import ray

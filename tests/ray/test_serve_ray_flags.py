@@ -84,7 +84,7 @@ def test_ray_flags_need_ray_and_inferd_serve_flags_it_cannot_honour_are_refused(
     with pytest.raises(ValueError, match="--num-replicas needs --ray"):
         uses_ray(_args("--num-replicas", "2"))
     with pytest.raises(ValueError, match="--request-router needs --ray"):
-        uses_ray(_args("--request-router", "pow2"))
+        uses_ray(_args("--request-router", "prefix"))  # the default, given: still refused
     with pytest.raises(ValueError, match="--profiler-dir is not available with --ray"):
         ray_options(_args("--ray", "--profiler-dir", "/tmp/x"))
     with pytest.raises(ValueError, match="--tensor-parallel-size > 1"):
@@ -120,6 +120,9 @@ def test_autoscaling_fields_are_checked_by_serve():
                          autoscaling_config={"downscale_delay_s": 5})  # fmt: skip
     assert options.autoscaling == {"downscale_delay_s": 5, "min_replicas": 2, "max_replicas": 4}
     assert RayOptions(request_router="pow2").router_config().request_router_kwargs == {}
+    # Ray's router imports with ray[serve] alone (its public alias needs ray[llm]'s pyarrow).
+    ray_prefix = RayOptions(request_router="ray-prefix", router_imbalance=3).router_config()
+    assert ray_prefix.request_router_kwargs == {"imbalanced_threshold": 3}
     prefix = RayOptions(block_size=32).router_config()
     assert prefix.request_router_kwargs == {"block_size": 32, "imbalance": 8}
 
