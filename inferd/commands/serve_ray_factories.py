@@ -39,9 +39,11 @@ def make_engine(args: argparse.Namespace):
     engine = LLMEngine(with_request_limits(engine_config_from_args(args), args))
     engine_started()
     _set_chat_template(engine, template)
-    blocks = engine.setup.kv_plan.num_blocks  # per KV group (full attention, sliding windows)
-    facts = EngineFacts(engine.model_config, engine.setup.max_num_seqs, engine.config.block_size,
-                        min(blocks) if isinstance(blocks, list | tuple) else int(blocks),
+    # The blocks a prefix hit can cover: the full-attention pool's (sliding layers keep only
+    # their window, so it bounds nothing), else the one pool.
+    plan, block_size = engine.setup.kv_plan, engine.config.block_size
+    blocks = plan.token_capacity // block_size if plan.token_capacity else plan.num_blocks[0]
+    facts = EngineFacts(engine.model_config, engine.setup.max_num_seqs, block_size, blocks,
                         max_bytes_per_token(engine.tokenizer.backend))  # fmt: skip
     return ReplicaEngine(AsyncEngine(engine, args.stall_timeout), facts)
 

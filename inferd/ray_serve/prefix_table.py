@@ -69,8 +69,8 @@ class BlockTable:
 
 # Routing decisions, as counted in the ingress's /metrics (inferd:router_decisions_total).
 PREFIX_HIT = "prefix_hit"  # sent to the replica holding the longest prefix
-NO_MATCH = "no_prefix_match"  # no replica holds a block of it: least loaded of two
-OVERLOADED = "prefix_replica_busy"  # the best match is too busy: least loaded of two
+NO_MATCH = "no_prefix_match"  # no replica holds a block of it: the least loaded
+OVERLOADED = "prefix_replica_busy"  # the best match is too busy: the least loaded
 
 
 def rank(
@@ -81,14 +81,14 @@ def rank(
 ) -> tuple[list[list[Hashable]], str]:
     """Serve's ranks (the first rank is tried first, the least loaded replica in it chosen) and
     the decision. A replica with the longest match wins unless it has more than `imbalance`
-    requests beyond the least loaded replica; otherwise two random replicas (power of two
-    choices), so that fresh prompts spread."""
+    requests beyond the least loaded replica; otherwise a least loaded replica (a random one of
+    them, so that fresh prompts spread) comes first, then the others by load."""
     ids = list(matches)
     if not ids:
         return [], NO_MATCH
     best = max(matches.values())
+    least = min(loads.get(i, 0) for i in ids)
     if best > 0:
-        least = min(loads.get(i, 0) for i in ids)
         holders = [i for i in ids if matches[i] == best]
         if min(loads.get(i, 0) for i in holders) - least <= imbalance:
             rest = sorted((i for i in ids if matches[i] < best), key=lambda i: -matches[i])
@@ -96,6 +96,8 @@ def rank(
         decision = OVERLOADED
     else:
         decision = NO_MATCH
-    two = rng.sample(ids, min(2, len(ids)))
-    rest = [i for i in ids if i not in two]
-    return [two, rest] if rest else [two], decision
+    # NOTE: one replica first, not all the least loaded: Serve would pick among a rank by its
+    # own queue lengths, which lag behind a burst of requests arriving at once.
+    first = rng.choice([i for i in ids if loads.get(i, 0) == least])
+    rest = sorted((i for i in ids if i != first), key=lambda i: (loads.get(i, 0), rng.random()))
+    return [[first], rest] if rest else [[first]], decision

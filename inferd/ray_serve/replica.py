@@ -98,9 +98,10 @@ class EngineReplica:
         except Exception as e:  # noqa: BLE001 - the ingress raises it again, typed
             yield Refused(ErrorData.of(e))
             return
-        yield Accepted(self.replica, self.node, time.monotonic())
         memo, finished = PromptMemo(), False
         try:
+            # NOTE: inside the try: a cancel that lands on this yield must abort the request too.
+            yield Accepted(self.replica, self.node, time.monotonic())
             while not finished:
                 items = [await outputs.get()]
                 while not outputs.empty():

@@ -10,6 +10,9 @@ from types import SimpleNamespace
 import pytest
 from ray_helpers import free_port, ray_processes, stop_leftovers
 
+_FAST_AUTOSCALING = {"RAY_SERVE_REPLICA_AUTOSCALING_METRIC_PUSH_INTERVAL_S": "0.5",
+                     "RAY_SERVE_HANDLE_AUTOSCALING_METRIC_PUSH_INTERVAL_S": "0.5"}  # fmt: skip
+
 
 @pytest.fixture(scope="module")
 def ray_cluster():
@@ -19,6 +22,10 @@ def ray_cluster():
     from ray.cluster_utils import Cluster
 
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")  # no network here
+    # Serve's autoscaling metrics every half second (default 10 s), so that the autoscaling test
+    # sees load and idleness in seconds. The cluster's processes inherit them.
+    saved = {k: os.environ.get(k) for k in _FAST_AUTOSCALING}
+    os.environ.update(_FAST_AUTOSCALING)
     before = ray_processes()
     store = 80 << 20  # the object store holds nothing big here
     cluster = Cluster(initialize_head=True, head_node_args={
@@ -35,5 +42,10 @@ def ray_cluster():
         finally:
             ray.shutdown()
             cluster.shutdown()
+            for k, v in saved.items():
+                if v is None:
+                    del os.environ[k]
+                else:
+                    os.environ[k] = v
     left = stop_leftovers(before)
     assert not left, f"Ray processes outlived the cluster (killed now): {left}"

@@ -57,18 +57,20 @@ def test_table_matches_leading_blocks_and_forgets_the_oldest():
 def test_rank_sends_a_match_to_its_holder_while_it_is_not_too_busy():
     rng = random.Random(0)
     ranks, decision = rank({"a": 0, "b": 3, "c": 1}, {"a": 0, "b": 2, "c": 0}, 4, rng)
-    assert decision == PREFIX_HIT and ranks[0] == ["b"] and ranks[1] == ["c", "a"]
+    assert decision == PREFIX_HIT and ranks == [["b"], ["c", "a"]]
     ranks, decision = rank({"a": 0, "b": 3}, {"a": 0, "b": 5}, 4, rng)
-    assert decision == OVERLOADED and sorted(ranks[0]) == ["a", "b"]
+    assert decision == OVERLOADED and ranks == [["a"], ["b"]]
 
 
-def test_rank_spreads_prompts_nobody_holds_over_two_random_replicas():
+def test_rank_sends_prompts_nobody_holds_to_the_least_loaded():
     rng = random.Random(1)
+    ranks, decision = rank({"a": 0, "b": 0, "c": 0}, {"a": 2, "b": 0, "c": 1}, 4, rng)
+    assert decision == NO_MATCH and ranks == [["b"], ["c", "a"]]
     firsts = set()
-    for _ in range(40):
-        ranks, decision = rank({"a": 0, "b": 0, "c": 0}, {}, 4, rng)
-        assert decision == NO_MATCH and len(ranks[0]) == 2 and len(ranks[1]) == 1
-        firsts.add(tuple(sorted(ranks[0])))
-    assert len(firsts) == 3  # every pair comes up
+    for _ in range(40):  # equally loaded: each comes first in turn, alone
+        ranks, _ = rank({"a": 0, "b": 0, "c": 0}, {}, 4, rng)
+        assert len(ranks[0]) == 1 and sorted(ranks[0] + ranks[1]) == ["a", "b", "c"]
+        firsts.add(ranks[0][0])
+    assert firsts == {"a", "b", "c"}
     assert rank({"a": 0}, {}, 4, rng) == ([["a"]], NO_MATCH)
     assert rank({}, {}, 4, rng) == ([], NO_MATCH)

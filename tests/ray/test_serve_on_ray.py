@@ -245,13 +245,15 @@ def test_a_killed_replica_fails_only_its_requests_and_is_replaced(ray_app):
     assert ok.status_code == 200
 
 
+@pytest.mark.filterwarnings("ignore:The `metrics_interval_s`:DeprecationWarning")
 def test_autoscaling_from_one_replica_to_two_and_back(ray_app, ray_cluster):
     from ray import serve
 
     serve.delete("inferd")  # its two replicas hold the CPUs the scaled one needs
     scale = {"min_replicas": 1, "max_replicas": 2, "replica_cpus": 1, "max_replicas_per_node": 1,
              "threads": 1, "autoscaling_config": {"target_ongoing_requests": 1,
-             "upscale_delay_s": 0, "downscale_delay_s": 3}}  # fmt: skip
+             "upscale_delay_s": 0, "downscale_delay_s": 3, "look_back_period_s": 2,
+             "metrics_interval_s": 0.5}}  # fmt: skip
     _deploy({**ENGINE, **scale}, name="inferd-auto")
 
     def running() -> int:
