@@ -124,9 +124,11 @@ def per_replica(text: str, name: str) -> dict[str, float]:
 
 
 def replicas(url: str) -> dict[str, float]:
-    """Live replicas → requests running on each."""
+    """Live replicas → requests each holds (running or waiting)."""
     text = httpx.get(url + "/metrics", timeout=10).text
-    return per_replica(text, "inferd:replica_num_requests_running")
+    running = per_replica(text, "inferd:replica_num_requests_running")
+    waiting = per_replica(text, "inferd:replica_num_requests_waiting")
+    return {r: n + waiting.get(r, 0) for r, n in running.items()}
 
 
 async def killer(url: str, at: float, wanted: int, report: dict) -> None:
@@ -137,7 +139,7 @@ async def killer(url: str, at: float, wanted: int, report: dict) -> None:
     victim = max(running, key=running.get)
     ray.kill(ray.get_actor(f"SERVE_REPLICA::inferd#InferdEngine#{victim}", namespace="serve"))
     killed = time.monotonic()
-    report.update(victim=victim, running_at_kill=running[victim])
+    report.update(victim=victim, requests_on_it=running[victim])  # as of its last report
     while time.monotonic() - killed < 300:
         now = await asyncio.to_thread(replicas, url)
         if len(now) >= wanted and victim not in now:

@@ -67,12 +67,19 @@ class RayOptions:
             f"must not set {sorted(reserved)}: use --min-replicas/--max-replicas",
         )
         if self.autoscaling:
-            from ray.serve.config import AutoscalingConfig
+            self._check_autoscaling()
 
-            try:
-                AutoscalingConfig(**self.autoscaling)
-            except Exception as e:  # noqa: BLE001 - pydantic's message names the field
-                raise ValueError(f"--autoscaling-config: {e}") from e
+    def _check_autoscaling(self) -> None:
+        """Serve's own check of the fields. Without Ray nothing deploys (the command says so
+        before it gets here), so there is nothing to check."""
+        try:
+            from ray.serve.config import AutoscalingConfig
+        except ImportError:
+            return
+        try:
+            AutoscalingConfig(**self.autoscaling)
+        except Exception as e:  # noqa: BLE001 - pydantic's message names the field
+            raise ValueError(f"--autoscaling-config: {e}") from e
 
     @property
     def replica_range(self) -> tuple[int, int]:

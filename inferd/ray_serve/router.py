@@ -2,8 +2,8 @@
 (prefix_table.py), exact to the token: a request goes to the replica that holds the most of its
 prompt's leading blocks, unless that replica is much busier than the least loaded one; prompts
 no replica holds go to the least loaded replica. Load is the router's own count of the requests
-it has in flight on each replica (exact with one ingress, and current within a burst, where
-Serve's queue-length cache lags), or Serve's count when that is higher.
+it has on each replica or is sending there (exact with one ingress, and current within a burst,
+where Serve's queue-length cache lags), or Serve's count when that is higher.
 
 Serve creates the router inside the caller's deployment handle (in the ingress process) and
 calls `choose_replicas` for each request, with the handle call's arguments: the `EngineCall`

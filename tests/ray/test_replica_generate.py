@@ -35,8 +35,13 @@ class ScriptedEngine:
         self.aborted.append(request_id)
 
 
+class UnservedReplica(EngineReplica):
+    def __del__(self) -> None:  # Serve awaits the async one on shutdown; nothing to stop here
+        pass
+
+
 def _replica(engine: ScriptedEngine) -> EngineReplica:
-    replica = object.__new__(EngineReplica)  # no Serve context: only what generate reads
+    replica = object.__new__(UnservedReplica)  # no Serve context: only what generate reads
     replica.client, replica.replica, replica.node = engine, "rep-a", "node-1"
     return replica
 
