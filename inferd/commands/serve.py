@@ -19,6 +19,7 @@ from inferd.commands.serve_features import (
     tool_settings,
     with_request_limits,
 )
+from inferd.commands.serve_ray import add_ray_arguments, run_on_ray, uses_ray
 from inferd.commands.startup_gc import engine_started
 
 log = logging.getLogger("inferd.serve")
@@ -138,6 +139,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     add_feature_arguments(parser)
     add_api_arguments(parser)
+    add_ray_arguments(parser)
 
 
 def _show_startup_logs() -> None:
@@ -176,6 +178,8 @@ def _set_chat_template(engine, template: str | None) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    if uses_ray(args):  # the same server on Ray Serve, in front of engine replicas
+        return run_on_ray(args)
     _show_startup_logs()
     import uvicorn
 

@@ -53,9 +53,12 @@ ABOVE: dict[str, set[str]] = {
     # specs and tool-call parsing are libraries it uses, not the engine.
     "server": {"structured", "tools"},
     "bench": {"llm"},
+    # Ray Serve: the server's app over a RayEngineClient, engine clients in replicas. The
+    # engines themselves come from factories that `commands` passes in.
+    "ray_serve": {"server"},
     "inferd": {"llm"},  # the package root re-exports the offline API lazily (`_EXPORTS`)
     "commands": {"bench", "server", "llm", "engine", "memory", "loader", "tokenizer",
-                 "distributed", "cpu_kernels", "profiling", "spec_decode", "tools"},
+                 "distributed", "cpu_kernels", "profiling", "spec_decode", "tools", "ray_serve"},
     "cli": {"commands"},
     "__main__": {"cli"},
 }  # fmt: skip
