@@ -102,14 +102,13 @@ class MemoryPrediction:
     """`inferd memory`'s estimate for this engine's settings (inferd/memory/estimate.py)."""
 
     weights: int  # as held after load
-    weights_copy: int  # added by the first large step (the bf16 copy of GGUF blocks)
     kv_pool: int  # the pool the engine planned (equal to the allocation)
     activations: int  # worst step: the full token budget at the full context
     overhead: int  # runtime: Python, torch, the CUDA context
 
     @property
     def total(self) -> int:
-        return self.weights + self.weights_copy + self.kv_pool + self.activations + self.overhead
+        return self.weights + self.kv_pool + self.activations + self.overhead
 
 
 @dataclass

@@ -1,5 +1,5 @@
-"""`inferd memory --plot FILE.png`: the estimate's stack (weights, their bf16 copy, KV cache,
-activations, runtime) per device, across context lengths at the given concurrency and across
+"""`inferd memory --plot FILE.png`: the estimate's stack (weights, KV cache, activations,
+runtime) per device, across context lengths at the given concurrency and across
 concurrency at the given context length, against the device's memory.
 
 Each bar is one `estimate_memory` call with the command's other settings (the same figures as
@@ -17,8 +17,8 @@ from inferd.config import ModelConfig
 from inferd.memory.estimate import MemoryEstimate, estimate_memory
 
 # component → colour (the dashboard's colours: inferd/server/dashboard/static/dashboard.js)
-COMPONENTS = {"weights": "#2563eb", "bf16 copy of the blocks": "#93c5fd", "KV cache": "#f59e0b",
-              "activations (peak step)": "#10b981", "runtime": "#9ca3af"}  # fmt: skip
+COMPONENTS = {"weights": "#2563eb", "KV cache": "#f59e0b", "activations (peak step)": "#10b981",
+              "runtime": "#9ca3af"}  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -33,9 +33,7 @@ class Stack:
 
 def stack_of(label: str, est: MemoryEstimate) -> Stack:
     d = est.per_device
-    # Tensor-parallel ranks hold dense weights: the blocks and their copy exist only at TP=1.
-    copy = est.weight_plan.copy if est.tensor_parallel_size == 1 else 0
-    parts = [d.weights - copy, copy, d.kv_cache, d.activations.peak_bytes, d.overhead.bytes]
+    parts = [d.weights, d.kv_cache, d.activations.peak_bytes, d.overhead.bytes]
     return Stack(label, dict(zip(COMPONENTS, parts, strict=True)))
 
 

@@ -41,18 +41,14 @@ from inferd.step_timing import STEP_KINDS, STEP_PHASES, StepTiming
 if TYPE_CHECKING:
     from inferd.engine.engine import LLMEngine
 
-_WEIGHTS_EVERY_S = 5.0  # the weights change once at most (the bf16 copy): recount now and then
-
-
 class SnapshotBuilder:
     """Snapshots of one engine; keeps what changes rarely (the memory prediction, computed at the
-    first snapshot, and the count of weight bytes)."""
+    first snapshot, and the count of weight bytes, which never change after load)."""
 
     def __init__(self) -> None:
         self._prediction: MemoryPrediction | None = None
         self._predicted = False
-        self._weights = 0
-        self._weights_at = -_WEIGHTS_EVERY_S
+        self._weights: int | None = None
 
     def __call__(self, engine: LLMEngine) -> EngineSnapshot:
         now = time.monotonic()
@@ -98,8 +94,8 @@ class SnapshotBuilder:
         if not self._predicted:
             self._predicted = True
             self._prediction = predict_memory(engine)
-        if now - self._weights_at >= _WEIGHTS_EVERY_S:
-            self._weights, self._weights_at = weight_bytes(setup.runner.model), now
+        if self._weights is None:
+            self._weights = weight_bytes(setup.runner.model)
         return memory_snapshot(setup.device, self._weights, setup.kv_plan.total_bytes,
                                self._prediction)  # fmt: skip
 

@@ -71,13 +71,9 @@ def predict_memory(engine: LLMEngine) -> MemoryPrediction | None:
     config, setup = engine.config, engine.setup
     checkpoint = setup.checkpoint
     dtype, block_kernels = _DENSE.get(str(setup.dtype), "auto"), False
-    if config.quantization == "gguf":  # blocks without the default mode's bf16 copy
-        log.info("no memory prediction for the dashboard: the estimate does not model "
-                 "--quantization gguf")  # fmt: skip
-        return None
     if config.quantization in ("int8", "int4", "fp8"):
         dtype = config.quantization
-    elif config.dtype == "auto" and config.quantization is None:
+    elif config.dtype == "auto" and config.quantization in (None, "gguf"):  # gguf: the default
         dtype = "auto"
         if setup.device.type == "cpu" and checkpoint.format == "gguf":
             from inferd.cpu_kernels import kernels_available
@@ -99,11 +95,9 @@ def predict_memory(engine: LLMEngine) -> MemoryPrediction | None:
     except ValueError as e:
         log.info("no memory prediction for the dashboard: %s", e)
         return None
-    per_device, plan = est.per_device, est.weight_plan
-    copy = plan.copy if plan is not None else 0
+    per_device = est.per_device
     return MemoryPrediction(
-        weights=per_device.weights - copy,
-        weights_copy=copy,
+        weights=per_device.weights,
         kv_pool=setup.kv_plan.total_bytes,
         activations=per_device.activations.peak_bytes,
         overhead=per_device.overhead.bytes,

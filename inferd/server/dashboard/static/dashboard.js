@@ -273,7 +273,6 @@
     if (p) {
       bars.push({ label: "predicted", parts: [
         { name: "weights", value: p.weights, colour: "#2563eb" },
-        { name: "bf16 copy", value: p.weights_copy, colour: "#93c5fd" },
         { name: "KV pool", value: p.kv_pool, colour: "#f59e0b" },
         { name: "activations (worst step)", value: p.activations, colour: "#10b981" },
         { name: "runtime", value: p.overhead, colour: "#d1d5db" }] }); // prettier-ignore
@@ -283,7 +282,7 @@
       limit: m.device === "cuda" ? m.device_total : null, limitLabel: "device memory",
     });
     rows = [["weights held", m.weights], ["KV pool", m.kv_pool], ...rows];
-    if (p) rows.push(["predicted total", p.weights + p.weights_copy + p.kv_pool + p.activations + p.overhead]);
+    if (p) rows.push(["predicted total", p.weights + p.kv_pool + p.activations + p.overhead]);
     document.getElementById("memory-table").replaceChildren(...rows.map(([name, value]) =>
       el("tr", {}, el("th", {}, name), el("td", {}, Inferd.bytes(value)))));
   }
