@@ -9,7 +9,7 @@ import re
 import time
 
 import pytest
-from conftest import API_KEY, Load, Page
+from browser_helpers import API_KEY, Load, Page
 
 pytestmark = pytest.mark.slow
 
