@@ -68,14 +68,14 @@ def test_the_scheduler_stamps_queued_preempted_and_max_tokens():
     reqs = []
     for i in range(2):
         params = SamplingParams(max_tokens=8, ignore_eos=True)
-        req = Request(f"r{i}", None, [i + 2] * 12, params, RequestMetrics(0.0), 8, forked=True)
+        req = Request(f"r{i}", [i + 2] * 12, params, RequestMetrics(0.0), 8, forked=True)
         req.sequences = [Sequence(i, req, 0, [i + 2] * 12, 12)]
         sched.add_request(req)
         reqs.append(req)
     assert all(r.metrics.queued_time > 0 and r.metrics.max_tokens_param == 8 for r in reqs)
     for _ in range(2):  # 3 blocks each fill the pool; the older one's 4th block preempts
         out = sched.schedule()
-        sched.update_from_output(out, ModelRunnerOutput([[7] for _ in out.sampled]))
+        sched.update_from_output(out, ModelRunnerOutput([[7] for _ in out.sample_ids]))
     newer = reqs[1].metrics
     assert newer.num_preemptions == len(newer.preemption_times) == 1
     assert newer.preemption_times[0] >= newer.first_scheduled_time
