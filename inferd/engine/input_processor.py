@@ -5,6 +5,7 @@ token ids and params; the prompt's text stays here, with the output processor.""
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from dataclasses import dataclass
 
@@ -104,4 +105,17 @@ class InputProcessor:
         if salt is not None and (not isinstance(salt, str) or not salt):
             raise InvalidRequest("cache_salt", "cache_salt must be a non-empty string if given")
         arrival = arrival_time or time.monotonic()
-        return CoreRequest(request_id, ids, params, max_tokens, arrival, salt), text
+        return CoreRequest(request_id, ids, _for_core(params, vocab), max_tokens, arrival,
+                           salt), text  # fmt: skip
+
+
+def _for_core(params: SamplingParams, vocab: int) -> SamplingParams:
+    """The params as the core needs them, every number in 64 bits (the wire's integers): a seed
+    is taken modulo 2**64 (the generator does that anyway, seed + i included), a top_k of the
+    vocabulary or more means no top-k, and the prompt was truncated here already."""
+    seed, top_k = params.seed, params.top_k
+    fits = (seed is None or 0 <= seed < 2**64) and top_k <= vocab
+    if fits and params.truncate_prompt_tokens is None:
+        return params
+    return dataclasses.replace(params, seed=None if seed is None else seed % 2**64,
+                               top_k=min(top_k, vocab), truncate_prompt_tokens=None)  # fmt: skip
