@@ -6,8 +6,10 @@ core, driven one `step()` at a time.
                  (a stop string the output processor finds ends its sample in the core at once)
 
 `LLM` (inferd/llm.py), `inferd generate` and `inferd chat` use it; the server drives the same
-parts with the core in its own process (engine/core_client.py). It is not thread-safe:
-`AsyncEngine` (async_engine.py) drives it from one loop thread when served in-process.
+parts with the core in its own process (engine/core_client.py). `core_process=True` puts the core
+in its own process here too (engine/process_core.py): the same calls, the core stepping on its
+own meanwhile. It is not thread-safe: `AsyncEngine` (async_engine.py) drives it from one loop
+thread when served in-process.
 """
 
 from __future__ import annotations
@@ -33,9 +35,15 @@ log = logging.getLogger(__name__)
 
 
 class LLMEngine:
-    def __init__(self, config: EngineConfig | None = None, **overrides):
+    def __init__(self, config: EngineConfig | None = None, core_process: bool = False,
+                 **overrides):  # fmt: skip
         config = config or EngineConfig(**overrides)
-        self.core = core = EngineCore(config)
+        if core_process:
+            from inferd.engine.process_core import ProcessCore
+
+            self.core = core = ProcessCore(config)
+        else:
+            self.core = core = EngineCore(config)
         self.config, self.setup = config, core.setup
         self.model_config, self.tokenizer = core.model_config, core.tokenizer
         self.max_model_len, self.model_info = core.max_model_len, core.model_info
@@ -86,7 +94,7 @@ class LLMEngine:
         return self.core.abort_request(request_id)
 
     def has_unfinished_requests(self) -> bool:
-        return self.core.has_unfinished_requests()
+        return self.outputs.has_unfinished() or self.core.has_unfinished_requests()
 
     def compile_grammar(self, params: SamplingParams) -> GrammarCompilation | None:
         """Start compiling the request's grammar (any thread; never blocks), or None."""
@@ -121,3 +129,11 @@ class LLMEngine:
 
     def stop_profile(self) -> TraceFiles:
         return self.core.stop_profile()
+
+    def rank_reports(self) -> list[dict]:
+        """Per tensor-parallel rank: pid, bytes of weights and KV cache (empty without TP)."""
+        reports = getattr(self.core, "rank_reports", None)  # the core in its own process
+        if reports is not None:
+            return reports()
+        reports = getattr(self.core.runner, "reports", None)
+        return reports() if reports is not None else []
