@@ -192,6 +192,7 @@ def _start_engine(config, args: argparse.Namespace):
     client = AsyncCoreClient(config, args.data_parallel_size, args.data_parallel_routing,
                              args.stall_timeout)  # fmt: skip
     client.launch()
+    log.info("engine core processes: %s", ", ".join(map(str, client.pids)))
     model = ServedModel(client.tokenizer, client.model_config, client.checkpoint,
                         client.max_model_len, client.max_num_seqs)  # fmt: skip
     return client, model

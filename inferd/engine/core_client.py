@@ -120,7 +120,7 @@ class AsyncCoreClient:
         self.router = Router(self.routing, first.block_size, first.hash_root,
                              sum(r.num_blocks for r in readies),
                              slack=max(4, self.max_num_seqs // 8))  # fmt: skip
-        log.info("engine core processes: %s", ", ".join(f"{r.pid}" for r in readies))
+        self.pids = [r.pid for r in readies]
 
     # ---- what the server may ask (event loop) ------------------------------------------------
     @property

@@ -294,8 +294,8 @@ def test_speculative_decoding_counters_with_vllm_names_and_positions():
     assert _sample(text, "inferd:spec_decode_num_draft_tokens_total") == 12
     assert _sample(text, "inferd:spec_decode_num_accepted_tokens_total") == 8
     per_pos = "inferd:spec_decode_num_accepted_tokens_per_pos_total"
-    assert f'{per_pos}{{model_name="m",position="0"}} 3.0' in text
-    assert f'{per_pos}{{model_name="m",position="3"}} 1.0' in text
+    assert f'{per_pos}{{engine="0",model_name="m",position="0"}} 3.0' in text
+    assert f'{per_pos}{{engine="0",model_name="m",position="3"}} 1.0' in text
 
 
 # ---- auth ---------------------------------------------------------------------------------------

@@ -98,3 +98,18 @@ def test_merged_stats_add_up_every_field():
         2,
     )
     assert merge_stats([a]) is a
+
+
+def test_metrics_carry_one_series_per_replica():
+    from inferd.server.metrics import ServerMetrics
+
+    replicas = [
+        EngineStats(1, 0, 0.5, 0, 0, 0, 10, 4, 2),
+        EngineStats(2, 1, 0.25, 0, 0, 0, 3, 9, 5),
+    ]
+    metrics = ServerMetrics("m", replica_stats=lambda: replicas)
+    text = metrics.render(merge_stats(replicas)).decode()
+    for engine, stats in enumerate(replicas):
+        labels = f'{{engine="{engine}",model_name="m"}}'
+        assert f"inferd:generation_tokens_total{labels} {float(stats.generation_tokens)}" in text
+        assert f"inferd:num_requests_running{labels} {float(stats.num_running)}" in text
