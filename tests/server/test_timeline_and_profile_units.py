@@ -127,8 +127,8 @@ def test_step_histograms_render_from_the_engine_snapshot(monkeypatch):
     decode = '{engine="0",model_name="m",phase="forward",step_kind="decode"}'
     assert sample(text, "inferd:step_phase_seconds_count" + decode) == 1
     assert sample(text, "inferd:step_phase_seconds_sum" + decode) == pytest.approx(0.004)
-    assert sample(text, 'inferd:step_duration_seconds_sum{engine="0",model_name="m",step_kind="prefill"}') \
-        == pytest.approx(0.8)  # fmt: skip
+    prefill = '{engine="0",model_name="m",step_kind="prefill"}'
+    assert sample(text, "inferd:step_duration_seconds_sum" + prefill) == pytest.approx(0.8)
     assert sample(text, "inferd:iteration_tokens_total_count") == 2
     assert sample(text, "inferd:iteration_tokens_total_sum") == 332
     assert 'inferd:iteration_tokens_total_bucket{engine="0",le="32.0",model_name="m"} 1.0' in text
