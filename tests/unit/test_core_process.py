@@ -160,3 +160,24 @@ def test_replicas_route_abort_and_fail_alone(folder):
     finally:
         client.stop(10)
     assert {p.pid for p in children()} <= before
+
+
+@pytest.mark.slow
+def test_tensor_parallelism_runs_inside_the_core_process(folder):
+    before = {p.pid for p in children()}
+    greedy = SamplingParams(temperature=0, max_tokens=10, ignore_eos=True)
+    one = LLM(model=str(folder), **KW)
+    expected = [o.outputs[0].token_ids for o in one.generate(PROMPTS, greedy, use_tqdm=False)]
+    one.shutdown()
+    two = LLM(model=str(folder), engine_core_process=True, tensor_parallel_size=2, **KW)
+    try:
+        got = [o.outputs[0].token_ids for o in two.generate(PROMPTS, greedy, use_tqdm=False)]
+        assert got == expected
+        reports = two.rank_reports()
+        assert [r["rank"] for r in reports] == [0, 1]
+        assert (
+            os.getpid() not in {r["pid"] for r in reports} and len({r["pid"] for r in reports}) == 2
+        )
+    finally:
+        two.shutdown()
+    assert {p.pid for p in children()} <= before  # the core stopped its workers
