@@ -60,7 +60,7 @@ class CoreOutput:
     request_id: str
     samples: list[SampleDelta]
     time: float  # when the core appended the tokens (time.monotonic)
-    events: RequestEvents
+    events: RequestEvents | None  # None: unchanged since the request's previous output
     # Logprobs of the prompt tokens the step's positions predicted (prompt_logprobs), in order.
     new_prompt_logprobs: list[TokenLogprobs] | None = None
     finished: bool = False  # the core is done with the request: every sample ended
@@ -80,7 +80,10 @@ def request_news(req: Request, samples: list[SampleDelta], now: float,
                  prompt_logprobs: list[TokenLogprobs] | None = None) -> CoreOutput:  # fmt: skip
     """The CoreOutput of a request (the scheduler's state) with these news."""
     m = req.metrics
-    events = RequestEvents(m.queued_time, m.first_scheduled_time, m.num_cached_tokens,
-                           m.preemption_times)  # fmt: skip
+    now_known = (m.queued_time, m.first_scheduled_time, m.num_cached_tokens, m.preemption_times)
+    events = None  # most steps: nothing new on the request's timeline
+    if now_known != req.sent_events:
+        req.sent_events = now_known
+        events = RequestEvents(*now_known)
     return CoreOutput(req.request_id, samples, now, events, prompt_logprobs, req.finished,
                       req.error)  # fmt: skip

@@ -48,16 +48,32 @@ class SequenceStep:
 
 @dataclass
 class DeviceSequence:
-    token_ids: list[int]  # prompt and accepted output tokens, as the scheduler sent them
-    num_prompt_tokens: int
+    # NOTE: prompt and output apart: the sampler reads both every step (penalties), without a
+    # copy of either.
+    prompt_token_ids: list[int]
+    output_token_ids: list[int]  # accepted output tokens, as the scheduler sent them
     block_tables: list[list[int]]
     params: SamplingParams
     seed: int | None
     generator: torch.Generator | None = None  # made on first use, from `seed`
 
     @property
-    def output_token_ids(self) -> list[int]:
-        return self.token_ids[self.num_prompt_tokens :]
+    def num_prompt_tokens(self) -> int:
+        return len(self.prompt_token_ids)
+
+    @property
+    def token_ids(self) -> list[int]:
+        """Prompt and output (a new list)."""
+        return self.prompt_token_ids + self.output_token_ids
+
+    def tokens(self, start: int, n: int) -> list[int]:
+        """Tokens start .. start + n - 1 (a decode step's one token without a copy of all)."""
+        p = len(self.prompt_token_ids)
+        if start >= p:
+            return self.output_token_ids[start - p : start - p + n]
+        if start + n <= p:
+            return self.prompt_token_ids[start : start + n]
+        return self.prompt_token_ids[start:] + self.output_token_ids[: start + n - p]
 
 
 class DeviceSequences:
@@ -77,19 +93,18 @@ class DeviceSequences:
             self.sequences.pop(seq_id, None)
         for new in record.new_sequences:
             prompt = new.prompt_token_ids
-            if new.fork_of is not None:
-                parent = self.sequences[new.fork_of]
-                prompt = parent.token_ids[: parent.num_prompt_tokens]
+            if new.fork_of is not None:  # NOTE: shared, never written: prompts do not change
+                prompt = self.sequences[new.fork_of].prompt_token_ids
             self.sequences[new.seq_id] = DeviceSequence(
-                list(prompt), len(prompt), [[] for _ in range(self.num_groups)], new.params,
-                new.seed,
-            )  # fmt: skip
+                prompt, [], [[] for _ in range(self.num_groups)], new.params, new.seed
+            )
         for row in record.rows:
             if row.adapter_slot != BASE_MODEL:
                 raise ValueError(f"row of sequence {row.seq_id} asks for adapter slot "
                                  f"{row.adapter_slot}, but no adapter is loaded")  # fmt: skip
             seq = self.sequences[row.seq_id]
-            seq.token_ids += row.new_token_ids
+            if row.new_token_ids:
+                seq.output_token_ids += row.new_token_ids
             if row.block_updates is not None:
                 seq.block_tables = [
                     table if update is None else update.apply(table)
@@ -102,7 +117,7 @@ class DeviceSequences:
         for row in record.rows:
             seq = self.sequences[row.seq_id]
             start = row.num_computed
-            tokens = seq.token_ids[start : start + row.num_new_tokens]
+            tokens = seq.tokens(start, row.num_new_tokens)
             if row.draft_token_ids:
                 tokens = tokens + row.draft_token_ids
             steps.append(

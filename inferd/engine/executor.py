@@ -79,7 +79,7 @@ class Executor:
                 output = seq.output_token_ids
                 for j in range(len(drafts) + 1):
                     rows.append(
-                        SamplingRow(seq.params, seq.token_ids[: seq.num_prompt_tokens],
+                        SamplingRow(seq.params, seq.prompt_token_ids,
                                     output + drafts[:j] if j else output, generator,
                                     self.eos_token_ids, mask,
                                     keep_generator_state=bool(drafts) and generator is not None)
@@ -104,5 +104,5 @@ def _prompt_logprobs(row: ScheduledRow, step: SequenceStep, logits: torch.Tensor
     last = min(start + row.num_new_tokens, seq.num_prompt_tokens - 1)
     if last <= start:
         return []
-    targets = seq.token_ids[start + 1 : last + 1]
+    targets = seq.prompt_token_ids[start + 1 : last + 1]
     return prompt_logprobs(logits[: last - start], targets, seq.params.prompt_logprobs)

@@ -22,7 +22,7 @@ from __future__ import annotations
 import copy
 from dataclasses import dataclass, field
 
-from inferd.engine.core_output import CoreOutput, SampleDelta, SampleFinish
+from inferd.engine.core_output import CoreOutput, RequestEvents, SampleDelta, SampleFinish
 from inferd.outputs import CompletionOutput, PositionLogprobs, RequestMetrics, RequestOutput
 from inferd.sampling_params import SamplingParams
 from inferd.tokenizer import IncrementalDetokenizer
@@ -91,7 +91,8 @@ class OutputProcessor:
             req = self.requests.get(out.request_id)
             if req is None:  # ended here already (a stop string): the core's news is late
                 continue
-            self._take_events(req, out)
+            if out.events is not None:
+                self._take_events(req, out.events)
             for delta in out.samples:
                 sample = self._sample(req, delta.index)
                 if sample.finish_reason is None and self._take(req, sample, delta, out.time):
@@ -109,8 +110,8 @@ class OutputProcessor:
                 results.append(_request_output(req))
         return results, finishes
 
-    def _take_events(self, req: _Request, out: CoreOutput) -> None:
-        m, e = req.metrics, out.events
+    def _take_events(self, req: _Request, e: RequestEvents) -> None:
+        m = req.metrics
         m.queued_time, m.first_scheduled_time = e.queued_time, e.first_scheduled_time
         m.num_cached_tokens, m.preemption_times = e.num_cached_tokens, e.preemption_times
         m.num_preemptions = len(e.preemption_times)

@@ -16,8 +16,10 @@ def _sent_news(seq: Sequence, num_groups: int) -> tuple[list[int], list | None]:
     seq.num_sent_tokens = seq.num_tokens
     tables = seq.block_tables or [[] for _ in range(num_groups)]
     updates = [diff_table(old, new) for old, new in zip(seq.sent_tables, tables, strict=True)]
+    if all(u is None for u in updates):  # most steps: no table changed
+        return new_tokens, None
     seq.sent_tables = [list(t) for t in tables]
-    return new_tokens, updates if any(u is not None for u in updates) else None
+    return new_tokens, updates
 
 
 def _introduce(seq: Sequence, num_groups: int, fork_of: int | None = None) -> NewSequence:
@@ -32,12 +34,14 @@ def _introduce(seq: Sequence, num_groups: int, fork_of: int | None = None) -> Ne
 def build_record(
     chosen: list[tuple[Sequence, int, list[int]]],
     num_groups: int,
+    now: float,
 ) -> StepRecord:
     """The record of a step that computes `n` tokens of each chosen sequence (its drafts
-    included, which come last)."""
+    included, which come last), scheduled at `now` (the requests' timelines)."""
     record = StepRecord()
     for seq, n, drafts in chosen:
         req, start = seq.request, seq.num_computed
+        req.metrics.first_scheduled_time = req.metrics.first_scheduled_time or now
         if not seq.sent:
             record.new_sequences.append(_introduce(seq, num_groups))
         n -= len(drafts)

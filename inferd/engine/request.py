@@ -96,9 +96,10 @@ class Request:
     # A tenant's secret mixed into its prefix-cache hashes (vLLM's `cache_salt`): requests with
     # different salts never share cached blocks, so one cannot time another's prompts.
     cache_salt: str | None = None
-    # Structured outputs: the grammar's compilation (a Future), until the scheduler attaches
-    # a matcher to every sample; None when the reply is free.
+    # Structured outputs: the grammar's compilation (a GrammarCompilation, engine/
+    # structured_outputs.py), which gives every sample its matcher; None when the reply is free.
     grammar: Any = None
+    sent_events: tuple | None = None  # the RequestEvents the front end last heard, as a tuple
 
     @property
     def finished(self) -> bool:

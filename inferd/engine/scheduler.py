@@ -260,11 +260,7 @@ class Scheduler:
             return StepRecord(preempted_seq_ids=[s.seq_id for s in preempted])
         forgotten, self._forgotten = self._forgotten, []
         self.counters.steps += 1
-        now = time.monotonic()
-        for seq, _, _ in chosen:
-            m = seq.request.metrics
-            m.first_scheduled_time = m.first_scheduled_time or now
-        record = build_record(chosen, len(self.kv.pools))
+        record = build_record(chosen, len(self.kv.pools), time.monotonic())
         record.finished_seq_ids = forgotten
         record.preempted_seq_ids = [s.seq_id for s in preempted]
         fresh = self.kv.take_fresh_blocks()
