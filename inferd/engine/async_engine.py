@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import asyncio
 import copy
-import ctypes
 import logging
 import queue
 import threading
@@ -30,6 +29,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from inferd.engine.memory_trim import malloc_trim
 from inferd.engine.progress import StallBound
 from inferd.engine_client import EngineStats, ModelInfo, PromptInput, TokenizerLike, TraceFiles
 from inferd.errors import EngineDeadError, RequestFailed
@@ -44,14 +44,6 @@ log = logging.getLogger(__name__)
 # When steps schedule nothing although requests exist (nothing fits yet), the thread waits
 # this long for a command before trying again, rather than spinning on the GIL.
 _STUCK_WAIT_S = 0.005
-
-
-def _malloc_trim() -> Callable[[int], int] | None:
-    """glibc's malloc_trim, or None elsewhere (musl, macOS, Windows)."""
-    try:
-        return ctypes.CDLL("libc.so.6").malloc_trim
-    except (OSError, AttributeError):
-        return None
 
 
 @dataclass
@@ -93,7 +85,7 @@ class AsyncEngine:
         setup = getattr(engine, "setup", None)
         # The most tokens one step can hold (a fake engine has no setup: learned from steps).
         self._stall = StallBound(stall_timeout, getattr(setup, "max_num_batched_tokens", 0) or 0)
-        self._trim = _malloc_trim()
+        self._trim = malloc_trim()
         self._worked_since_trim = False
         self._observers: list[Callable[[RequestOutput], None]] = []
         self._stats = engine.stats()  # latest snapshot, replaced (never mutated) by the thread
@@ -272,9 +264,7 @@ class AsyncEngine:
                 return commands
 
     def _return_free_memory(self) -> None:
-        """On going idle after work: glibc keeps what threads freed in their malloc arenas
-        (up to 64 MiB each), so a busy spell leaves resident memory behind that no one uses;
-        `malloc_trim` hands the free pages back (a few milliseconds, only between bursts)."""
+        """On going idle after work: hand freed pages back (memory_trim.py)."""
         if self._trim is not None and self._worked_since_trim:
             self._trim(0)
             self._worked_since_trim = False

@@ -24,6 +24,7 @@ from dataclasses import dataclass
 
 from inferd.engine import ipc
 from inferd.engine.core_output import CoreRequest
+from inferd.engine.memory_trim import malloc_trim
 from inferd.engine.progress import StallBound
 
 log = logging.getLogger(__name__)
@@ -97,6 +98,8 @@ class CoreLoop:
         self.acks: list[ipc.AddAck] = []
         self.pending: list[_PendingAdd] = []  # constrained adds waiting for their grammar
         self.stopping = False
+        self._trim = malloc_trim()
+        self._worked = False  # since the last trim
         self._stats = None  # the latest snapshot (EngineStats)
         self._stats_at = 0.0  # when stats were last sent
         self._stuck = False
@@ -112,6 +115,9 @@ class CoreLoop:
                 timeout = STUCK_POLL_MS
             else:
                 timeout = IDLE_POLL_MS
+                if self._worked and self._trim is not None:  # going idle: hand pages back
+                    self._trim(0)
+                    self._worked = False
             if self.inbox.poll(timeout, zmq.POLLIN):
                 self._take_messages(zmq)
             elif not busy and os.getppid() != self.parent_pid:
@@ -120,6 +126,7 @@ class CoreLoop:
             self._admit_compiled()
             if self.core.has_unfinished_requests():
                 self._step()
+                self._worked = True
             elif self.acks:
                 self._send(ipc.Outputs([], self._take_acks(), self.core.stats(),
                                        self.stall.bound()))  # fmt: skip
