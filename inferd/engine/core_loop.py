@@ -16,6 +16,7 @@ dies with its front end (PR_SET_PDEATHSIG on Linux, and a check of its parent wh
 
 from __future__ import annotations
 
+import gc
 import logging
 import os
 import signal
@@ -59,6 +60,9 @@ def core_main(config, to_core: str, from_core: str, parent_pid: int, stall_timeo
     outbox.setsockopt(zmq.SNDHWM, 0)  # never block the loop on a slow reader
     outbox.setsockopt(zmq.LINGER, 2000)
     outbox.connect(from_core)
+    # NOTE: as the commands do (commands/startup_gc.py): no cyclic collections while start-up
+    # makes millions of long-lived objects, then those frozen out of the collector's sight.
+    gc.disable()
     try:
         from inferd.engine.core import EngineCore
 
@@ -70,6 +74,8 @@ def core_main(config, to_core: str, from_core: str, parent_pid: int, stall_timeo
         outbox.close()
         context.term()
         return
+    gc.freeze()
+    gc.enable()
     setup = core.setup
     outbox.send(ipc.encode(ipc.Ready(core.model_info, core.max_model_len, setup.max_num_seqs,
                                      setup.max_num_batched_tokens, core.hash_root,
