@@ -45,12 +45,15 @@ def _die_with_parent() -> None:
 
 
 def core_main(config, to_core: str, from_core: str, parent_pid: int, stall_timeout: float,
-              log_level: int) -> None:  # fmt: skip
-    """The process's entry (multiprocessing, spawn)."""
+              log_levels: dict[str, int]) -> None:  # fmt: skip
+    """The process's entry (multiprocessing, spawn). `log_levels`: logger name → level, as the
+    front end has them (the root's, inferd's, its progress lines': `--quiet` reaches here)."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     _die_with_parent()
-    logging.basicConfig(level=log_level, format="%(levelname)s %(name)s: %(message)s")
+    logging.basicConfig(format="%(levelname)s %(name)s: %(message)s")
+    for name, level in log_levels.items():
+        logging.getLogger(name).setLevel(level)
     import zmq
 
     context = zmq.Context()

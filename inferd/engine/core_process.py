@@ -30,6 +30,14 @@ log = logging.getLogger(__name__)
 STOP_TIMEOUT_S = 20.0
 
 
+def _log_levels() -> dict[str, int]:
+    """The levels set here that the core's process should share: the root's, inferd's own and
+    its progress lines' (`--quiet`, inferd/progress.py)."""
+    names = ("", "inferd", "inferd.progress")
+    levels = {n: logging.getLogger(n).level for n in names}
+    return {n: level for n, level in levels.items() if level != logging.NOTSET}
+
+
 class CoreStartError(RuntimeError):
     """The engine core process could not start (its own error is in the message)."""
 
@@ -59,7 +67,7 @@ class CoreProcess:
         self._recv_socket.setsockopt(zmq.LINGER, 0)
         self._recv_socket.bind(self._dir.from_core)
         args = (config, self._dir.to_core, self._dir.from_core, os.getpid(), stall_timeout,
-                logging.getLogger("inferd").getEffectiveLevel())  # fmt: skip
+                _log_levels())  # fmt: skip
         ctx = multiprocessing.get_context("spawn")
         self.process = ctx.Process(target=core_main, args=args, name=f"inferd-core-{self.index}")
         self.process.start()
