@@ -33,8 +33,12 @@ class LLM:
         kv_cache_memory: int | None = None,
         enable_prefix_caching: bool = True,
         seed: int = 0,
+        engine_core_process: bool = False,
         **kwargs,
     ):
+        """`engine_core_process`: run the engine core (scheduler, model, sampler) in its own
+        process, as `inferd serve` does; by default it runs in this one. The other arguments
+        are EngineConfig's (vLLM's names)."""
         config = EngineConfig(
             model=model,
             dtype=dtype,
@@ -47,7 +51,7 @@ class LLM:
             **kwargs,
         )
         # A short name (`LLM(model="smollm2-135m-instruct")`) brings its settings along.
-        self.engine = LLMEngine(with_engine_defaults(config))
+        self.engine = LLMEngine(with_engine_defaults(config), core_process=engine_core_process)
         self._ids = itertools.count()
 
     def get_tokenizer(self):
@@ -60,8 +64,7 @@ class LLM:
     def rank_reports(self) -> list[dict]:
         """Per tensor-parallel rank, measured on that rank: rank, pid, bytes of weights and of
         KV cache held. Empty without tensor parallelism."""
-        reports = getattr(self.engine.runner, "reports", None)
-        return reports() if reports is not None else []
+        return self.engine.rank_reports()
 
     # ---- where the time and memory go (docs/profiling.md) ------------------------------------
     def start_profile(self, directory: str) -> None:
@@ -78,6 +81,11 @@ class LLM:
 
     def kv_cache_bytes(self) -> int:
         """Bytes of the KV pool this process allocated."""
+        if self.engine.setup is None:
+            raise ValueError(
+                "kv_cache_bytes: the KV pool is in the engine core's process "
+                "(engine_core_process=True); rank_reports() measures it there"
+            )
         return self.engine.runner.kv_cache_bytes()
 
     def generate(

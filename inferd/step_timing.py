@@ -7,8 +7,9 @@ histograms of their durations, per kind of step, and of the tokens each step com
 * prepare: zeroing and copying KV blocks, building the batch tensors and attention metadata;
 * forward: the model (every layer and the LM head of the sampled rows);
 * sample: logits rows to token ids (penalties, temperature, top-k/p, logprobs);
-* output: appending the tokens, detokenizing, stop checks, prefix-cache registration, and the
-  `RequestOutput` of each reported request.
+* output: appending the tokens, the token stop checks, prefix-cache registration, and each
+  request's news for the front end (detokenizing, stop strings and `RequestOutput`s are the
+  front end's work, outside the step: engine/output_processor.py).
 
 A step is a "prefill" step when any of its sequences computes prompt tokens, else a "decode"
 step: the two cost differently enough that one mean would describe neither.

@@ -33,6 +33,11 @@ PRESETS: dict[str, dict] = {
         },
     ),
 }
+# Multi-turn chat, 16 conversations at once of 6 turns each, every turn resending the history
+# (a 256-token start, then 64 answer + 32 question tokens a turn; 64-token answers): serve it
+# with `bench serve` against `serve --data-parallel-size 2` to compare --data-parallel-routing.
+PRESETS["multiturn"] = dict(num_prompts=16, input_len=(256, 256), output_len=(64, 64),
+                            dataset="multiturn", turns=6)  # fmt: skip
 DEFAULT_LEN = 128
 
 
@@ -63,4 +68,5 @@ def resolve_workload(
         lengths("output_len", output_len),
         seed=seed,
         dataset=chosen.get("dataset", "random"),
+        turns=chosen.get("turns", 1),
     )

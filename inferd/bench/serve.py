@@ -2,9 +2,13 @@
 server, ...) with streaming `/v1/completions` requests and time them on the client side.
 
 Requests leave with Poisson arrivals at `request_rate` per second (inf: all at once), at most
-`max_concurrency` in flight. TTFT is the first chunk carrying text, ITL the gaps between such
-chunks, E2EL the last such chunk, as vLLM's `benchmark_serving` measures them. Prompts go as token
-id lists with `ignore_eos`, so the server processes exactly the generated workload.
+`max_concurrency` in flight. A multi-turn workload (bench/workload.py `conversations`) runs its
+conversations at once, each turn sent when the previous one finished, and reports the server's
+prefix-cache hit rate over the run (its /metrics counters, every engine's).
+
+TTFT is the first chunk carrying text, ITL the gaps between such chunks, E2EL the last such chunk,
+as vLLM's `benchmark_serving` measures them. Prompts go as token id lists with `ignore_eos`, so
+the server processes exactly the generated workload.
 """
 
 from __future__ import annotations
@@ -179,6 +183,77 @@ def run_serve(
         },
         notes=count_mismatches(timings, [r.output_len for r in requests]),
         timings=timings,
+    )
+    errors = sorted({t.error for t in timings if t.error})
+    result.notes += [f"failed: {e}" for e in errors[:3]]
+    return result
+
+
+async def _prefix_counts(client, base_url: str) -> tuple[float, float] | None:
+    """(prefix-cache hits, queries) summed over the server's engines, or None when its /metrics
+    has no such counters."""
+    resp = await client.get(f"{base_url}/metrics")
+    if resp.status_code != 200:
+        return None
+    totals = {"hits": 0.0, "queries": 0.0}
+    found = False
+    for line in resp.text.splitlines():
+        for key in totals:
+            if line.startswith(f"inferd:prefix_cache_{key}_total"):
+                totals[key] += float(line.rsplit(" ", 1)[1])
+                found = True
+    return (totals["hits"], totals["queries"]) if found else None
+
+
+async def _run_conversations(base_url: str, model: str | None, conversations, timeout: float):
+    import httpx
+
+    base_url = base_url.rstrip("/")
+    url = f"{base_url}/v1/completions"
+    limits = httpx.Limits(max_connections=None, max_keepalive_connections=None)
+    async with httpx.AsyncClient(timeout=httpx.Timeout(timeout), limits=limits) as client:
+        try:
+            model = model or await _model_name(client, base_url)
+        except httpx.HTTPError as e:
+            raise ValueError(f"cannot reach the server at {base_url}: {e}") from e
+        before = await _prefix_counts(client, base_url)
+
+        async def converse(turns) -> list[RequestTiming]:
+            return [await _send(client, url, model, r) for r in turns]
+
+        t0 = time.perf_counter()
+        timings = await asyncio.gather(*(converse(turns) for turns in conversations))
+        duration = time.perf_counter() - t0
+        after = await _prefix_counts(client, base_url)
+    rate = None
+    if before is not None and after is not None and after[1] > before[1]:
+        rate = (after[0] - before[0]) / (after[1] - before[1])
+    return [t for turns in timings for t in turns], duration, model, rate
+
+
+def run_conversations(
+    base_url: str,
+    conversations,
+    *,
+    model: str | None = None,
+    timeout: float = 600.0,
+    percentiles: Sequence[float] = DEFAULT_PERCENTILES,
+) -> SystemResult:
+    """A multi-turn workload: every conversation at once, its turns one after another."""
+    timings, duration, model, rate = asyncio.run(
+        _run_conversations(base_url, model, conversations, timeout)
+    )
+    turns = max(len(c) for c in conversations)
+    result = SystemResult(
+        system="server",
+        metrics=compute_metrics(timings, duration, percentiles),
+        info={
+            "base_url": base_url,
+            "model": model,
+            "conversations": f"{len(conversations)} of {turns} turns, at once",
+            "prefix cache hit rate": "n/a" if rate is None else f"{rate:.3f}",
+        },
+        notes=count_mismatches(timings, [r.output_len for c in conversations for r in c]),
     )
     errors = sorted({t.error for t in timings if t.error})
     result.notes += [f"failed: {e}" for e in errors[:3]]

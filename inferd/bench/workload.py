@@ -1,4 +1,4 @@
-"""Benchmark workloads. Two datasets:
+"""Benchmark workloads. Three datasets:
 
 - "random", as vLLM's: each request gets a prompt of random ordinary token ids and an output
   length, both drawn uniformly from a range. Prompts are token-id lists, never text: decoding
@@ -7,6 +7,12 @@
 - "copy": an editing task whose answer copies its prompt (copy_text.py): the case n-gram
   speculative decoding is for. The prompt is text, encoded once by the model's tokenizer into
   the ids every system gets; its length is the input length rounded up to a whole sentence.
+- "multiturn": conversations (`num_prompts` of them) of `turns` requests each, every turn
+  resending the whole history: the previous turn's prompt, then `output_len` tokens standing in
+  for the answer, then `USER_TURN_TOKENS` of a new question (random ids; the answer is the
+  client's stand-in, not what the server generated, so only the previous prompts' blocks can be
+  found in a prefix cache). Served one turn after another per conversation, conversations at
+  once (`inferd bench serve`): the case prefix-cache routing over replicas is for.
 """
 
 from __future__ import annotations
@@ -20,7 +26,8 @@ import numpy as np
 
 from inferd.bench.copy_text import edit_prompt, edit_sentences
 
-DATASETS = ("random", "copy")
+DATASETS = ("random", "copy", "multiturn")
+USER_TURN_TOKENS = 32  # multiturn: the new question each turn adds after the answer
 
 
 @dataclass(frozen=True)
@@ -69,10 +76,13 @@ class WorkloadSpec:
     output_len: LengthRange
     seed: int = 0
     dataset: str = "random"
+    turns: int = 1  # multiturn: requests per conversation
 
     def __post_init__(self) -> None:
         if self.num_prompts < 1:
             raise ValueError(f"num_prompts must be >= 1, got {self.num_prompts}")
+        if self.turns < 1:
+            raise ValueError(f"turns must be >= 1, got {self.turns}")
         if self.dataset not in DATASETS:
             raise ValueError(f"dataset must be one of {', '.join(DATASETS)}, got {self.dataset!r}")
 
@@ -83,6 +93,7 @@ class WorkloadSpec:
             "output_len": [self.output_len.low, self.output_len.high],
             "seed": self.seed,
             "dataset": self.dataset,
+            "turns": self.turns,
         }
 
 
@@ -126,7 +137,31 @@ def make_requests(
     encoded by `tokenizer` (anything with `encode(text) -> ids`)."""
     if spec.dataset == "copy":
         return copy_requests(spec, tokenizer)
+    if spec.dataset == "multiturn":
+        return [r for turns in conversations(spec, vocab_ids) for r in turns]
     return random_requests(spec, vocab_ids)
+
+
+def conversations(spec: WorkloadSpec, vocab_ids: Sequence[int] | np.ndarray
+                  ) -> list[list[BenchRequest]]:  # fmt: skip
+    """The multiturn dataset: per conversation, its turns in order (see the module docstring);
+    the same spec and vocabulary always give the same conversations."""
+    vocab = np.asarray(vocab_ids, dtype=np.int64)
+    rng = np.random.default_rng(spec.seed)
+
+    def draw(n: int) -> list[int]:
+        return vocab[rng.integers(0, vocab.size, size=n)].tolist()
+
+    out = []
+    for _ in range(spec.num_prompts):
+        first = int(rng.integers(spec.input_len.low, spec.input_len.high + 1))
+        history, turns = draw(first), []
+        for _ in range(spec.turns):
+            answer = int(rng.integers(spec.output_len.low, spec.output_len.high + 1))
+            turns.append(BenchRequest(list(history), answer))
+            history += draw(answer) + draw(USER_TURN_TOKENS)
+        out.append(turns)
+    return out
 
 
 def copy_requests(spec: WorkloadSpec, tokenizer) -> list[BenchRequest]:

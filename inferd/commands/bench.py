@@ -345,8 +345,8 @@ def _run_serve(args: argparse.Namespace) -> int:
 
     from inferd.bench import report
     from inferd.bench.plots import plot_bench, pyplot
-    from inferd.bench.serve import run_serve, server_trace
-    from inferd.bench.workload import make_requests, workload_vocab
+    from inferd.bench.serve import run_conversations, run_serve, server_trace
+    from inferd.bench.workload import conversations, make_requests, workload_vocab
     from inferd.loader import open_checkpoint
     from inferd.tokenizer import checkpoint_tokenizer
 
@@ -355,19 +355,34 @@ def _run_serve(args: argparse.Namespace) -> int:
         pyplot()
     spec = workload_spec(args)
     tokenizer = checkpoint_tokenizer(open_checkpoint(args.tokenizer))
-    requests = make_requests(spec, workload_vocab(tokenizer), tokenizer)
     env_start = report.environment()
     trace = server_trace(args.base_url) if args.profile else nullcontext({})
+    if spec.dataset == "multiturn" and (args.max_concurrency or args.request_rate != math.inf):
+        raise ValueError(
+            "a multi-turn workload sends its conversations at once, each turn "
+            "after the previous one: drop --max-concurrency and --request-rate"
+        )
     with trace as files:
-        result = run_serve(args.base_url, requests, model=args.served_model_name,
-                           request_rate=args.request_rate, max_concurrency=args.max_concurrency,
-                           seed=args.seed, timeout=args.timeout,
-                           percentiles=args.percentiles)  # fmt: skip
+        if spec.dataset == "multiturn":
+            talks = conversations(spec, workload_vocab(tokenizer))
+            result = run_conversations(args.base_url, talks, model=args.served_model_name,
+                                       timeout=args.timeout,
+                                       percentiles=args.percentiles)  # fmt: skip
+        else:
+            requests = make_requests(spec, workload_vocab(tokenizer), tokenizer)
+            result = run_serve(args.base_url, requests, model=args.served_model_name,
+                               request_rate=args.request_rate,
+                               max_concurrency=args.max_concurrency, seed=args.seed,
+                               timeout=args.timeout, percentiles=args.percentiles)  # fmt: skip
     env_end = report.environment()
-    title = (
-        f"serve: {spec.num_prompts} requests at {result.info['request_rate']}, prompts "
-        f"{spec.input_len}, outputs {spec.output_len} tokens"
-    )
+    if spec.dataset == "multiturn":
+        title = (f"serve: {spec.num_prompts} conversations of {spec.turns} turns, first prompt "
+                 f"{spec.input_len}, answers {spec.output_len} tokens")  # fmt: skip
+    else:
+        title = (
+            f"serve: {spec.num_prompts} requests at {result.info['request_rate']}, prompts "
+            f"{spec.input_len}, outputs {spec.output_len} tokens"
+        )
     report.print_results(title, [result], console)
     console.print(f"  client machine load average (1 min) {_load(env_start)} → {_load(env_end)}")
     if files.get("trace"):

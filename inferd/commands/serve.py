@@ -1,14 +1,21 @@
 """`inferd serve [MODEL]`: the OpenAI-compatible HTTP server (FastAPI + uvicorn).
 
 Flags use vLLM's names. The model loads before the port opens, so a client that can connect
-finds a ready server (`/health` answers 200 from the first connection).
+finds a ready server (`/health` answers 200 from the first connection). The engine core runs in
+its own process (`--no-engine-core-process`: in this one, on a thread), or one core per replica
+with `--data-parallel-size N`; this process is the front end (docs/architecture.md). If every
+core dies, requests in flight get an error, new ones a 503, /health fails and the server exits
+with status 1.
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
 import logging
 import os
+from dataclasses import dataclass
+from typing import Any
 
 from inferd.commands.engine_args import add_engine_arguments, engine_config_from_args, size_arg
 from inferd.commands.serve_api import add_api_arguments, api_settings
@@ -137,9 +144,68 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="serve no chat page at / and no dashboard at /dashboard (default: both, behind "
         "--api-key: the dashboard shows every request's sizes and timeline, never its text)",
     )
+    parser.add_argument(
+        "--engine-core-process",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="run the engine core (scheduler, model, sampler) in its own process, the HTTP "
+        "front end (tokenizing, detokenizing, streaming) in this one; --no-engine-core-process "
+        "runs it on a thread of this process",
+    )
+    parser.add_argument(
+        "--data-parallel-size",
+        "-dp",
+        type=_positive(int),
+        default=1,
+        help="engine core replicas, each a process with its own copy of the model and KV cache "
+        "and its share of the CPU cores (threads x replicas <= cores)",
+    )
+    parser.add_argument(
+        "--data-parallel-routing",
+        default="prefix",
+        choices=["prefix", "round-robin", "least-loaded"],
+        help="which replica gets a request: prefix (the one whose prefix cache holds the most "
+        "of its prompt, unless it is much busier than the least loaded), round-robin, or "
+        "least-loaded",
+    )
     add_feature_arguments(parser)
     add_api_arguments(parser)
     add_ray_arguments(parser)
+
+
+@dataclass
+class ServedModel:
+    """What the front end knows of the served model, wherever the engine core runs."""
+
+    tokenizer: Any
+    model_config: Any
+    checkpoint: Any
+    max_model_len: int
+    max_num_seqs: int
+
+
+def _start_engine(config, args: argparse.Namespace):
+    """(the EngineClient the server uses, the served model): loads the model(s) now."""
+    if not args.engine_core_process:
+        if args.data_parallel_size > 1:
+            raise ValueError("--data-parallel-size needs the engine core in its own process: "
+                             "drop --no-engine-core-process")  # fmt: skip
+        from inferd.engine.async_engine import AsyncEngine
+        from inferd.engine.engine import LLMEngine
+
+        engine = LLMEngine(config)
+        model = ServedModel(engine.tokenizer, engine.model_config, engine.setup.checkpoint,
+                            engine.max_model_len, engine.setup.max_num_seqs)  # fmt: skip
+        return AsyncEngine(engine, args.stall_timeout), model
+    from inferd.engine.core_client import AsyncCoreClient
+
+    client = AsyncCoreClient(config, args.data_parallel_size, args.data_parallel_routing,
+                             args.stall_timeout)  # fmt: skip
+    client.launch()
+    log.info("engine core processes: %s", ", ".join(map(str, client.pids)))
+    model = ServedModel(client.tokenizer, client.model_config, client.checkpoint,
+                        client.max_model_len, client.max_num_seqs)  # fmt: skip
+    return client, model
 
 
 def _show_startup_logs() -> None:
@@ -150,7 +216,7 @@ def _show_startup_logs() -> None:
             logging.getLogger(name).setLevel(logging.INFO)
 
 
-def _set_chat_template(engine, template: str | None) -> None:
+def _set_chat_template(engine: ServedModel, template: str | None) -> None:
     from inferd.tokenizer.template_files import default_chat_template
 
     tok = engine.tokenizer
@@ -160,7 +226,7 @@ def _set_chat_template(engine, template: str | None) -> None:
         return
     tok.compiled_chat_template()  # the model's own: a broken one stops the start, not a request
     default = default_chat_template(engine.model_config.architecture)
-    gguf = engine.setup.checkpoint.gguf
+    gguf = engine.checkpoint.gguf
     shipped = gguf is not None and gguf.metadata.get("tokenizer.chat_template")
     if tok.chat_template is None:
         log.warning(
@@ -183,8 +249,6 @@ def run(args: argparse.Namespace) -> int:
     _show_startup_logs()
     import uvicorn
 
-    from inferd.engine.async_engine import AsyncEngine
-    from inferd.engine.engine import LLMEngine
     from inferd.server.app import DEFAULT_MAX_REQUEST_BYTES, ServerSettings, create_app
     from inferd.server.drain import DrainingServer
     from inferd.tokenizer.byte_bound import max_bytes_per_token
@@ -201,7 +265,7 @@ def run(args: argparse.Namespace) -> int:
         ChatTemplate(template)  # compiles: syntax errors surface now, with their line
     check_tool_flags(args)
     cors = cors_settings(args)
-    engine = LLMEngine(with_request_limits(engine_config_from_args(args), args))
+    client, engine = _start_engine(with_request_limits(engine_config_from_args(args), args), args)
     engine_started()
     _set_chat_template(engine, template)
     model_arg = args.model or args.model_pos
@@ -220,7 +284,7 @@ def run(args: argparse.Namespace) -> int:
         profiler_dir=args.profiler_dir,
         enable_request_timeline=args.enable_request_timeline,
         dashboard=not args.disable_dashboard,
-        seats=engine.setup.max_num_seqs,
+        seats=engine.max_num_seqs * args.data_parallel_size,
         max_queued_requests=args.max_queued_requests,
         max_queued_tokens=max_queued_tokens,
         max_prompts_per_request=args.max_prompts_per_request,
@@ -228,7 +292,6 @@ def run(args: argparse.Namespace) -> int:
         shutdown_timeout_s=args.shutdown_timeout,
         api=api_settings(args),
     )
-    client = AsyncEngine(engine, args.stall_timeout)
     app = create_app(client, settings)
     level = logging.getLogger().getEffectiveLevel()
     config = uvicorn.Config(
@@ -241,6 +304,7 @@ def run(args: argparse.Namespace) -> int:
         timeout_graceful_shutdown=5,
     )
     server = DrainingServer(config, app.state.drain)
+    _exit_when_dead(client, server)
     log.info(
         "starting the HTTP server on http://%s:%d%s",
         args.host,
@@ -248,4 +312,18 @@ def run(args: argparse.Namespace) -> int:
         " (API key required)" if settings.api_key else "",
     )
     server.run()
+    if getattr(client, "dead_reason", None) is not None:
+        log.error("the engine is dead (%s): exiting", client.dead_reason)
+        return 1
     return 0 if server.started else 1
+
+
+def _exit_when_dead(client, server) -> None:
+    """When every engine core has died: the streams in flight have their error by then; give
+    them a moment to write it, then shut the server down (it exits with status 1)."""
+
+    def dead() -> None:
+        asyncio.get_running_loop().call_later(0.5, setattr, server, "should_exit", True)
+
+    if hasattr(client, "on_dead"):
+        client.on_dead = dead

@@ -12,25 +12,25 @@ verdict, so a bad request is still answered with a 400 before any streaming star
 requests may queue is the server's decision, taken on the event loop (server/admission.py).
 
 Health is judged by progress: the engine is stalled when no step has completed for longer than
-a bound while work is pending. The bound grows with what a step may legitimately take here: the
-slowest seconds per token of recent steps times the most tokens a step can hold, four times over,
-on top of `stall_timeout`; a busy server making slow but steady steps stays healthy.
+a bound while work is pending (progress.py). This is the in-process client (`LLM`, `inferd serve
+--no-engine-core-process`, tests with a fake engine); `inferd serve` runs the engine core in its
+own process by default (core_client.py).
 """
 
 from __future__ import annotations
 
 import asyncio
 import copy
-import ctypes
 import logging
 import queue
 import threading
 import time
-from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from inferd.engine.memory_trim import malloc_trim
+from inferd.engine.progress import StallBound
 from inferd.engine.snapshot import SnapshotBuilder
 from inferd.engine_client import EngineStats, ModelInfo, PromptInput, TokenizerLike, TraceFiles
 from inferd.engine_snapshot import EngineSnapshot
@@ -46,20 +46,6 @@ log = logging.getLogger(__name__)
 # When steps schedule nothing although requests exist (nothing fits yet), the thread waits
 # this long for a command before trying again, rather than spinning on the GIL.
 _STUCK_WAIT_S = 0.005
-_RECENT_STEPS = 32  # steps whose speed sets the stall bound
-_STEP_MARGIN = 4.0  # how many times its slowest recent speed a step may take
-# A step's seconds per token count toward a full step's only when it held at least this share
-# of the step budget: in a small step, fixed costs (a kernel compiled on first use, a one-token
-# decode's launch overhead) would pass for per-token cost and inflate the bound without end.
-_RATE_SHARE = 1 / 8
-
-
-def _malloc_trim() -> Callable[[int], int] | None:
-    """glibc's malloc_trim, or None elsewhere (musl, macOS, Windows)."""
-    try:
-        return ctypes.CDLL("libc.so.6").malloc_trim
-    except (OSError, AttributeError):
-        return None
 
 
 @dataclass
@@ -100,11 +86,8 @@ class AsyncEngine:
         self.stall_timeout = stall_timeout
         setup = getattr(engine, "setup", None)
         # The most tokens one step can hold (a fake engine has no setup: learned from steps).
-        self._step_tokens = getattr(setup, "max_num_batched_tokens", 0) or 0
-        self._recent: deque[tuple[float, int]] = deque(maxlen=_RECENT_STEPS)  # (s, tokens)
-        self._slowest_step = 0.0  # seconds of the slowest recent step (read by health())
-        self._slowest_per_token = 0.0  # the same per token, over the steps that were large
-        self._trim = _malloc_trim()
+        self._stall = StallBound(stall_timeout, getattr(setup, "max_num_batched_tokens", 0) or 0)
+        self._trim = malloc_trim()
         self._worked_since_trim = False
         self._observers: list[Callable[[RequestOutput], None]] = []
         self._stats = engine.stats()  # latest snapshot, replaced (never mutated) by the thread
@@ -161,10 +144,8 @@ class AsyncEngine:
         return None
 
     def stall_bound(self) -> float:
-        """Seconds without a completed step, while busy, after which the engine is stalled: a
-        margin over the slowest recent step, or over a full step at the slowest recent speed."""
-        full_step = self._slowest_per_token * self._step_tokens
-        return self.stall_timeout + _STEP_MARGIN * max(self._slowest_step, full_step)
+        """Seconds without a completed step, while busy, after which the engine is stalled."""
+        return self._stall.bound()
 
     # ---- requests (event loop) ---------------------------------------------------------------
     async def add_request(
@@ -290,9 +271,7 @@ class AsyncEngine:
                 return commands
 
     def _return_free_memory(self) -> None:
-        """On going idle after work: glibc keeps what threads freed in their malloc arenas
-        (up to 64 MiB each), so a busy spell leaves resident memory behind that no one uses;
-        `malloc_trim` hands the free pages back (a few milliseconds, only between bursts)."""
+        """On going idle after work: hand freed pages back (memory_trim.py)."""
         if self._trim is not None and self._worked_since_trim:
             self._trim(0)
             self._worked_since_trim = False
@@ -355,10 +334,11 @@ class AsyncEngine:
         self._progress_at = time.monotonic()
         self._worked_since_trim = True
         after = self.engine.stats()  # NOTE: once per step: it snapshots every histogram
-        self._note_speed(self._progress_at - started, after)
+        self._stall.note(self._progress_at - started, self._stats, after)
         self._stats = after
         for out in outputs:
-            # NOTE: the engine keeps mutating a request's metrics object; consumers on the event
+            # NOTE: an engine may keep mutating a request's metrics object (LLMEngine's output
+            # processor hands out snapshots already; a fake may not); consumers on the event
             # loop get a snapshot that matches this output.
             if out.metrics is not None:
                 out.metrics = copy.copy(out.metrics)
@@ -366,26 +346,6 @@ class AsyncEngine:
                 self._active.discard(out.request_id)
         stuck = not outputs and after.steps == steps_before
         return outputs, [], stuck
-
-    def _note_speed(self, seconds: float, after: EngineStats) -> None:
-        """Remember the step's seconds and tokens (loop thread; health() reads the maxima)."""
-        before = self._stats
-        # Computed rows: prompt and generated tokens, plus the speculative drafts the step
-        # verified and rejected (accepted ones are among the generated).
-        rejected = (after.spec_decode_num_draft_tokens - before.spec_decode_num_draft_tokens) - (
-            after.spec_decode_num_accepted_tokens - before.spec_decode_num_accepted_tokens
-        )
-        tokens = (
-            (after.prompt_tokens - before.prompt_tokens)
-            + (after.generation_tokens - before.generation_tokens)
-            + max(0, rejected)
-        )
-        if tokens > 0:
-            self._recent.append((seconds, tokens))
-            self._step_tokens = max(self._step_tokens, tokens)
-            large = [s / n for s, n in self._recent if n >= _RATE_SHARE * self._step_tokens]
-            self._slowest_per_token = max(large, default=0.0)
-            self._slowest_step = max(s for s, _ in self._recent)
 
     def _post(self, callback: Callable[..., None], *args: Any) -> None:
         if self._loop is None:

@@ -28,7 +28,8 @@ import torch
 from inferd.attention.backend import AttentionBatch, ForwardContext, GroupBatch
 
 if TYPE_CHECKING:
-    from inferd.engine.runner import ModelRunner, SequenceStep
+    from inferd.engine.device_state import SequenceStep
+    from inferd.engine.runner import ModelRunner
 
 log = logging.getLogger(__name__)
 

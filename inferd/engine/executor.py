@@ -1,95 +1,92 @@
-"""The device side of a step: run what the scheduler decided and sample, changing no request.
+"""The device side of a step: run a step record and sample, changing no request.
 
-    SchedulerOutput → zero first-use blocks, copy forked blocks → the model → the sampler
-                    → ModelRunnerOutput (token ids, logprobs)
+    StepRecord → runner.execute_step (block clears and copies, the record's deltas, the model)
+               → the sampler, one pass over every row → the rejection pass of drafted rows
+               → ModelRunnerOutput (token ids, logprobs)
 
-The runner (`runner.py`, or its tensor-parallel proxy `tp_runner.py`) owns the KV cache tensors
-and the model; the sampler draws every row of the step in one batch, so a request's seed gives
-the same tokens whatever else is in the batch. A sequence verifying drafts (speculative.py) has
-a row for its last token and for each draft; its tokens are those `sample_drafted` keeps.
+The runner (`runner.py`, or its tensor-parallel proxy `tp_runner.py`) owns the KV cache tensors,
+the model and the device side's copy of the sequences (device_state.py), which is where a row's
+sampling state comes from: its params, prompt and output tokens, its generator. The sampler draws
+every row of the step in one batch, so a request's seed gives the same tokens whatever else is in
+the batch. A sequence verifying drafts (speculative.py) has a row for its last token and for each
+draft; its tokens are those `accept_drafts` keeps.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
-from functools import partial
 
 import torch
 
-from inferd.engine.runner import SequenceStep
-from inferd.engine.sampler import Sampler, SampleResult, SamplingRow, prompt_logprobs
-from inferd.engine.speculative import DraftedSample, sample_drafted
-from inferd.engine.step import ModelRunnerOutput, ScheduledSequence, SchedulerOutput
+from inferd.engine.device_state import DeviceSequences, SequenceStep
+from inferd.engine.sampler import Sampler, SamplingRow, prompt_logprobs
+from inferd.engine.speculative import DraftedSample, accept_drafts
+from inferd.engine.step import ModelRunnerOutput, ScheduledRow, StepRecord
 from inferd.outputs import PositionLogprobs
 from inferd.profiling.step_timer import StepTimer
 
 
 class Executor:
     def __init__(self, runner, sampler: Sampler, eos_token_ids: tuple[int, ...] = (),
-                 grammars=None, timer: StepTimer | None = None):  # fmt: skip
-        """`grammars`: the engine's StructuredOutputs, which constrains the rows of sequences
-        under a grammar; `timer`: the engine's step timer; the executor marks where "prepare"
-        and "sample" begin, the runner where "forward" does."""
+                 timer: StepTimer | None = None):  # fmt: skip
+        """`timer`: the engine's step timer; the executor marks where "prepare" and "sample"
+        begin, the runner where "forward" does."""
         self.runner, self.sampler, self.eos_token_ids = runner, sampler, eos_token_ids
-        self.grammars = grammars
         self.timer = timer or StepTimer()  # a private one records nothing: no step is started
 
-    def execute(self, out: SchedulerOutput) -> ModelRunnerOutput:
+    def execute(self, record: StepRecord) -> ModelRunnerOutput:
         self.timer.begin("prepare")
-        self.runner.clear_blocks(out.blocks_to_clear)  # before the copies: they may land there
-        self.runner.copy_blocks(out.block_copies)
-        steps = [
-            SequenceStep(s.token_ids, s.num_computed, s.block_tables, s.needs_logits,
-                         all_logits=s.prompt_logprobs, verify=bool(s.draft_token_ids))
-            for s in out.scheduled
-        ]  # fmt: skip
         start = time.perf_counter()
-        logits, every = self.runner.execute_with_prompt_logits(steps, self.timer)
+        logits, every, steps = self.runner.execute_step(record, self.timer)
         if logits.device.type == "cuda":  # kernels run asynchronously: time them, not the launch
             torch.cuda.synchronize(logits.device)
         forward = time.perf_counter() - start  # the speculation planner's cost model reads it
         self.timer.begin("sample")
+        sequences: DeviceSequences = self.runner.sequences
         prompt = {
-            out.scheduled[i].seq.seq_id: _prompt_logprobs(out.scheduled[i], rows)
+            record.rows[i].seq_id: _prompt_logprobs(record.rows[i], steps[i], rows, sequences)
             for i, rows in every.items()
         }
-        # One sampling row per sample: an n > 1 request whose prompt just finished reads its
-        # logits row n times, once for each sample. A sequence with k drafts has k + 1 rows.
-        samples, first = [], 0
-        for s in out.scheduled:
-            if not s.needs_logits:
-                continue
-            drafts = s.draft_token_ids
-            if drafts and s.seq.matcher is not None:  # see _sample: its mask needs one row
-                raise RuntimeError(f"sequence {s.seq.seq_id} is under a grammar but has drafts")
-            for seq in s.samples:
-                samples.append(
-                    DraftedSample(first, drafts, partial(self._sampling_row, seq, drafts))
-                )
-            first += len(drafts) + 1
-        if not samples:
+        rows, index, samples = self._sampling_rows(record, sequences, logits.device)
+        if not rows:
             return ModelRunnerOutput([], [], prompt, forward)
         start = time.perf_counter()
-        tokens, logprobs = sample_drafted(self._sample, logits, samples)
+        if index != list(range(logits.shape[0])):  # n > 1: a fork reads its parent's row
+            logits = logits.index_select(0, torch.tensor(index, device=logits.device))
+        tokens, logprobs = accept_drafts(self.sampler(logits, rows), samples)
         return ModelRunnerOutput(tokens, logprobs, prompt, forward, time.perf_counter() - start)
 
-    def _sample(self, logits: torch.Tensor, rows: list[SamplingRow]) -> SampleResult:
-        """One sampler call of `sample_drafted`'s rounds: the grammar's mask (or check-first)
-        applies per call, to the rows of sequences under a grammar. NOTE: such sequences get
-        no drafts (speculative.py), so each has exactly one row, in the first round; `logits`
-        is the round's own copy (index_select), which masking changes in place."""
-        if self.grammars is None:
-            return self.sampler(logits, rows)
-        return self.grammars.sample(self.sampler, logits, rows)
-
-    def _sampling_row(self, seq, drafts: Sequence[int] = (), j: int = 0) -> SamplingRow:
-        """Row j of `seq`: drafts[:j] come before it and count as output (penalties,
-        min_tokens)."""
-        req = seq.request
-        output = seq.output_token_ids + list(drafts[:j]) if j else seq.output_token_ids
-        return SamplingRow(req.params, req.prompt_token_ids, output, seq.generator,
-                           self.eos_token_ids, seq.matcher)  # fmt: skip
+    def _sampling_rows(self, record: StepRecord, sequences: DeviceSequences,
+                       device: torch.device):  # fmt: skip
+        """(sampling rows, the logits row each reads, the samples they make up). One row per
+        sample: an n > 1 request whose prompt just finished reads its logits row n times; a
+        sequence with k drafts has k + 1 rows, row j as if drafts[:j] were output already."""
+        rows: list[SamplingRow] = []
+        index: list[int] = []
+        samples: list[DraftedSample] = []
+        first = 0
+        for row in record.rows:
+            if not row.needs_logits:
+                continue
+            drafts = row.draft_token_ids
+            for seq_id in row.sample_ids:
+                seq = sequences[seq_id]
+                mask = record.grammar_bitmasks.get(seq_id)
+                if drafts and mask is not None:  # one mask: for the row after the last token
+                    raise RuntimeError(f"sequence {seq_id} is under a grammar but has drafts")
+                generator = sequences.generator_of(seq_id, device)
+                samples.append(DraftedSample(len(rows), drafts, generator))
+                output = seq.output_token_ids
+                for j in range(len(drafts) + 1):
+                    rows.append(
+                        SamplingRow(seq.params, seq.prompt_token_ids,
+                                    output + drafts[:j] if j else output, generator,
+                                    self.eos_token_ids, mask,
+                                    keep_generator_state=bool(drafts) and generator is not None)
+                    )  # fmt: skip
+                    index.append(first + j)
+            first += len(drafts) + 1
+        return rows, index, samples
 
     def shutdown(self) -> None:
         """Release what outlives the object: tensor-parallel worker processes."""
@@ -98,13 +95,14 @@ class Executor:
             stop()
 
 
-def _prompt_logprobs(s: ScheduledSequence, logits: torch.Tensor) -> list[PositionLogprobs]:
+def _prompt_logprobs(row: ScheduledRow, step: SequenceStep, logits: torch.Tensor,
+                     sequences: DeviceSequences) -> list[PositionLogprobs]:  # fmt: skip
     """Logprobs of the prompt tokens this step's positions predict: position p's logits give
     the logprob of prompt token p + 1."""
-    seq = s.seq
-    start = s.num_computed
-    last = min(start + s.num_new_tokens, seq.num_prompt_tokens - 1)
+    seq = sequences[row.seq_id]
+    start = row.num_computed
+    last = min(start + row.num_new_tokens, seq.num_prompt_tokens - 1)
     if last <= start:
         return []
-    targets = seq.token_ids[start + 1 : last + 1]
-    return prompt_logprobs(logits[: last - start], targets, seq.request.params.prompt_logprobs)
+    targets = seq.prompt_token_ids[start + 1 : last + 1]
+    return prompt_logprobs(logits[: last - start], targets, seq.params.prompt_logprobs)

@@ -1,33 +1,41 @@
-"""From what a caller submits to a `Request` the scheduler can run: tokenize the prompt, check it
-and its SamplingParams against the model and the engine's limits (raising typed errors, with
-nothing queued), and build its n samples, each with its own generator and detokenizer."""
+"""The front end's first stage: from what a caller submits to a `CoreRequest` the engine core
+can run. Tokenize the prompt, check it and its SamplingParams against the model and the engine's
+limits (raising typed errors, with nothing queued), resolve max_tokens. What the core needs is
+token ids and params; the prompt's text stays here, with the output processor."""
 
 from __future__ import annotations
 
-import itertools
+import dataclasses
 import time
+from dataclasses import dataclass
 
-import torch
-
-from inferd.engine.request import Request, Sequence
-from inferd.engine.sampler import make_generator
+from inferd.engine.core_output import CoreRequest
 from inferd.engine_client import PromptInput
 from inferd.errors import ContextTooLong, InvalidRequest
-from inferd.outputs import RequestMetrics
 from inferd.sampling_params import MAX_LOGPROBS, MAX_STOP_STRING_LENGTH, SamplingParams
-from inferd.tokenizer import IncrementalDetokenizer
+
+
+@dataclass(frozen=True)
+class InputLimits:
+    """What the engine accepts (EngineConfig's limits, and max_model_len as the core set it)."""
+
+    vocab_size: int
+    max_model_len: int
+    max_n: int = 128
+    max_stop_strings: int = 16
+    max_stop_string_length: int = MAX_STOP_STRING_LENGTH
+    max_logprobs: int = MAX_LOGPROBS
+
+    @classmethod
+    def of(cls, config, vocab_size: int, max_model_len: int) -> InputLimits:
+        return cls(vocab_size, max_model_len, config.max_n, config.max_stop_strings,
+                   config.max_stop_string_length, config.max_logprobs)  # fmt: skip
 
 
 class InputProcessor:
-    def __init__(self, tokenizer, vocab_size: int, max_model_len: int, max_n: int,
-                 max_stop_strings: int, device: torch.device, *,
-                 max_stop_string_length: int = MAX_STOP_STRING_LENGTH,
-                 max_logprobs: int = MAX_LOGPROBS, grammars=None):  # fmt: skip
-        self.tokenizer, self.vocab_size, self.max_model_len = tokenizer, vocab_size, max_model_len
-        self.max_n, self.max_stop_strings, self.device = max_n, max_stop_strings, device
-        self.max_stop_string_length, self.max_logprobs = max_stop_string_length, max_logprobs
-        self.grammars = grammars  # StructuredOutputs: compiles the request's grammar
-        self._seq_ids = itertools.count()
+    def __init__(self, tokenizer, limits: InputLimits):
+        self.tokenizer, self.limits = tokenizer, limits
+        self.vocab_size, self.max_model_len = limits.vocab_size, limits.max_model_len
 
     def tokenize_prompt(self, prompt: PromptInput) -> tuple[str | None, list[int]]:
         if isinstance(prompt, dict):
@@ -46,9 +54,15 @@ class InputProcessor:
             f"prompt must be a string, a list of token ids or a dict, got {type(prompt).__name__}",
         )
 
-    def make_request(self, request_id: str, prompt: PromptInput, params: SamplingParams,
-                     arrival_time: float | None, stream: bool) -> Request:  # fmt: skip
-        """A checked request with its samples; raises InvalidRequest (or ContextTooLong)."""
+    def make_request(
+        self,
+        request_id: str,
+        prompt: PromptInput,
+        params: SamplingParams,
+        arrival_time: float | None = None,
+    ) -> tuple[CoreRequest, str | None]:
+        """(the checked request, its prompt text if known); raises InvalidRequest (or
+        ContextTooLong)."""
         text, ids = self.tokenize_prompt(prompt)
         vocab = self.vocab_size
         if not ids:
@@ -59,8 +73,9 @@ class InputProcessor:
             raise InvalidRequest(
                 "prompt", f"prompt token id {bad!r} is outside the vocabulary [0, {vocab})"
             )
-        params.verify(vocab, self.max_n, self.max_stop_strings, self.max_stop_string_length,
-                      self.max_logprobs)  # fmt: skip
+        lim = self.limits
+        params.verify(vocab, lim.max_n, lim.max_stop_strings, lim.max_stop_string_length,
+                      lim.max_logprobs)  # fmt: skip
         if params.truncate_prompt_tokens is not None:
             keep = params.truncate_prompt_tokens
             keep = self.max_model_len if keep == -1 else keep
@@ -89,28 +104,18 @@ class InputProcessor:
         salt = prompt.get("cache_salt") if isinstance(prompt, dict) else None
         if salt is not None and (not isinstance(salt, str) or not salt):
             raise InvalidRequest("cache_salt", "cache_salt must be a non-empty string if given")
-        metrics = RequestMetrics(arrival_time=arrival_time or time.monotonic())
-        metrics.num_prompt_tokens = len(ids)
-        req = Request(request_id, text, ids, params, metrics, max_tokens, forked=params.n == 1,
-                      stream=stream, cache_salt=salt)  # fmt: skip
-        samples = [self._new_sequence(req, i) for i in range(params.n)]
-        req.sequences, req.forks = samples[:1], samples[1:]
-        if params.prompt_logprobs is not None:
-            req.prompt_logprobs = [None]  # nothing predicts the first prompt token
-        if params.structured_outputs is not None:
-            if self.grammars is None:
-                raise InvalidRequest("structured_outputs", "this engine has no grammar support")
-            req.grammar = self.grammars.submit(params.structured_outputs)
-        return req
+        arrival = arrival_time or time.monotonic()
+        return CoreRequest(request_id, ids, _for_core(params, vocab), max_tokens, arrival,
+                           salt), text  # fmt: skip
 
-    def _new_sequence(self, req: Request, index: int) -> Sequence:
-        generator = None
-        if req.params.seed is not None:
-            # Sample i of a seeded request uses seed + i: reproducible, and distinct samples.
-            generator = make_generator(req.params.seed + index, self.device)
-        seq = Sequence(next(self._seq_ids), req, index, list(req.prompt_token_ids),
-                       len(req.prompt_token_ids), generator=generator)  # fmt: skip
-        seq.detokenizer = IncrementalDetokenizer(
-            self.tokenizer, req.prompt_token_ids, req.params.skip_special_tokens
-        )
-        return seq
+
+def _for_core(params: SamplingParams, vocab: int) -> SamplingParams:
+    """The params as the core needs them, every number in 64 bits (the wire's integers): a seed
+    is taken modulo 2**64 (the generator does that anyway, seed + i included), a top_k of the
+    vocabulary or more means no top-k, and the prompt was truncated here already."""
+    seed, top_k = params.seed, params.top_k
+    fits = (seed is None or 0 <= seed < 2**64) and top_k <= vocab
+    if fits and params.truncate_prompt_tokens is None:
+        return params
+    return dataclasses.replace(params, seed=None if seed is None else seed % 2**64,
+                               top_k=min(top_k, vocab), truncate_prompt_tokens=None)  # fmt: skip

@@ -7,7 +7,8 @@ from __future__ import annotations
 import torch
 
 from inferd.config import ENGINE_DEFAULTS, EngineConfig
-from inferd.engine.runner import ModelRunner, SequenceStep
+from inferd.engine.device_state import SequenceStep
+from inferd.engine.runner import ModelRunner
 from inferd.memory.gpu_budget import check_utilization, gpu_kv_budget
 
 

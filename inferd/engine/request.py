@@ -1,10 +1,16 @@
-"""Request and sequence state.
+"""Request and sequence state, as the engine core keeps it: token ids, KV blocks, progress.
 
 A `Request` is what a user submitted: one prompt, one `SamplingParams`, `n` samples. Each sample
 is a `Sequence`, the unit the scheduler and the KV cache work with. With n > 1 the request runs
 as a single sequence until its prompt is computed; then the sequence forks, the children sharing
 the prompt's KV blocks, so the prompt is computed once. The children exist from the start (in
-`Request.forks`, with their generators and detokenizers) but only the scheduler starts them.
+`Request.forks`) but only the scheduler starts them.
+
+This is the one place that owns a request's per-request state in the core: a per-row feature
+keeps its state here as a typed field (a grammar's compilation and matchers, `grammar` and
+`Sequence.matcher`), the scheduler turns it into the step record's per-row fields (engine/step.py),
+and nothing else needs to be handed the feature. Text (detokenizing, stop strings, logprob token
+strings) is the front end's (engine/output_processor.py); the core sees token ids only.
 
 Only the scheduler (`scheduler.py`) changes a sequence's status and counters.
 
@@ -23,11 +29,8 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    import torch
-
-    from inferd.outputs import PositionLogprobs, RequestMetrics
+    from inferd.outputs import RequestMetrics
     from inferd.sampling_params import SamplingParams
-    from inferd.tokenizer import IncrementalDetokenizer
 
 
 class SequenceStatus(enum.Enum):
@@ -43,7 +46,6 @@ class Sequence:
     sample_index: int  # which of the request's n samples
     token_ids: list[int]  # prompt followed by generated tokens
     num_prompt_tokens: int
-    generator: torch.Generator | None = None
     num_computed: int = 0
     status: SequenceStatus = SequenceStatus.WAITING
     block_tables: list[list[int]] = field(default_factory=list)  # one per KV group
@@ -51,12 +53,13 @@ class Sequence:
     registered_blocks: int = 0  # leading full blocks already entered in the prefix cache
     finish_reason: str | None = None
     stop_reason: int | str | None = None
-    cumulative_logprob: float = 0.0
-    logprobs: list[PositionLogprobs] = field(default_factory=list)
-    detokenizer: IncrementalDetokenizer | None = None
-    text: str = ""  # output text so far (stop strings removed)
     # Structured outputs: this sample's grammar state (a GrammarMatcher), None when free.
     matcher: Any = None
+    # What the device side knows of this sequence (the step record sends only what changed):
+    # whether it has been sent, how many of its tokens, and its block tables as last sent.
+    sent: bool = False
+    num_sent_tokens: int = 0
+    sent_tables: list[list[int]] = field(default_factory=list)
 
     @property
     def num_tokens(self) -> int:
@@ -82,27 +85,34 @@ class Sequence:
 @dataclass
 class Request:
     request_id: str
-    prompt: str | None
     prompt_token_ids: list[int]
     params: SamplingParams
-    metrics: RequestMetrics
+    metrics: RequestMetrics  # the core's timestamps; the front end's copy adds what it sees
     max_tokens: int  # resolved: params.max_tokens or what the context leaves
     sequences: list[Sequence] = field(default_factory=list)  # the samples that have started
     forks: list[Sequence] = field(default_factory=list)  # samples 1..n-1, until the prompt is done
     forked: bool = False  # every sample has started (prompt done), or n == 1
-    prompt_logprobs: list[PositionLogprobs | None] | None = None
     error: str | None = None
-    stream: bool = False  # emit an output every step, not only when finished
     # A tenant's secret mixed into its prefix-cache hashes (vLLM's `cache_salt`): requests with
     # different salts never share cached blocks, so one cannot time another's prompts.
     cache_salt: str | None = None
-    # Structured outputs: the grammar's compilation (a Future), until the scheduler attaches
-    # a matcher to every sample; None when the reply is free.
+    # Structured outputs: the grammar's compilation (a GrammarCompilation, engine/
+    # structured_outputs.py), which gives every sample its matcher; None when the reply is free.
     grammar: Any = None
+    sent_events: tuple | None = None  # the RequestEvents the front end last heard, as a tuple
 
     @property
     def finished(self) -> bool:
         return self.forked and all(s.is_finished for s in self.sequences)
+
+    @property
+    def wants_prompt_logprobs(self) -> bool:
+        return self.params.prompt_logprobs is not None
+
+    def seed_of(self, seq: Sequence) -> int | None:
+        """Sample i of a seeded request uses seed + i: reproducible, and distinct samples."""
+        seed = self.params.seed
+        return None if seed is None else seed + seq.sample_index
 
 
 def block_hash(parent: bytes, token_ids: list[int] | tuple[int, ...]) -> bytes:
@@ -130,3 +140,20 @@ def update_block_hashes(seq: Sequence, block_size: int, root: bytes) -> None:
         seq.block_hashes.append(
             block_hash(parent, seq.token_ids[i * block_size : (i + 1) * block_size])
         )
+
+
+def check_token_stops(seq: Sequence, token: int, eos_ids: tuple[int, ...],
+                      max_model_len: int) -> None:  # fmt: skip
+    """After appending `token`: whether it ends the sequence, by the token stops in their order:
+    EOS (unless ignore_eos), a stop_token_ids entry, max_tokens, the context. EOS and stop tokens
+    count only past min_tokens (the sampler held them back until then). Stop strings are the
+    front end's (engine/output_processor.py)."""
+    params = seq.request.params
+    n_out = seq.num_output_tokens
+    can_stop = n_out > params.min_tokens
+    if can_stop and not params.ignore_eos and token in eos_ids:
+        seq.finish_reason, seq.stop_reason = "stop", None
+    elif can_stop and params.stop_token_ids and token in params.stop_token_ids:
+        seq.finish_reason, seq.stop_reason = "stop", token
+    elif n_out >= seq.request.max_tokens or seq.num_tokens >= max_model_len:
+        seq.finish_reason = "length"

@@ -1,6 +1,10 @@
-"""The model runner: owns the device KV cache tensors, turns a scheduled step into input tensors
-and the step's `AttentionBatch`, has the attention backend build its metadata from it once,
-runs the model and returns the logits of the positions to sample.
+"""The model runner: owns the device KV cache tensors and the device side's copy of every
+running sequence (device_state.py); turns a step record into input tensors and the step's
+`AttentionBatch`, has the attention backend build its metadata from it once, runs the model and
+returns the logits of the positions to sample.
+
+    execute_step(StepRecord): zero and copy blocks, apply the record's deltas, run its rows
+    execute([SequenceStep]):  run rows given whole (the tests; what execute_step calls)
 
 Only the last new token of a sequence that needs sampling goes through the LM head: on Gemma 3
 270M the head is most of the per-token work, so prompt positions skip it. A speculative
@@ -9,8 +13,6 @@ every one of its tokens, and runs each token as a decode row of its own (`build_
 """
 
 from __future__ import annotations
-
-from dataclasses import dataclass
 
 import torch
 
@@ -21,29 +23,10 @@ from inferd.attention.backend import (
     GroupBatch,
 )
 from inferd.attention.torch_backend import TorchAttentionBackend
+from inferd.engine.device_state import DeviceSequences, SequenceStep
+from inferd.engine.step import StepRecord
 from inferd.models.base import CausalLM
 from inferd.profiling.step_timer import StepTimer
-
-
-@dataclass
-class SequenceStep:
-    """One sequence's share of a step."""
-
-    token_ids: list[int]  # the new tokens to compute now
-    num_computed: int  # tokens of this sequence already in the KV cache
-    block_tables: list[list[int]]  # one block table per KV group
-    needs_logits: bool = True  # False for a prefill chunk that does not reach the prompt's end
-    all_logits: bool = False  # also return logits of every new token (prompt logprobs)
-    # Speculative verification: the last token and its drafts. Every token gets a logits row
-    # (in `execute`'s result, in order), and each is computed as a decode row of its own.
-    verify: bool = False
-
-    @property
-    def num_logits(self) -> int:
-        """Rows this step contributes to the logits `execute` returns."""
-        if not self.needs_logits:
-            return 0
-        return len(self.token_ids) if self.verify else 1
 
 
 class ModelRunner:
@@ -73,6 +56,26 @@ class ModelRunner:
             for n, (_, layers) in zip(num_blocks, self.groups)
         ]
         self.clear_blocks([[0]] * len(self.groups))  # the null block pads gathers: keep it 0
+        self.sequences = DeviceSequences(len(self.groups))
+
+    @torch.inference_mode()
+    def execute_step(
+        self, record: StepRecord, timer: StepTimer | None = None
+    ) -> tuple[torch.Tensor, dict[int, torch.Tensor], list[SequenceStep]]:
+        """Run a scheduled step: (logits of the rows to sample, row index → logits of every new
+        token for rows asking for prompt logprobs, the rows as run)."""
+        self.clear_blocks(record.blocks_to_clear)  # before the copies: they may land there
+        self.copy_blocks(record.block_copies)
+        self.sequences.apply(record)
+        rows = self.sequences.forward_rows(record)
+        if not rows:
+            return self._no_logits(), {}, rows
+        logits, every = self.execute_with_prompt_logits(rows, timer)
+        return logits, every, rows
+
+    def _no_logits(self) -> torch.Tensor:
+        return torch.empty((0, self.model.config.vocab_size), dtype=torch.float32,
+                           device=self.device)  # fmt: skip
 
     def kv_cache_bytes(self) -> int:
         return sum(t.numel() * t.element_size() for group in self.kv_caches for t in group)

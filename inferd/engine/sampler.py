@@ -19,9 +19,18 @@ documents which tokens each penalty counts):
     request has a seed draw E from their own `generator`, everything else from the sampler's, so a
     seeded request gets the same tokens whatever else is in the batch.
 
-Logprobs (logprobs.py) are those of the raw model distribution, before steps 0-9. A row that
-follows a grammar (structured outputs) arrives here already masked (engine/structured_outputs.py),
-so its logprobs are those of the masked distribution, as in vLLM.
+Logprobs (logprobs.py) are those of the raw model distribution, before steps 0-9.
+
+A row under a grammar (structured outputs) carries its bitmask (the step record's); the mask is a
+logits processor here (grammar_mask.py): applied before everything above, so such a row's
+logprobs are those of the masked distribution (vLLM's rule), or, for a greedy row without
+logprobs, checked after the argmax and applied only when the token is refused (the same token).
+
+One pass for a whole step: the rows of a sequence verifying drafts are sampled here with every
+other row (row j as if drafts 0..j-1 were output already), and speculative.py's rejection pass
+keeps what agrees. A seeded sequence's rows draw in row order from its generator and record the
+generator's state after each draw (`keep_generator_state`), so the rejection pass can put the
+generator back to where plain decoding would have left it.
 
 Where the time goes. On V = 262144 one pass over a [32, V] float32 tensor costs ~10 ms on this
 2-core CPU, a full sort ~350 ms and drawing V exponentials per row ~170 ms. So a row with a filter
@@ -39,11 +48,12 @@ row is split across threads), which is why probabilities come from `softmax` her
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Any
+from dataclasses import dataclass, field
 
 import torch
 
+from inferd.engine.filters import filtered, keep_mask, restrict_to_allowed, row_index, take_rows
+from inferd.engine.grammar_mask import GrammarMasks
 from inferd.engine.logprobs import position_logprobs, prompt_logprobs
 from inferd.engine.penalties import apply_logit_processors
 from inferd.outputs import PositionLogprobs
@@ -63,9 +73,11 @@ class SamplingRow:
     output_token_ids: list[int]  # generated so far (penalties, min_tokens)
     generator: torch.Generator | None  # the request's own when params.seed is set
     eos_token_ids: tuple[int, ...] = ()  # held back while len(output) < min_tokens
-    # Structured outputs: the sequence's GrammarMatcher (read only here: the executor's
-    # StructuredOutputs masks or checks the row around this sampler).
-    matcher: Any = None
+    # Structured outputs: the tokens the sequence's grammar allows here (the step record's
+    # bitmask: int32 words, little-endian bytes), None when free.
+    grammar_mask: bytes | None = None
+    # Record the generator's state after this row's draw (a seeded row verifying drafts).
+    keep_generator_state: bool = False
 
 
 @dataclass
@@ -74,6 +86,8 @@ class SampleResult:
     # Per row: None unless params.logprobs is set, else {sampled token, then the top
     # params.logprobs alternatives in rank order}.
     logprobs: list[PositionLogprobs | None]
+    # Per row with keep_generator_state: its generator's state after its draw (else None).
+    generator_states: list[torch.Tensor | None] = field(default_factory=list)
 
 
 def make_generator(seed: int, device: torch.device | str = "cpu") -> torch.Generator:
@@ -85,11 +99,16 @@ def make_generator(seed: int, device: torch.device | str = "cpu") -> torch.Gener
 
 class Sampler:
     def __init__(
-        self, seed: int = 0, device: torch.device | str = "cpu", candidates: int = CANDIDATES
+        self,
+        seed: int = 0,
+        device: torch.device | str = "cpu",
+        candidates: int = CANDIDATES,
+        grammar: GrammarMasks | None = None,
     ):
         self.device = torch.device(device)
         self.generator = make_generator(seed, self.device)  # for rows without a seed
         self.candidates = candidates
+        self.grammar = grammar or GrammarMasks()
 
     def __call__(self, logits: torch.Tensor, rows: list[SamplingRow]) -> SampleResult:
         if logits.dim() != 2 or logits.shape[0] != len(rows):
@@ -99,178 +118,154 @@ class Sampler:
             )
         # NOTE: `raw` may be the caller's tensor; it is only read, every change goes to a copy.
         raw = logits.float()
+        checked, masked = self.grammar.split(rows)
+        if masked:
+            raw = raw.clone() if raw is logits else raw
+            self.grammar.apply(raw, rows, masked)  # logprobs see the masked distribution too
         x = restrict_to_allowed(apply_logit_processors(raw, rows), raw, rows)
         greedy = [i for i, r in enumerate(rows) if r.params.greedy]
         drawn = [i for i, r in enumerate(rows) if not r.params.greedy]
         tokens = torch.empty(len(rows), dtype=torch.int64, device=x.device)
+        states: list[torch.Tensor | None] = [None] * len(rows)
         if greedy:
-            tokens[_index(greedy, x)] = argmax_rows(_take(x, greedy))
+            tokens[row_index(greedy, x)] = argmax_rows(take_rows(x, greedy))
         if drawn:
-            tokens[_index(drawn, x)] = self._draw(_take(x, drawn), [rows[i] for i in drawn])
+            tokens[row_index(drawn, x)], drawn_states = self._draw(
+                take_rows(x, drawn), [rows[i] for i in drawn]
+            )
+            for i, state in zip(drawn, drawn_states, strict=True):
+                states[i] = state
         token_ids = tokens.tolist()
+        if checked:  # greedy rows: the masked argmax is the argmax whenever that is allowed
+            self.grammar.check(x, rows, checked, token_ids)
 
         logprobs: list[PositionLogprobs | None] = [None] * len(rows)
         wanted = [i for i, r in enumerate(rows) if r.params.logprobs is not None]
         if wanted:
             found = position_logprobs(
-                _take(raw, wanted),
+                take_rows(raw, wanted),
                 [token_ids[i] for i in wanted],
                 [rows[i].params.logprobs for i in wanted],
             )
             for i, entry in zip(wanted, found, strict=True):
                 logprobs[i] = entry
-        return SampleResult(token_ids, logprobs)
+        return SampleResult(token_ids, logprobs, states)
 
-    def _draw(self, x: torch.Tensor, rows: list[SamplingRow]) -> torch.Tensor:
-        """Token ids for rows that sample (steps 6-10)."""
+    def _draw(
+        self, x: torch.Tensor, rows: list[SamplingRow]
+    ) -> tuple[torch.Tensor, list[torch.Tensor | None]]:
+        """Token ids for rows that sample (steps 6-10), and generator states (see the module
+        docstring). Each row's candidates first, then the noise, seeded rows in row order."""
         vocab = x.shape[1]
         temperature = torch.tensor([r.params.temperature for r in rows], device=x.device)
         x = x / temperature.unsqueeze(1)
-        out = torch.empty(len(rows), dtype=torch.int64, device=x.device)
         width = min(self.candidates, vocab)
         plain, narrow, wide = [], [], []
         for i, r in enumerate(rows):
-            if not _filtered(r.params, vocab):
+            if not filtered(r.params, vocab):
                 plain.append(i)
             elif width < vocab and not width < r.params.top_k < vocab:
                 narrow.append(i)
             else:
                 wide.append(i)
+        pools: list[_Pool] = []
         if plain:
-            probs = torch.softmax(_take(x, plain), dim=-1)
-            out[_index(plain, x)] = self._race(probs, [rows[i].generator for i in plain])
+            pools.append(_Pool(plain, torch.softmax(take_rows(x, plain), dim=-1)))
         if narrow:
-            tokens, fits = self._filter_and_race(_take(x, narrow), [rows[i] for i in narrow], width)
-            done = [i for i, ok in zip(narrow, fits, strict=True) if ok]
-            if done:
-                out[_index(done, x)] = tokens
-            wide += [i for i, ok in zip(narrow, fits, strict=True) if not ok]
+            pool, unfit = self._narrow(take_rows(x, narrow), [rows[i] for i in narrow], width)
+            if pool is not None:
+                pool.rows = [narrow[j] for j in pool.rows]
+                pools.append(pool)
+            wide += [narrow[j] for j in unfit]
         if wide:
-            tokens, _ = self._filter_and_race(_take(x, wide), [rows[i] for i in wide], vocab)
-            out[_index(wide, x)] = tokens
-        return out
+            pools.append(self._wide(take_rows(x, wide), [rows[i] for i in wide], wide))
+        states = self._noise(pools, rows)
+        out = torch.empty(len(rows), dtype=torch.int64, device=x.device)
+        for pool in pools:
+            out[row_index(pool.rows, x)] = pool.race()
+        return out, states
 
-    def _filter_and_race(
+    def _noise(self, pools: list[_Pool], rows: list[SamplingRow]) -> list[torch.Tensor | None]:
+        """E ~ Exp(1) for every candidate of every pool. A seeded row draws counts[i] values
+        (every column without counts) from its own generator, so its draw depends on it alone.
+        NOTE: seeded rows draw in row order whatever their pool: the rows of a sequence that
+        verifies drafts share one generator, which must be used as plain decoding would."""
+        states: list[torch.Tensor | None] = [None] * len(rows)
+        where = {}
+        for k, pool in enumerate(pools):
+            pool.noise = torch.empty_like(pool.probs)
+            shared = [p for p, i in enumerate(pool.rows) if rows[i].generator is None]
+            if len(shared) == len(pool.rows):
+                pool.noise.exponential_(generator=self.generator)
+            elif shared:
+                block = torch.empty((len(shared), pool.probs.shape[1]), device=pool.probs.device)
+                pool.noise[row_index(shared, block)] = block.exponential_(generator=self.generator)
+            where.update({i: (k, p) for p, i in enumerate(pool.rows)})
+        for i in sorted(where):
+            g = rows[i].generator
+            if g is None:
+                continue
+            k, p = where[i]
+            pool = pools[k]
+            n = pool.probs.shape[1] if pool.counts is None else pool.counts[p]
+            pool.noise[p, :n].exponential_(generator=g)
+            pool.noise[p, n:] = 1.0  # columns past the kept tokens hold p = 0
+            if rows[i].keep_generator_state:
+                states[i] = g.get_state()
+        return states
+
+    def _narrow(
         self, x: torch.Tensor, rows: list[SamplingRow], width: int
-    ) -> tuple[torch.Tensor, list[bool]]:
-        """Steps 7-10 within each row's `width` best logits. Returns the tokens of the rows whose
-        kept set fits in that window, and which rows fit; the others have drawn no noise."""
+    ) -> tuple[_Pool | None, list[int]]:
+        """Steps 7-9 within each row's `width` best logits: a pool of the rows whose kept set
+        fits in that window (kept tokens first, in token-id order, so the noise a seeded row
+        draws does not depend on how topk ordered tied logits), and the rows that do not fit."""
         vocab = x.shape[1]
-        # Best first. A full sort is faster than topk of the whole width.
-        vals, ids = x.sort(dim=-1, descending=True) if width == vocab else x.topk(width, dim=-1)
-        keep, fits = _keep_mask(x, vals, ids, [r.params for r in rows])
+        vals, ids = x.topk(width, dim=-1)
+        keep, fits = keep_mask(x, vals, ids, [r.params for r in rows])
         probs = torch.softmax(vals.masked_fill(~keep, float("-inf")), dim=-1)
-        if width == vocab:
-            # Back to token-id order, so these rows race exactly like unfiltered ones.
-            dense = torch.zeros_like(x).scatter_(1, ids, probs)
-            return self._race(dense, [r.generator for r in rows]), [True] * len(rows)
         fit_list = fits.tolist()
         sel = [i for i, ok in enumerate(fit_list) if ok]
+        unfit = [i for i, ok in enumerate(fit_list) if not ok]
         if not sel:
-            return torch.empty(0, dtype=torch.int64, device=x.device), fit_list
-        keep, probs, ids = _take(keep, sel), _take(probs, sel), _take(ids, sel)
-        # Kept tokens first, in token-id order: the noise a seeded row draws then does not depend
-        # on how topk happened to order tied logits.
+            return None, unfit
+        keep, probs, ids = take_rows(keep, sel), take_rows(probs, sel), take_rows(ids, sel)
         order = torch.where(keep, ids, ids + vocab).argsort(dim=-1)
         probs, ids = probs.gather(1, order), ids.gather(1, order)
-        counts = keep.sum(dim=-1).tolist()
-        pick = self._race(probs, [rows[i].generator for i in sel], counts)
-        return ids.gather(1, pick.unsqueeze(1)).squeeze(1), fit_list
+        return _Pool(sel, probs, ids, keep.sum(dim=-1).tolist()), unfit
 
-    def _race(
-        self,
-        probs: torch.Tensor,
-        generators: list[torch.Generator | None],
-        counts: list[int] | None = None,
-    ) -> torch.Tensor:
-        """Column of argmax(p / E) per row, E ~ Exp(1); a seeded row draws counts[i] values (all
-        columns when counts is None) from its own generator, so its draw depends on it alone."""
-        noise = torch.empty_like(probs)
-        shared = [i for i, g in enumerate(generators) if g is None]
-        if len(shared) == len(generators):
-            noise.exponential_(generator=self.generator)
-        elif shared:
-            block = torch.empty((len(shared), probs.shape[1]), device=probs.device)
-            noise[_index(shared, probs)] = block.exponential_(generator=self.generator)
-        for i, g in enumerate(generators):
-            if g is not None:
-                n = probs.shape[1] if counts is None else counts[i]
-                noise[i, :n].exponential_(generator=g)
-                noise[i, n:] = 1.0  # columns past the kept tokens hold p = 0
-        score = torch.div(probs, noise, out=noise)
+    def _wide(self, x: torch.Tensor, rows: list[SamplingRow], index: list[int]) -> _Pool:
+        """Steps 7-9 over the whole vocabulary (a full sort is faster than topk of all of it),
+        back in token-id order, so these rows race exactly like unfiltered ones."""
+        vals, ids = x.sort(dim=-1, descending=True)
+        keep, _ = keep_mask(x, vals, ids, [r.params for r in rows])
+        probs = torch.softmax(vals.masked_fill(~keep, float("-inf")), dim=-1)
+        return _Pool(index, torch.zeros_like(x).scatter_(1, ids, probs))
+
+
+@dataclass
+class _Pool:
+    """Rows racing over the same kind of candidates: `probs` [R, W] in token-id order (`ids`:
+    the token of each column, None when column = token id), `counts`: kept columns per row."""
+
+    rows: list[int]
+    probs: torch.Tensor
+    ids: torch.Tensor | None = None
+    counts: list[int] | None = None
+    noise: torch.Tensor | None = None
+
+    def race(self) -> torch.Tensor:
+        """argmax(p / E) per row: the exponential race draws each token with probability p."""
+        score = torch.div(self.probs, self.noise, out=self.noise)
         pick = score.argmax(dim=-1)
         # E can be 0 in float32; 0 / 0 is NaN and argmax prefers NaN, which would pick a token
         # of probability 0. Vanishingly rare, so fix the affected rows after the fact.
         bad = score.gather(1, pick.unsqueeze(1)).squeeze(1).isnan()
         if bool(bad.any()):
             pick[bad] = score[bad].nan_to_num(nan=0.0).argmax(dim=-1)
-        return pick
-
-
-def restrict_to_allowed(
-    x: torch.Tensor, raw: torch.Tensor, rows: list[SamplingRow]
-) -> torch.Tensor:
-    """Step 0 (vLLM's `allowed_token_ids`): every other token of the row at -inf. Returns `x`
-    itself when no row restricts; never writes `raw` (logprobs read it)."""
-    restricted = [i for i, r in enumerate(rows) if r.params.allowed_token_ids]
-    if not restricted:
-        return x
-    if x is raw:
-        x = raw.clone()
-    for i in restricted:
-        ids = torch.as_tensor(rows[i].params.allowed_token_ids, dtype=torch.int64, device=x.device)
-        kept = x[i, ids]
-        x[i] = float("-inf")
-        x[i, ids] = kept
-    return x
-
-
-def _filtered(p: SamplingParams, vocab: int) -> bool:
-    return 0 < p.top_k < vocab or p.top_p < 1.0 or p.min_p > 0.0
-
-
-def _keep_mask(
-    x: torch.Tensor, vals: torch.Tensor, ids: torch.Tensor, params: list[SamplingParams]
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Which of the sorted candidates `vals` [R, W] survive top-k, top-p and min-p, and whether
-    each row's kept set is known to end inside the window. Every filter keeps a prefix of the
-    sorted logits, so a row fits when its last candidate is dropped."""
-    rows, width = vals.shape
-    vocab, dev = x.shape[1], x.device
-    has_k = [0 < p.top_k < vocab for p in params]
-    k = [min(p.top_k, width) if on else width for p, on in zip(params, has_k, strict=True)]
-    kth = vals.gather(1, torch.tensor(k, device=dev).unsqueeze(1) - 1)
-    keep = vals >= kth
-    fits = torch.ones(rows, dtype=torch.bool, device=dev)
-    nucleus = [i for i, p in enumerate(params) if p.top_p < 1.0]
-    if nucleus:
-        probs = torch.softmax(vals.masked_fill(~keep, float("-inf")), dim=-1)
-        # Without top-k the mass is over the whole vocabulary, not just the window.
-        whole = [i for i in nucleus if not has_k[i] and width < vocab]
-        if whole:
-            full = torch.softmax(_take(x, whole), dim=-1).gather(1, _take(ids, whole))
-            if len(whole) == rows:
-                probs = full
-            else:
-                probs[_index(whole, x)] = full
-        top_p = torch.tensor([p.top_p for p in params], device=dev).unsqueeze(1)
-        uses = top_p < 1.0
-        # Candidates whose cumulative mass is still below top_p, then the one that reaches it.
-        before = (probs.cumsum(dim=-1) < top_p).sum(dim=-1, keepdim=True)
-        # A top-k row's kept set is inside the window already (the last-candidate test below
-        # catches ties); the others fit only if the mass reached top_p inside the window.
-        open_ended = uses.squeeze(1) & ~torch.tensor(has_k, device=dev)
-        fits &= (before < width).squeeze(1) | ~open_ended
-        cutoff = vals.gather(1, before.clamp(max=width - 1))
-        keep &= (vals >= cutoff) | ~uses
-    if any(p.min_p > 0.0 for p in params):
-        min_p = torch.tensor([p.min_p for p in params], device=dev).unsqueeze(1)
-        probs = torch.softmax(vals.masked_fill(~keep, float("-inf")), dim=-1)
-        # NOTE: keep is a prefix of the sorted candidates, so column 0 holds the largest prob.
-        keep &= probs >= min_p * probs[:, :1]
-    if width < vocab:
-        fits &= ~keep[:, -1]
-    return keep, fits
+        if self.ids is None:
+            return pick
+        return self.ids.gather(1, pick.unsqueeze(1)).squeeze(1)
 
 
 def argmax_rows(x: torch.Tensor) -> torch.Tensor:
@@ -286,14 +281,3 @@ def argmax_rows(x: torch.Tensor) -> torch.Tensor:
                                                 out.data_ptr())  # fmt: skip
             return out
     return x.argmax(dim=-1)
-
-
-def _take(x: torch.Tensor, index: list[int]) -> torch.Tensor:
-    """Rows `index` of x, without a copy when that is all of them in order."""
-    if index == list(range(x.shape[0])):
-        return x
-    return x.index_select(0, _index(index, x))
-
-
-def _index(index: list[int], like: torch.Tensor) -> torch.Tensor:
-    return torch.tensor(index, dtype=torch.int64, device=like.device)

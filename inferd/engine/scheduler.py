@@ -17,10 +17,13 @@ With speculative decoding (engine/speculative.py) a decoding sequence may take 1
 the budget: its last token and k drafts to verify; when its blocks cannot hold the drafts it
 decodes plainly before anyone is preempted.
 
-A step is `schedule()` → (the executor runs it) → `update_from_output()`. Only this class
-changes a request's status and counters: it advances `num_computed`, starts the forks of an
-n > 1 request, appends sampled tokens and checks stops, registers computed blocks in the prefix
-cache and keeps the counters that metrics read.
+A step is `schedule()` → (the executor runs the `StepRecord`) → `update_from_output()`. Only this
+class changes a request's status and counters: it advances `num_computed`, starts the forks of an
+n > 1 request, appends sampled tokens and checks the token stops (EOS, stop_token_ids, max_tokens,
+the context), registers computed blocks in the prefix cache and keeps the counters that metrics
+read. What it reports per step is plain data for the front end (`CoreOutput`, core_output.py):
+new token ids, logprobs and finish reasons; text and stop strings are the front end's, which ends
+a sample by `finish_sample` when one appears.
 """
 
 from __future__ import annotations
@@ -30,13 +33,19 @@ from collections import deque
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from inferd.engine.core_output import CoreOutput, SampleDelta, request_news
 from inferd.engine.kv_cache import KVCacheManager
-from inferd.engine.request import Request, Sequence, SequenceStatus, update_block_hashes
-from inferd.engine.step import ModelRunnerOutput, ScheduledSequence, SchedulerOutput
-from inferd.engine.stopping import append_token
+from inferd.engine.record_builder import build_record
+from inferd.engine.request import (
+    Request,
+    Sequence,
+    SequenceStatus,
+    check_token_stops,
+    update_block_hashes,
+)
+from inferd.engine.step import ModelRunnerOutput, StepRecord, TokenLogprobs
 from inferd.engine_client import EngineStats
 from inferd.errors import InvalidRequest
-from inferd.outputs import PositionLogprobs
 
 if TYPE_CHECKING:
     from inferd.engine.speculative import Speculation
@@ -64,7 +73,6 @@ class Scheduler:
         eos_token_ids: tuple[int, ...] = (),
         hash_root: bytes = b"",  # salt of the prefix-cache hashes (the model's identity)
         speculation: Speculation | None = None,  # drafts to verify (speculative decoding)
-        grammars=None,  # StructuredOutputs (engine/structured_outputs.py), for constrained requests
     ):
         self.kv = kv
         self.max_num_seqs = max_num_seqs
@@ -74,18 +82,20 @@ class Scheduler:
         self.hash_root = hash_root
         self.speculation = speculation
         self.requests: dict[str, Request] = {}  # unfinished requests by id
+        self.sequences: dict[int, Sequence] = {}  # their samples (forks not started included)
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
         self.counters = SchedulerCounters()
         # Structured outputs: requests whose grammar is still compiling wait here, out of the
         # FCFS queue, so they hold up no one; `failed` are those whose grammar did not compile,
         # to report with the next step.
-        self.grammars = grammars
         self.awaiting_grammar: list[Sequence] = []
-        self.failed: list[Request] = []
-        # Device work produced outside a step (forks) or left undone by a failed step.
+        self.failed: list[CoreOutput] = []
+        # Device work produced outside a step (forks) or left undone by a failed step, and the
+        # sequences the device side may forget, for the next record.
         self._copies: list[tuple[int, int, int]] = []
         self._clears: list[list[int]] = [[] for _ in kv.pools]
+        self._forgotten: list[int] = []
 
     # ---- requests ----------------------------------------------------------------------------
     def add_request(self, req: Request) -> None:
@@ -93,8 +103,10 @@ class Scheduler:
         A grammar that already failed to compile raises its InvalidRequest, nothing queued."""
         compiled = req.grammar is None or req.grammar.done()
         if req.grammar is not None and compiled:
-            self.grammars.attach(req)
+            self._attach_matchers(req)
         self.requests[req.request_id] = req
+        for seq in (*req.sequences, *req.forks):
+            self.sequences[seq.seq_id] = seq
         req.metrics.queued_time = time.monotonic()  # timeline: the engine has it now
         req.metrics.max_tokens_param = req.params.max_tokens
         seq = req.sequences[0]
@@ -105,35 +117,57 @@ class Scheduler:
     def has_unfinished_requests(self) -> bool:
         return bool(self.requests)
 
-    def abort_request(self, request_id: str) -> Request | None:
+    def abort_request(self, request_id: str) -> CoreOutput | None:
         """Finish a request now ("abort") and free its blocks; None if it is not running."""
         return self._end(request_id, "abort", None)
 
-    def fail_requests(self, request_ids: set[str], error: BaseException) -> list[Request]:
+    def finish_sample(self, request_id: str, index: int) -> None:
+        """The front end saw a stop string in sample `index`: it ends here ("stop"), its blocks
+        are freed; no output, the front end knows. A no-op when it ended already."""
+        req = self.requests.get(request_id)
+        seq = next((s for s in req.sequences if s.sample_index == index), None) if req else None
+        if seq is None or seq.is_finished:
+            return
+        seq.finish_reason = "stop"
+        self._finish(seq)
+        if req.finished:
+            self._retire(req)
+
+    def fail_requests(self, request_ids: set[str], error: BaseException) -> list[CoreOutput]:
         """Finish requests with an error (their output says why); the others go on."""
         message = f"{type(error).__name__}: {error}"
         ended = [self._end(rid, "error", message) for rid in request_ids]
         return [r for r in ended if r is not None]
 
-    def fail_step(self, out: SchedulerOutput, error: BaseException) -> list[Request]:
+    def fail_step(self, record: StepRecord, error: BaseException) -> list[CoreOutput]:
         """The step could not run: fail its requests, keep its device work for the next one
         (clearing or copying a block that meanwhile went back to the pool is harmless)."""
-        self._copies = out.block_copies + self._copies
-        for group, blocks in enumerate(out.blocks_to_clear):
+        self._copies = record.block_copies + self._copies
+        for group, blocks in enumerate(record.blocks_to_clear):
             self._clears[group] = blocks + self._clears[group]
-        return self.fail_requests({s.seq.request.request_id for s in out.scheduled}, error)
+        ids = {self.sequences[r.seq_id].request.request_id for r in record.rows
+               if r.seq_id in self.sequences}  # fmt: skip
+        return self.fail_requests(ids, error)
 
-    def _end(self, request_id: str, reason: str, error: str | None) -> Request | None:
-        req = self.requests.pop(request_id, None)
+    def _end(self, request_id: str, reason: str, error: str | None) -> CoreOutput | None:
+        req = self.requests.get(request_id)
         if req is None:
             return None
+        ended = []
         for seq in req.sequences:
             if not seq.is_finished:
                 seq.finish_reason = reason
                 self._finish(seq)
+                ended.append(SampleDelta(seq.sample_index, finish_reason=reason))
+        for seq in req.forks:  # never started: nothing to report
+            self.sequences.pop(seq.seq_id, None)
         req.forks, req.forked, req.error = [], True, error
+        self._retire(req)
+        return request_news(req, ended, time.monotonic())
+
+    def _retire(self, req: Request) -> None:
+        self.requests.pop(req.request_id, None)
         req.metrics.finished_time = time.monotonic()
-        return req
 
     def stats(self) -> EngineStats:
         c = self.counters
@@ -155,7 +189,7 @@ class Scheduler:
         )
 
     # ---- the step: what runs ------------------------------------------------------------------
-    def schedule(self) -> SchedulerOutput:
+    def schedule(self) -> StepRecord:
         if self.awaiting_grammar:
             self._admit_compiled()
         budget = self.max_num_batched_tokens
@@ -193,7 +227,7 @@ class Scheduler:
             seq = self.waiting[0]
             prefix = None
             start = seq.num_computed  # nonzero only for a forked child waiting for a slot
-            if start == 0 and not seq.request.params.prompt_logprobs:
+            if start == 0 and not seq.request.wants_prompt_logprobs:
                 # NOTE: prompt logprobs need every prompt position's logits, so no cache reuse.
                 prefix = self.kv.find_cached_prefix(seq)
                 start = prefix[0]
@@ -210,7 +244,7 @@ class Scheduler:
             self.running.append(seq)
             chosen.append((seq, n, []))
             budget -= n
-        return self._output(chosen, preempted)
+        return self._record(chosen, preempted)
 
     def _plan_drafts(self, decodes: list[Sequence], prefills: list[Sequence], budget: int):
         """seq_id → drafts to verify (speculative decoding), within the step's budget: decodes
@@ -220,35 +254,27 @@ class Scheduler:
         base = min(budget, len(decodes) + sum(s.num_tokens - s.num_computed for s in prefills))
         return self.speculation.plan(decodes[:budget], base, budget)
 
-    def _output(self, chosen: list[tuple[Sequence, int, list[int]]], preempted: list[Sequence]):
-        if not chosen:
-            return SchedulerOutput([], preempted)
+    def _record(self, chosen: list[tuple[Sequence, int, list[int]]],
+                preempted: list[Sequence]) -> StepRecord:  # fmt: skip
+        if not chosen:  # nothing runs: the device side hears of the forgotten ones next time
+            return StepRecord(preempted_seq_ids=[s.seq_id for s in preempted])
+        forgotten, self._forgotten = self._forgotten, []
         self.counters.steps += 1
-        now = time.monotonic()
-        scheduled = []
-        for seq, n, drafts in chosen:
-            req, start = seq.request, seq.num_computed
-            req.metrics.first_scheduled_time = req.metrics.first_scheduled_time or now
-            n -= len(drafts)
-            needs_logits = start + n == seq.num_tokens
-            scheduled.append(
-                ScheduledSequence(
-                    seq,
-                    start,
-                    seq.token_ids[start : start + n] + drafts,
-                    seq.block_tables,
-                    needs_logits,
-                    prompt_logprobs=req.prompt_logprobs is not None
-                    and start < seq.num_prompt_tokens,
-                    forks=list(req.forks) if needs_logits and not req.forked else [],
-                    draft_token_ids=drafts,
-                )
-            )
+        record = build_record(chosen, len(self.kv.pools), time.monotonic())
+        record.finished_seq_ids = forgotten
+        record.preempted_seq_ids = [s.seq_id for s in preempted]
         fresh = self.kv.take_fresh_blocks()
-        clears = [a + b for a, b in zip(self._clears, fresh, strict=True)]
-        copies, self._copies = self._copies, []
+        record.blocks_to_clear = [a + b for a, b in zip(self._clears, fresh, strict=True)]
+        record.block_copies, self._copies = self._copies, []
         self._clears = [[] for _ in self.kv.pools]
-        return SchedulerOutput(scheduled, preempted, clears, copies)
+        return record
+
+    def _attach_matchers(self, req: Request) -> None:
+        """Every sample of `req` (started or still waiting to fork) gets a fresh matcher of its
+        compiled grammar; raises the request's InvalidRequest when it did not compile."""
+        req.grammar.check()
+        for seq in (*req.sequences, *req.forks):
+            seq.matcher = req.grammar.new_matcher()
 
     def _admit_compiled(self) -> None:
         """Requests whose grammar finished compiling join the queue (their samples get their
@@ -257,13 +283,13 @@ class Scheduler:
             self.awaiting_grammar.remove(seq)
             req = seq.request
             try:
-                self.grammars.attach(req)
+                self._attach_matchers(req)
             except InvalidRequest as e:
                 self.failed.append(self._end(req.request_id, "error", f"InvalidRequest: {e}"))
                 continue
             self.waiting.append(seq)
 
-    def take_failed(self) -> list[Request]:
+    def take_failed(self) -> list[CoreOutput]:
         """Requests that ended outside a step (their grammar did not compile), once each."""
         failed, self.failed = [r for r in self.failed if r is not None], []
         return failed
@@ -279,66 +305,79 @@ class Scheduler:
         self.counters.num_preemptions += 1
 
     # ---- the step: what came of it ------------------------------------------------------------
-    def update_from_output(self, out: SchedulerOutput, result: ModelRunnerOutput) -> list[Request]:
-        """Apply a step's results. Returns the requests to report: those that finished, and
-        those that asked to stream."""
-        if len(result.sampled_token_ids) != sum(len(s.samples) for s in out.scheduled):
+    def update_from_output(self, record: StepRecord,
+                           result: ModelRunnerOutput) -> list[CoreOutput]:  # fmt: skip
+        """Apply a step's results. Returns what the front end needs to hear: per request that
+        got tokens (or prompt logprobs, or ended), what is new."""
+        if len(result.sampled_token_ids) != len(record.sample_ids):
             raise ValueError(
                 f"the step sampled {len(result.sampled_token_ids)} sequences, but "
-                f"{len(out.sampled)} were scheduled to sample"
+                f"{len(record.sample_ids)} were scheduled to sample"
             )
         now = time.monotonic()
-        row = 0
+        index = 0
         touched: dict[str, Request] = {}
-        for s in out.scheduled:
-            seq, req = s.seq, s.seq.request
+        news: dict[str, list[SampleDelta]] = {}  # request id → its samples' news
+        prompt_news: dict[str, list[TokenLogprobs]] = {}
+        for row in record.rows:
+            seq = self.sequences[row.seq_id]
+            req = seq.request
             touched[req.request_id] = req
-            computed = s.num_new_tokens
-            if s.draft_token_ids:
+            samples = news.setdefault(req.request_id, [])
+            computed = row.num_new_tokens
+            if row.draft_token_ids:
                 # Verified: the KV of the last token and of the accepted drafts stays.
-                computed = len(result.sampled_token_ids[row])
-                self.speculation.verified(seq, len(s.draft_token_ids), computed - 1)
-            elif s.num_new_tokens > 1 or seq.num_output_tokens == 0:  # not a decode
-                self.counters.prompt_tokens_computed += s.num_new_tokens
+                computed = len(result.sampled_token_ids[index])
+                self.speculation.verified(seq, len(row.draft_token_ids), computed - 1)
+            elif row.num_new_tokens > 1 or seq.num_output_tokens == 0:  # not a decode
+                self.counters.prompt_tokens_computed += row.num_new_tokens
             seq.num_computed += computed
-            if req.prompt_logprobs is not None:
-                req.prompt_logprobs.extend(result.prompt_logprobs.get(seq.seq_id, ()))
-            for sample in s.samples:
+            if row.seq_id in result.prompt_logprobs:
+                entries = result.prompt_logprobs[row.seq_id]
+                prompt_news.setdefault(req.request_id, []).extend(map(TokenLogprobs.of, entries))
+            for sample_id in row.sample_ids:
+                sample = self.sequences[sample_id]
                 if sample is not seq:
                     self._start_fork(seq, sample)
-                lps = result.logprobs[row] if result.logprobs else None
-                self._append(sample, result.sampled_token_ids[row], lps, now)
-                row += 1
-            if s.forks:
-                req.sequences += s.forks
+                lps = result.logprobs[index] if result.logprobs else None
+                samples.append(self._append(sample, result.sampled_token_ids[index], lps, now))
+                index += 1
+            if row.fork_seq_ids:
+                req.sequences += req.forks
                 req.forks, req.forked = [], True
-        for s in out.scheduled:
-            self.kv.cache_computed_blocks(s.seq)
-            if s.draft_token_ids and s.seq.finish_reason is None:
-                self.kv.release_tail(s.seq)  # blocks that held only rejected drafts
+        for row in record.rows:
+            seq = self.sequences[row.seq_id]
+            self.kv.cache_computed_blocks(seq)
+            if row.draft_token_ids and seq.finish_reason is None:
+                self.kv.release_tail(seq)  # blocks that held only rejected drafts
         if self.speculation is not None:
-            self.speculation.observe_step(out, result)
-        for seq in out.sampled:
+            self.speculation.observe_step(record, result)
+        for sample_id in record.sample_ids:
+            seq = self.sequences[sample_id]
             if seq.finish_reason is not None and not seq.is_finished:
                 self._finish(seq)
-        for req in touched.values():
+        outputs = []
+        for request_id, req in touched.items():
             if req.finished:
-                self.requests.pop(req.request_id, None)
-                req.metrics.finished_time = time.monotonic()
-        return [r for r in touched.values() if r.stream or r.finished]
+                self._retire(req)
+            samples, prompt = news[request_id], prompt_news.get(request_id)
+            if samples or prompt or req.finished:
+                outputs.append(request_news(req, samples, now, prompt))
+        return outputs
 
-    def _append(self, seq: Sequence, tokens: list[int], logprobs, now: float) -> None:
+    def _append(self, seq: Sequence, tokens: list[int], logprobs, now: float) -> SampleDelta:
         """Append sampled tokens until one ends the sequence (later ones are dropped)."""
         req = seq.request
+        delta = SampleDelta(seq.sample_index, [], [] if logprobs is not None else None)
         for i, token in enumerate(tokens):
-            append_token(seq, token, self.eos_token_ids, req.max_tokens, self.max_model_len)
+            seq.token_ids.append(token)
+            check_token_stops(seq, token, self.eos_token_ids, self.max_model_len)
             if seq.matcher is not None:
-                self.grammars.advance(seq, token)
+                req.grammar.accept(seq, token)
             update_block_hashes(seq, self.kv.block_size, self.hash_root)
-            entry: PositionLogprobs | None = logprobs[i] if logprobs is not None else None
-            if entry is not None:
-                seq.logprobs.append(entry)
-                seq.cumulative_logprob += entry[token].logprob
+            delta.new_token_ids.append(token)
+            if logprobs is not None and logprobs[i] is not None:
+                delta.new_logprobs.append(TokenLogprobs.of(logprobs[i]))
             m = req.metrics
             m.first_token_time = m.first_token_time or now
             m.last_token_time = now
@@ -346,6 +385,8 @@ class Scheduler:
             self.counters.generation_tokens += 1
             if seq.finish_reason is not None:
                 break
+        delta.finish_reason, delta.stop_reason = seq.finish_reason, seq.stop_reason
+        return delta
 
     def _start_fork(self, parent: Sequence, child: Sequence) -> None:
         """Start `child` on the parent's KV blocks (the copy of the partly filled last block is
@@ -376,5 +417,8 @@ class Scheduler:
             self.awaiting_grammar.remove(seq)
         self.kv.free(seq)
         seq.status = SequenceStatus.FINISHED
+        self.sequences.pop(seq.seq_id, None)
+        if seq.sent:
+            self._forgotten.append(seq.seq_id)
         if self.speculation is not None:
             self.speculation.forget(seq)

@@ -128,7 +128,7 @@ def _set_up_rank0(config, device, checkpoint, tp, control, procs, t0) -> EngineS
                     plan.token_capacity)  # fmt: skip
         max_len = plan.token_capacity
     # lazy_zero: touching a GiB-sized pool at start-up costs seconds on CPU; the engine zeroes
-    # each block on first use instead (SchedulerOutput.blocks_to_clear).
+    # each block on first use instead (StepRecord.blocks_to_clear).
     runner = ModelRunner(model, plan.num_blocks, config.block_size, kv_dtype, device, backend,
                          lazy_zero=True)  # fmt: skip
     if tp.enabled:

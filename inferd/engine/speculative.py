@@ -7,10 +7,11 @@ One step of a sequence with drafts d_0..d_{k-1}:
                           verifying; the step computes the last token and those k drafts
                           (1 + k tokens of the budget, KV slots for all of them) and returns
                           k + 1 logits rows (runner.py: `verify`)
-    execute()             the sampler acts on row j as if d_0..d_{j-1} were output already
-                          (penalties, min_tokens); `sample_drafted` keeps the drafts while each
-                          equals its row's token, then adds the token of the first row that
-                          disagrees (or of row k): 1 .. k + 1 tokens
+    execute()             the sampler draws every row of the step in one pass, row j as if
+                          d_0..d_{j-1} were output already (penalties, min_tokens); then the
+                          rejection pass (`accept_drafts`) keeps the drafts while each equals
+                          its row's token, then adds the token of the first row that disagrees
+                          (or of row k): 1 .. k + 1 tokens
     update_from_output()  the kept tokens are appended one by one (stop strings, max_tokens: the
                           first finish drops the rest); the KV of the last token and of the
                           accepted drafts stays (num_computed moves past them), the slots of
@@ -21,14 +22,18 @@ Drafts never enter `Sequence.token_ids`, so everything that reads the tokens (pr
 detokenizer, recompute after preemption) only ever sees accepted tokens.
 
 Exactness: row j's token is what plain decoding would pick after the same tokens, so keeping
-drafts while they agree gives the tokens of plain decoding. Greedy rows take the argmax of every
-row at once. Sampled rows are drawn one row per round, row j + 1 only once row j drew d_j: each
-emitted token is then one draw, exactly as in plain decoding, from the same distribution and (a
-seeded request) the same generator in the same order, so a seeded request gets the tokens it gets
-without speculation, and a draft costs no extra draw (a full-vocabulary draw costs about as much
-as a model row on a CPU). For drafts of probability 1 this is the rejection rule of
-spec_decode/rejection.py: d_j is kept with probability p_j(d_j), and on a rejection the token
-drawn is distributed as p_j without d_j.
+drafts while they agree gives the tokens of plain decoding. Greedy rows are the argmax of each
+row. A sampled row j is one draw from the distribution plain decoding would have after d_0..d_{j-1};
+its noise does not depend on whether earlier rows agreed, so each emitted token is distributed as
+in plain decoding. A seeded sequence's rows draw from its generator in row order, exactly the
+draws plain decoding would make for those positions; the rows after the first disagreement drew
+too, so the rejection pass sets the generator back to its state after the last emitted row's draw
+(the sampler recorded it), and the next step draws what plain decoding would: a seeded request
+gets the tokens it gets without speculation. For drafts of probability 1 this is the rejection
+rule of spec_decode/rejection.py: d_j is kept with probability p_j(d_j), and on a rejection the
+token drawn is distributed as p_j without d_j. The cost: every row of a sampled sequence draws,
+rejected ones too (a full-vocabulary draw costs about as much as a model row on a CPU), which the
+planner's sampling seconds per token count.
 
 One more condition for the same tokens: the same numbers. Verification rows must get the bits
 plain decode rows get, which holds where a row's result does not depend on the rest of its step:
@@ -41,14 +46,13 @@ grammar's mask after the drafts before them. Simplest correct rule; drafts there
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
 
 from inferd.engine.request import Sequence
-from inferd.engine.sampler import Sampler, SamplingRow
-from inferd.engine.step import ModelRunnerOutput, SchedulerOutput
+from inferd.engine.sampler import SampleResult
+from inferd.engine.step import ModelRunnerOutput, StepRecord
 from inferd.outputs import PositionLogprobs
 from inferd.spec_decode import (
     AcceptanceEstimate,
@@ -118,13 +122,12 @@ class Speculation:
         self._estimates[seq.seq_id].observe(num_drafted, num_accepted)
         self.metrics.observe(num_drafted, num_accepted)
 
-    def observe_step(self, out: SchedulerOutput, result: ModelRunnerOutput) -> None:
+    def observe_step(self, record: StepRecord, result: ModelRunnerOutput) -> None:
         """Learn what the step cost: the model's seconds by rows for decode steps (every
         sequence's last token plus its drafts), the sampler's seconds per emitted token."""
-        decode = all(s.needs_logits and s.num_new_tokens == 1 + len(s.draft_token_ids)
-                     for s in out.scheduled)  # fmt: skip
+        decode = all(r.needs_logits and r.num_new_tokens == 1 for r in record.rows)
         if decode and result.forward_seconds > 0:
-            self.costs.record(out.num_tokens, result.forward_seconds)
+            self.costs.record(record.num_tokens, result.forward_seconds)
         emitted = sum(len(t) for t in result.sampled_token_ids)
         if emitted and result.sampling_seconds > 0:
             latest = result.sampling_seconds / emitted
@@ -140,42 +143,34 @@ class Speculation:
 
 @dataclass
 class DraftedSample:
-    """One sample of a step: its logits rows start at `first`, one per draft plus one."""
+    """One sample of a step: its sampling rows start at `first`, one per draft plus one;
+    `generator` is its own when seeded."""
 
     first: int
     drafts: list[int]
-    row: Callable[[int], SamplingRow]  # what the sampler needs for row j (drafts[:j] as output)
+    generator: torch.Generator | None = None
 
 
-def sample_drafted(
-    sampler: Sampler, logits: torch.Tensor, samples: list[DraftedSample]
+def accept_drafts(
+    result: SampleResult, samples: list[DraftedSample]
 ) -> tuple[list[list[int]], list[list[PositionLogprobs] | None]]:
-    """Each sample's tokens and their logprobs (None where the request asked for none): the
-    drafts kept and the token after them (see the module docstring). Without drafts, one
-    sampler call over one row per sample."""
-    tokens: list[list[int]] = [[] for _ in samples]
-    logprobs: list[list[PositionLogprobs | None]] = [[] for _ in samples]
-    rows = [s.row(0) for s in samples]
-    greedy = [r.params.greedy for r in rows]
-    todo: list[tuple[int, int]] = []  # (sample, row) to draw this round
-    for i, s in enumerate(samples):
-        todo += [(i, j) for j in range(len(s.drafts) + 1 if greedy[i] else 1)]
-    done = [False] * len(samples)
-    while todo:
-        index = torch.tensor([samples[i].first + j for i, j in todo], device=logits.device)
-        result = sampler(logits.index_select(0, index),
-                         [rows[i] if j == 0 else samples[i].row(j) for i, j in todo])  # fmt: skip
-        following = []
-        for (i, j), token, lp in zip(todo, result.token_ids, result.logprobs, strict=True):
-            if done[i]:
-                continue  # a greedy sample's rows after its first disagreement
-            tokens[i].append(token)
-            logprobs[i].append(lp)
-            drafts = samples[i].drafts
-            if j < len(drafts) and token == drafts[j]:
-                if not greedy[i]:
-                    following.append((i, j + 1))
-            else:
-                done[i] = True
-        todo = following
-    return tokens, [None if lps[0] is None else lps for lps in logprobs]
+    """The rejection pass after the sampler's: each sample's tokens (the drafts kept while each
+    equals its row's token, then the token of the first row that disagrees, or of the last row)
+    and their logprobs (None where the request asked for none); a seeded sample's generator is
+    put back to its state after the last emitted row's draw."""
+    tokens: list[list[int]] = []
+    logprobs: list[list[PositionLogprobs] | None] = []
+    for s in samples:
+        kept = 0
+        while kept < len(s.drafts) and result.token_ids[s.first + kept] == s.drafts[kept]:
+            kept += 1
+        last = s.first + kept  # the row whose token follows the kept drafts
+        tokens.append(result.token_ids[s.first : last + 1])
+        lps = result.logprobs[s.first : last + 1]
+        logprobs.append(None if lps[0] is None else lps)
+        states = result.generator_states
+        state = states[last] if states and kept < len(s.drafts) else None
+        if state is not None:  # a sampled seeded row drew after it: undo those draws
+            s.generator.set_state(state)
+    return tokens, logprobs
+

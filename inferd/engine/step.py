@@ -1,86 +1,175 @@
-"""What one engine step is made of, as plain data passed between its three stages:
+"""The step record: what one engine step is made of, as plain data.
 
-    Scheduler.schedule() ──SchedulerOutput──▶ Executor.execute() ──ModelRunnerOutput──▶
-    Scheduler.update_from_output() ──▶ the requests to report
+    Scheduler.schedule() ──StepRecord──▶ Executor.execute() ──ModelRunnerOutput──▶
+    Scheduler.update_from_output() ──▶ one CoreOutput per request with news (engine/outputs.py)
 
-`SchedulerOutput` is everything the device side needs for the step (which tokens of which
-sequences to compute, over which KV blocks, which blocks to zero or copy first, which sequences
-draw a token from which logits row); `ModelRunnerOutput` is what came back (sampled token ids,
-logprobs). Neither side reaches into the other: the scheduler never sees a tensor, the executor
-never changes a request.
+`StepRecord` is everything the device side needs for a step; the runner, the tensor-parallel
+workers and the CUDA-graph runner all read it. It holds no object of the scheduler's (no request,
+no sequence), only ids, numbers and lists, so it crosses a process boundary as it is
+(`test_step_record.py` round-trips it through the wire format). It is a delta: the device side
+keeps each sequence's tokens and block tables (engine/device_state.py), so a sequence's prompt is
+sent once (`NewSequence`), and afterwards each step sends only the tokens it gained and how its
+block tables changed (`ScheduledRow`).
 
-A step that verifies draft tokens (speculative decoding, engine/speculative.py) computes the
-sequence's last token followed by its drafts and returns several tokens for it in
-`sampled_token_ids`. Per-row extras (a grammar's token bitmask, step timings) become fields here.
+Per-row features are typed fields, never constructor arguments threaded through the classes:
+the drafts a row verifies (`draft_token_ids`), the grammar bitmask of a constrained sample
+(`StepRecord.grammar_bitmasks`), the adapter a row runs under (`adapter_slot`). A new feature is
+a new field here, filled by the scheduler and read by whoever needs it.
+
+`needs_logits` has one meaning everywhere: the step computes the sequence's last known token, so
+a token is sampled from that row's logits (and, with drafts, one per draft).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
 
-if TYPE_CHECKING:
-    from inferd.engine.request import Sequence
-    from inferd.outputs import PositionLogprobs
+from inferd.engine.kv_cache import NULL_BLOCK
+from inferd.outputs import Logprob, PositionLogprobs
+from inferd.sampling_params import SamplingParams
+
+BASE_MODEL = 0  # adapter_slot of a row that runs the model's own weights
 
 
 @dataclass
-class ScheduledSequence:
-    """One sequence's share of a step, fixed when it was scheduled. The block tables are the
-    sequence's own lists: valid until the next `schedule()`."""
+class BlockUpdate:
+    """How one block table changed since the device side last saw it:
 
-    seq: Sequence
+        table = table[:keep] + append;  table[:nulls] = NULL_BLOCK
+
+    which covers every change the KV manager makes: blocks appended, blocks behind a sliding
+    window released (leading entries become NULL_BLOCK), a tail of rejected-draft blocks given
+    back, a whole new table after preemption or a fork."""
+
+    nulls: int
+    keep: int
+    append: list[int]
+
+    def apply(self, table: list[int]) -> list[int]:
+        out = table[: self.keep] + self.append
+        if self.nulls:
+            out[: self.nulls] = [NULL_BLOCK] * self.nulls
+        return out
+
+
+def diff_table(old: list[int], new: list[int]) -> BlockUpdate | None:
+    """The update that turns `old` into `new`; None when they are equal."""
+    if old == new:
+        return None
+    nulls = 0
+    while nulls < len(new) and new[nulls] == NULL_BLOCK:
+        nulls += 1
+    shared = min(len(old), len(new))
+    keep = min(nulls, shared)
+    while keep < shared and old[keep] == new[keep]:
+        keep += 1
+    return BlockUpdate(nulls, keep, new[keep:])
+
+
+@dataclass
+class NewSequence:
+    """A sequence the device side has not seen, sent once: in the step that first schedules it
+    or, for samples 2..n of a request, in the step whose logits row they first draw from."""
+
+    seq_id: int
+    prompt_token_ids: list[int]  # empty for a fork: it is `fork_of`'s prompt
+    params: SamplingParams
+    seed: int | None = None  # this sample's seed (request seed + sample index), None: unseeded
+    fork_of: int | None = None  # the sequence whose prompt (and logits row) a fork starts from
+
+
+@dataclass
+class ScheduledRow:
+    """One sequence's share of a step."""
+
+    seq_id: int
     num_computed: int  # tokens already in the KV cache: the step's first position
-    token_ids: list[int]  # the tokens computed in this step
-    block_tables: list[list[int]]  # one per KV group, covering every token computed now
-    # The step reaches the last known token: a token is sampled from its logits.
+    num_new_tokens: int  # known tokens computed now (drafts not counted)
+    # Tokens the sequence gained since the device side last saw it (usually the one sampled in
+    # the previous step; after a preemption, everything generated meanwhile).
+    new_token_ids: list[int] = field(default_factory=list)
+    # Per KV group; None when no table changed.
+    block_updates: list[BlockUpdate | None] | None = None
     needs_logits: bool = False
-    # Logits of every new token are needed too (prompt logprobs of a prompt chunk).
+    # The logits of every computed token too (prompt logprobs of a prompt chunk).
     prompt_logprobs: bool = False
-    # Samples 1..n-1 of the request: the step completes the prompt, so they start now, each
-    # drawing its first token from this sequence's logits row.
-    forks: list[Sequence] = field(default_factory=list)
-    # Speculative decoding: drafts to verify, the tail of `token_ids` (after the sequence's last
-    # token). The step needs a logits row for the last token and for each draft.
+    # Speculative decoding: drafts computed after the sequence's last token, one logits row each.
     draft_token_ids: list[int] = field(default_factory=list)
+    # n > 1: samples 1..n-1 of the request, starting now, each drawing its first token from this
+    # row's logits (their NewSequence comes in the same record).
+    fork_seq_ids: list[int] = field(default_factory=list)
+    # Which adapter's weights the row runs under; BASE_MODEL: the model's own (no adapter is
+    # loaded yet, so the runner refuses any other slot).
+    adapter_slot: int = BASE_MODEL
 
     @property
-    def num_new_tokens(self) -> int:
-        return len(self.token_ids)
-
-    @property
-    def samples(self) -> list[Sequence]:
-        """The sequences that draw a token from this sequence's logits row."""
-        return [self.seq, *self.forks] if self.needs_logits else []
+    def sample_ids(self) -> list[int]:
+        """The sequences that draw a token from this row's logits, in sampling order."""
+        return [self.seq_id, *self.fork_seq_ids] if self.needs_logits else []
 
 
 @dataclass
-class SchedulerOutput:
-    scheduled: list[ScheduledSequence]
-    preempted: list[Sequence]
+class StepRecord:
+    rows: list[ScheduledRow] = field(default_factory=list)
+    new_sequences: list[NewSequence] = field(default_factory=list)
+    # Sequences the device side may forget: finished, aborted or failed since the last record.
+    finished_seq_ids: list[int] = field(default_factory=list)
     # Per KV group: blocks handed out for the first time, to zero before the step runs.
     blocks_to_clear: list[list[int]] = field(default_factory=list)
     # (group, source, destination) KV blocks to copy, after clearing and before the step runs:
     # the partly filled last block of a parent for each fork started by the previous step.
     block_copies: list[tuple[int, int, int]] = field(default_factory=list)
+    # Structured outputs: sample seq_id → its grammar's token bitmask for this step (int32
+    # words, little-endian bytes; bit t % 32 of word t // 32 allows token t).
+    grammar_bitmasks: dict[int, bytes] = field(default_factory=dict)
+    # Sequences this step preempted (their blocks are gone; the device side keeps their state).
+    preempted_seq_ids: list[int] = field(default_factory=list)
 
     @property
     def num_tokens(self) -> int:
-        return sum(s.num_new_tokens for s in self.scheduled)
+        """Tokens the step computes, drafts included."""
+        return sum(r.num_new_tokens + len(r.draft_token_ids) for r in self.rows)
 
     @property
-    def sampled(self) -> list[Sequence]:
+    def sample_ids(self) -> list[int]:
         """Who gets tokens this step, in the order of `ModelRunnerOutput.sampled_token_ids`."""
-        return [seq for s in self.scheduled for seq in s.samples]
+        return [seq_id for r in self.rows for seq_id in r.sample_ids]
+
+    def for_workers(self) -> StepRecord:
+        """What a tensor-parallel worker needs: everything but the sampling-only fields."""
+        return StepRecord(self.rows, self.new_sequences, self.finished_seq_ids,
+                          self.blocks_to_clear, self.block_copies)  # fmt: skip
+
+
+@dataclass
+class TokenLogprobs:
+    """Logprobs at one position: the chosen (or prompt) token first, then the top alternatives
+    asked for, in rank order; parallel lists, as they cross the process boundary."""
+
+    token_ids: list[int]
+    logprobs: list[float]
+    ranks: list[int]
+
+    @classmethod
+    def of(cls, entry: PositionLogprobs) -> TokenLogprobs:
+        return cls(list(entry), [lp.logprob for lp in entry.values()],
+                   [lp.rank for lp in entry.values()])  # fmt: skip
+
+    def position(self, decoded: list[str | None] | None = None) -> PositionLogprobs:
+        """As the user sees it: token id → Logprob, with each token's text when given."""
+        names = decoded or [None] * len(self.token_ids)
+        return {t: Logprob(v, r, d) for t, v, r, d in
+                zip(self.token_ids, self.logprobs, self.ranks, names, strict=True)}  # fmt: skip
 
 
 @dataclass
 class ModelRunnerOutput:
-    # One list per entry of `SchedulerOutput.sampled`: the tokens drawn for that sequence (one,
+    # One list per entry of `StepRecord.sample_ids`: the tokens drawn for that sequence (one,
     # or after verifying drafts: the accepted drafts and the token that follows them).
     sampled_token_ids: list[list[int]]
     # Same order, one entry per sampled token; None where the request asked for no logprobs.
-    # May be left empty when no request asked.
+    # May be left empty when no request asked. (In the core's process only: the scheduler
+    # turns these into TokenLogprobs for the front end.)
     logprobs: list[list[PositionLogprobs] | None] = field(default_factory=list)
     # seq_id → logprobs of the prompt tokens this step's positions predict (prompt_logprobs).
     prompt_logprobs: dict[int, list[PositionLogprobs]] = field(default_factory=dict)

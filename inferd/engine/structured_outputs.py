@@ -1,45 +1,52 @@
-"""The engine's side of structured outputs: compile each request's grammar off the loop thread,
-give each constrained sequence its matcher, and constrain the sampling of their rows.
+"""The engine core's side of structured outputs: compile each request's grammar off the loop
+thread, and keep its state on the request, where the scheduler reads it.
 
     add_request ── submit(spec) ──▶ GrammarManager worker thread (compile, cached by spec)
-    schedule()  ── grammar ready? attach(req): one GrammarMatcher per sample (n > 1: each its own)
-    execute()   ── sample(): unconstrained rows as before; constrained rows masked (sampled rows,
-                   rows asking for logprobs) or checked first (greedy rows: llama.cpp's trick)
-    update_from_output() ── advance(seq, token): the matcher accepts every appended token
+                   req.grammar = the GrammarCompilation (its future, and what to do with it)
+    schedule()  ── grammar ready? every sample gets its own GrammarMatcher (n > 1: each its own)
+                ── a sampled row of a constrained sample: its token bitmask, in the step record
+    sampling    ── the sampler applies the bitmask as a logits processor (engine/grammar_mask.py)
+    update_from_output() ── accept(seq, token): the matcher follows every appended token
 
 The tokenizer info (the vocabulary as llguidance sees it, seconds to build the first time) is
 built on the first compilation, in the manager's worker thread: an engine that never sees a
 constrained request never pays for it.
-
-Logprobs of a constrained row are those of the masked distribution (vLLM applies the grammar's
-bitmask to the logits before its sampler computes logprobs): such rows are always masked first,
-so the reported numbers do not depend on which path sampled the token.
 """
 
 from __future__ import annotations
 
 import time
 from concurrent.futures import Future
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
-
-import torch
 
 from inferd.errors import InvalidRequest
 from inferd.structured_params import StructuredOutputsParams
 
 if TYPE_CHECKING:
-    from inferd.engine.request import Request, Sequence
-    from inferd.engine.sampler import Sampler, SampleResult, SamplingRow
+    from inferd.engine.request import Sequence
     from inferd.structured.manager import GrammarManager
-    from inferd.structured.sampling import ConstrainedSampling
+    from inferd.structured.matcher import GrammarMatcher
+
+
+@dataclass
+class ConstraintStats:
+    """Counts since the engine started: what the constraints cost."""
+
+    checked: int = 0  # greedy rows sampled unmasked and checked against their bitmask
+    rejected: int = 0  # of those, masked and sampled again
+    masked: int = 0  # rows masked before sampling (mask-first rows and rejected ones)
+    tokens: int = 0  # constrained tokens accepted by their grammar
+    constrain_s: float = 0.0  # seconds the sampler spent checking and masking
+    accept_s: float = 0.0  # seconds advancing grammars over sampled tokens
+    bitmask_s: float = 0.0  # seconds computing the bitmasks of the step records
 
 
 class StructuredOutputs:
-    def __init__(self, tokenizer, vocab_size: int, max_rows: int = 256):
+    def __init__(self, tokenizer, vocab_size: int, stats: ConstraintStats | None = None):
         self._tokenizer, self._vocab_size = tokenizer, vocab_size
         self._manager: GrammarManager | None = None
-        self._max_rows = max_rows
-        self._sampling: ConstrainedSampling | None = None
+        self.stats = stats or ConstraintStats()
 
     @property
     def manager(self) -> GrammarManager:
@@ -53,81 +60,66 @@ class StructuredOutputs:
             self._manager = GrammarManager(lambda: build_tokenizer_info(tokenizer, vocab_size))
         return self._manager
 
-    # ---- compiling (any thread) -----------------------------------------------------------------
-    def submit(self, spec: StructuredOutputsParams) -> Future:
-        """Start compiling `spec` (or share its cached compilation); never blocks. `check`
-        turns the future's exception, once done, into the InvalidRequest to raise."""
-        return self.manager.submit(spec)
+    def submit(self, spec: StructuredOutputsParams) -> GrammarCompilation:
+        """Start compiling `spec` (or share its cached compilation); never blocks (any
+        thread)."""
+        return GrammarCompilation(self, self.manager.submit(spec), spec)
 
-    def check(self, handle: Future, spec: StructuredOutputsParams) -> None:
-        """Raise the compilation's error as an InvalidRequest (the handle must be done)."""
-        error = handle.exception()
+    def shutdown(self) -> None:
+        if self._manager is not None:
+            self._manager.shutdown()
+
+
+class GrammarCompilation:
+    """One request's grammar: a compilation that may still run, then matchers from it."""
+
+    def __init__(self, owner: StructuredOutputs, future: Future, spec: StructuredOutputsParams):
+        self._owner, self.future, self.spec = owner, future, spec
+
+    def done(self) -> bool:
+        return self.future.done()
+
+    def add_done_callback(self, callback) -> None:
+        self.future.add_done_callback(lambda _: callback(self))
+
+    def check(self) -> None:
+        """Raise the compilation's error as an InvalidRequest (it must be done)."""
+        error = self.future.exception()
         if error is None:
             return
         if isinstance(error, InvalidRequest):
             raise error
         # The model's tokenizer cannot be used by the grammar engine: not the spec's fault,
         # but still nothing this server can do for the request.
-        field = spec.field_name()
+        field = self.spec.field_name()
         raise InvalidRequest(field, f"{field}: structured outputs are unavailable: {error}")
 
-    # ---- the loop thread ------------------------------------------------------------------------
-    def attach(self, req: Request) -> None:
-        """Give every sample of `req` (started or still waiting to fork) a fresh matcher.
-        Raises the request's InvalidRequest when its grammar did not compile."""
-        spec = req.params.structured_outputs
-        self.check(req.grammar, spec)
-        for seq in [*req.sequences, *req.forks]:
-            seq.matcher = self.manager.matcher(req.grammar)
+    def new_matcher(self) -> GrammarMatcher:
+        return self._owner.manager.matcher(self.future)
 
-    def advance(self, seq: Sequence, token: int) -> None:
-        """The matcher follows the appended token. A token the grammar refuses means the
-        sampler broke its contract: raised, so the step fails rather than the reply silently
+    def bitmask(self, matcher: GrammarMatcher) -> bytes:
+        """The tokens `matcher` allows next, as the step record carries them."""
+        import torch
+
+        start = time.perf_counter()
+        words = self._owner.manager.info.bitmask_words
+        row = torch.empty((1, words), dtype=torch.int32)
+        matcher.fill_bitmask(row, 0)
+        self._owner.stats.bitmask_s += time.perf_counter() - start
+        return row.numpy().tobytes()
+
+    def accept(self, seq: Sequence, token: int) -> None:
+        """The sample's matcher follows the appended token. A token the grammar refuses means
+        the sampler broke its contract: raised, so the step fails rather than the reply silently
         leaving its grammar."""
+        stats = self._owner.stats
         start = time.perf_counter()
         accepted = seq.matcher.accept_tokens([token])
-        if self._sampling is not None:  # None only when a test drives the scheduler alone
-            self._sampling.stats.accept_s += time.perf_counter() - start
-            self._sampling.stats.tokens += accepted
+        stats.accept_s += time.perf_counter() - start
+        stats.tokens += accepted
         if not accepted:
             raise RuntimeError(
                 f"sequence {seq.seq_id}: the sampled token {token} is not allowed by its grammar"
             )
         if seq.matcher.error:
             raise RuntimeError(f"sequence {seq.seq_id}: grammar error: {seq.matcher.error}")
-
-    def sample(
-        self, sampler: Sampler, logits: torch.Tensor, rows: list[SamplingRow]
-    ) -> SampleResult:
-        """The sampler's result for `rows`, each constrained row following its grammar.
-        NOTE: constrained rows of `logits` are masked in place (the executor's own copy)."""
-        matchers = [r.matcher for r in rows]
-        if all(m is None for m in matchers):
-            return sampler(logits, rows)
-        if self._sampling is None:
-            from inferd.structured.sampling import ConstrainedSampling
-
-            self._sampling = ConstrainedSampling(self.manager.info, self._max_rows)
-        # Check first only where the result is exactly the masked one and nothing else reads
-        # the logits: greedy rows without logprobs (see inferd/structured/sampling.py).
-        check_first = [r.params.greedy and r.params.logprobs is None for r in rows]
-        first: list[SampleResult] = []
-
-        def sample_fn(x: torch.Tensor, index: list[int]) -> list[int]:
-            result = sampler(x, [rows[i] for i in index])
-            if not first:
-                first.append(result)
-            return result.token_ids
-
-        token_ids = self._sampling.sample(logits, matchers, sample_fn, check_first)
-        # NOTE: resampled rows are greedy rows without logprobs: the first call's logprobs stand.
-        return type(first[0])(token_ids, first[0].logprobs)
-
-    @property
-    def stats(self):
-        """What the constraints cost so far (checked, rejected, masked rows), or None."""
-        return None if self._sampling is None else self._sampling.stats
-
-    def shutdown(self) -> None:
-        if self._manager is not None:
-            self._manager.shutdown()

@@ -12,7 +12,9 @@ import time
 import torch
 
 from inferd.distributed.control import broadcast, gather_reports
-from inferd.engine.runner import ModelRunner, SequenceStep
+from inferd.engine.device_state import SequenceStep
+from inferd.engine.runner import ModelRunner
+from inferd.engine.step import StepRecord
 from inferd.engine.tp_workers import rank_report
 from inferd.errors import EngineDeadError
 
@@ -45,26 +47,31 @@ class TPModelRunner:
         except RuntimeError as e:
             raise WorkerFailure(f"tensor-parallel worker unreachable: {e}") from e
 
+    def execute_step(self, record: StepRecord, timer=None):
+        """Every worker gets the record (its deltas, block clears and copies: one message a
+        step), then all ranks run it; only rank 0 samples."""
+        self._send(("step", record.for_workers()))
+        return self._guarded(self.local.execute_step, record, timer)
+
     def execute_with_prompt_logits(self, steps: list[SequenceStep], timer=None):
-        self._send(("step", steps))
-        try:
-            return self.local.execute_with_prompt_logits(steps, timer)
-        except RuntimeError as e:  # a collective lost its peer or timed out
-            self._check_workers()
-            raise WorkerFailure(f"tensor-parallel step failed: {e}") from e
+        self._send(("rows", steps))
+        return self._guarded(self.local.execute_with_prompt_logits, steps, timer)
 
     def execute(self, steps: list[SequenceStep]) -> torch.Tensor:
         return self.execute_with_prompt_logits(steps)[0]
 
     def clear_blocks(self, blocks: list[list[int]]) -> None:
+        """Zero blocks on every rank now (direct runner use; steps carry their own clears)."""
         if any(blocks):
             self._send(("clear", blocks))
         self.local.clear_blocks(blocks)
 
-    def copy_blocks(self, copies: list[tuple[int, int, int]]) -> None:
-        if copies:
-            self._send(("copy", copies))
-        self.local.copy_blocks(copies)
+    def _guarded(self, run, *args):
+        try:
+            return run(*args)
+        except RuntimeError as e:  # a collective lost its peer or timed out
+            self._check_workers()
+            raise WorkerFailure(f"tensor-parallel step failed: {e}") from e
 
     def reports(self) -> list[dict]:
         """Per rank: pid, bytes of weights and of KV cache it holds (measured on each rank)."""

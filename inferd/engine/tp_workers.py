@@ -36,8 +36,9 @@ from inferd.platform import resolve_device
 
 log = logging.getLogger(__name__)
 
-# Messages (rank 0 → all): ("step", [SequenceStep]), ("clear", blocks), ("copy", copies),
-# ("report",), ("stop",)
+# Messages (rank 0 → all): ("step", StepRecord) (the engine's steps: the record's deltas keep
+# each worker's copy of the sequences current, engine/device_state.py), ("rows", [SequenceStep])
+# (rows given whole) and ("clear", blocks), for direct runner use; ("report",), ("stop",)
 
 
 def start_ranks(config: EngineConfig, device: torch.device) -> tuple[TPGroup, object, list]:
@@ -86,11 +87,11 @@ def worker_main(rank: int, world_size: int, init_method: str, config: EngineConf
         message = broadcast(None, control)
         kind = message[0]
         if kind == "step":
+            runner.execute_step(message[1])
+        elif kind == "rows":
             runner.execute(message[1])
         elif kind == "clear":
             runner.clear_blocks(message[1])
-        elif kind == "copy":
-            runner.copy_blocks(message[1])
         elif kind == "report":
             gather_reports(rank_report(model, runner), control)
         elif kind == "stop":

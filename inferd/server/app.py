@@ -75,7 +75,8 @@ def create_app(client: EngineClient, settings: ServerSettings | None = None) -> 
     settings = settings or ServerSettings()
     info = client.model_info
     names = list(settings.served_model_names) or [info.name]
-    metrics = ServerMetrics(names[0], info.max_model_len)
+    # Per data-parallel replica when the client has several (core_client.py), else engine "0".
+    metrics = ServerMetrics(names[0], info.max_model_len, getattr(client, "replica_stats", None))
     client.observe_outputs(metrics.observe_output)
     client.observe_outputs(log_timeline)
     limits = AdmissionLimits(

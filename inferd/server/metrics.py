@@ -4,8 +4,10 @@ works after replacing `vllm:` with `inferd:`.
 Each server owns its registry (never prometheus_client's global one), so two apps in one process
 do not collide. Gauges and counters come from `engine.stats()` (counters advance by the delta
 since the last snapshot), and so do the step-phase histograms, which the engine fills itself
-(step_metrics.py); the request histograms are observed from each request's own timestamps: the
-inter-token latency every time a request's output grows, the rest when it finishes.
+(step_metrics.py); they carry vLLM's `engine` label: "0", or one series per data-parallel replica
+when the client reports each replica's stats (`replica_stats`). The request histograms are
+observed from each request's own timestamps: the inter-token latency every time a request's
+output grows, the rest when it finishes.
 
 The request intervals are vLLM's (RequestMetrics in inferd/outputs.py): queue = queued by the
 engine → first scheduled; prefill = first scheduled → first token; decode = first token → last
@@ -14,6 +16,8 @@ decode <= e2e: the gap is the server's own work (parsing, tokenizing) and the fi
 """
 
 from __future__ import annotations
+
+from collections.abc import Callable
 
 from prometheus_client import CONTENT_TYPE_LATEST as CONTENT_TYPE  # noqa: F401 - re-exported
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
@@ -110,12 +114,17 @@ def token_buckets(max_model_len: int) -> tuple[int, ...]:
 
 
 class ServerMetrics:
-    def __init__(self, model_name: str, max_model_len: int = 131072):
+    def __init__(self, model_name: str, max_model_len: int = 131072,
+                 replica_stats: Callable[[], list] | None = None):  # fmt: skip
+        """`replica_stats`: each data-parallel replica's stats (the client's), else the one
+        engine's stats given to `render` are engine "0"."""
         self.registry = CollectorRegistry()
         reg, label = self.registry, {"model_name": model_name}
+        per_engine = ["model_name", "engine"]
+        self.replica_stats = replica_stats
 
         def gauge(name: str, doc: str) -> Gauge:
-            return Gauge(PREFIX + name, doc, list(label), registry=reg).labels(**label)
+            return Gauge(PREFIX + name, doc, per_engine, registry=reg)
 
         def histogram(name: str, doc: str, buckets: tuple[float, ...]) -> Histogram:
             return Histogram(PREFIX + name, doc, list(label), registry=reg, buckets=buckets).labels(
@@ -126,15 +135,13 @@ class ServerMetrics:
         self.waiting = gauge("num_requests_waiting", "Sequences waiting to be scheduled.")
         self.kv_usage = gauge("kv_cache_usage_perc", "Fraction of KV-cache blocks in use (0-1).")
         self.counters = {
-            field: Counter(PREFIX + name, _COUNTER_HELP[field], list(label), registry=reg).labels(
-                **label
-            )
+            field: Counter(PREFIX + name, _COUNTER_HELP[field], per_engine, registry=reg)
             for field, name in _COUNTERS.items()
         }
         self.accepted_per_pos = Counter(
             PREFIX + "spec_decode_num_accepted_tokens_per_pos",
             "Accepted draft tokens by their position in the draft (0-based).",
-            ["model_name", "position"],
+            ["model_name", "engine", "position"],
             registry=reg,
         )
         self.success = Counter(
@@ -171,29 +178,34 @@ class ServerMetrics:
         )
         self.steps = StepTimingCollector(PREFIX, model_name)
         reg.register(self.steps)
-        self._last_counts: dict[str, int] = {}
+        self._last_counts: dict[tuple[str, str], int] = {}
         # request id → (tokens generated, time of the last one) at its previous output
         self._progress: dict[str, tuple[int, float]] = {}
 
     def update_stats(self, stats) -> None:
-        self.steps.timing = getattr(stats, "step_timing", None)
-        self.running.set(stats.num_running)
-        self.waiting.set(stats.num_waiting)
-        self.kv_usage.set(stats.kv_cache_usage)
+        """The engine's stats (all replicas' when the client reports them one by one)."""
+        replicas = self.replica_stats() if self.replica_stats is not None else [stats]
+        self.steps.timings = [getattr(s, "step_timing", None) for s in replicas]
+        for engine, s in enumerate(replicas):
+            self._update_engine(str(engine), s)
+
+    def _update_engine(self, engine: str, stats) -> None:
+        labels = {"model_name": self.model_name, "engine": engine}
+        self.running.labels(**labels).set(stats.num_running)
+        self.waiting.labels(**labels).set(stats.num_waiting)
+        self.kv_usage.labels(**labels).set(stats.kv_cache_usage)
         for field, counter in self.counters.items():
-            value = getattr(stats, field)
-            delta = value - self._last_counts.get(field, 0)
-            if delta > 0:
-                counter.inc(delta)
-            self._last_counts[field] = value
+            self._advance(counter.labels(**labels), (engine, field), getattr(stats, field))
         for pos, value in enumerate(stats.spec_decode_num_accepted_tokens_per_pos):
-            key = f"spec_decode_pos{pos}"
-            delta = value - self._last_counts.get(key, 0)
-            if delta > 0:
-                self.accepted_per_pos.labels(model_name=self.model_name, position=str(pos)).inc(
-                    delta
-                )
-            self._last_counts[key] = value
+            counter = self.accepted_per_pos.labels(**labels, position=str(pos))
+            self._advance(counter, (engine, f"spec_decode_pos{pos}"), value)
+
+    def _advance(self, counter, key: tuple[str, str], value: int) -> None:
+        """Counters advance by what the engine's cumulative count grew since the last look."""
+        delta = value - self._last_counts.get(key, 0)
+        if delta > 0:
+            counter.inc(delta)
+        self._last_counts[key] = value
 
     def observe_output(self, out: RequestOutput) -> None:
         """Called for every engine output, in order, on the event loop."""

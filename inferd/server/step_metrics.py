@@ -25,37 +25,39 @@ def _buckets(h: HistogramData) -> list[tuple[str, float]]:
 
 
 class StepTimingCollector:
-    """Registered on a server's registry; `timing` is replaced with each stats snapshot."""
+    """Registered on a server's registry; `timings` (one per engine: the `engine` label) are
+    replaced with each stats snapshot."""
 
     def __init__(self, prefix: str, model_name: str):
         self.prefix, self.model_name = prefix, model_name
-        self.timing: StepTiming | None = None
+        self.timings: list[StepTiming | None] = []
 
     def describe(self) -> list[Metric]:
         return []  # names are fixed, but families appear only once an engine reports timings
 
     def collect(self) -> Iterator[Metric]:
-        timing = self.timing
-        if timing is None:
+        timed = [(str(e), t) for e, t in enumerate(self.timings) if t is not None]
+        if not timed:
             return
         p, name = self.prefix, self.model_name
         step = HistogramMetricFamily(p + "step_duration_seconds",
                                      "Duration of one engine step.",
-                                     labels=["model_name", "step_kind"])  # fmt: skip
+                                     labels=["model_name", "engine", "step_kind"])  # fmt: skip
         phase = HistogramMetricFamily(
             p + "step_phase_seconds",
             "Time per phase of an engine step (schedule, prepare, forward, sample, output).",
-            labels=["model_name", "phase", "step_kind"],
+            labels=["model_name", "engine", "phase", "step_kind"],
         )
-        for kind in STEP_KINDS:
-            h = timing.steps[kind]
-            step.add_metric([name, kind], _buckets(h), h.total)
-            for ph in STEP_PHASES:
-                h = timing.phases[kind, ph]
-                phase.add_metric([name, ph, kind], _buckets(h), h.total)
-        tokens = timing.tokens["decode"].plus(timing.tokens["prefill"])
         iteration = HistogramMetricFamily(p + "iteration_tokens_total",
                                           "Histogram of number of tokens per engine step.",
-                                          labels=["model_name"])  # fmt: skip
-        iteration.add_metric([name], _buckets(tokens), tokens.total)
+                                          labels=["model_name", "engine"])  # fmt: skip
+        for engine, timing in timed:
+            for kind in STEP_KINDS:
+                h = timing.steps[kind]
+                step.add_metric([name, engine, kind], _buckets(h), h.total)
+                for ph in STEP_PHASES:
+                    h = timing.phases[kind, ph]
+                    phase.add_metric([name, engine, ph, kind], _buckets(h), h.total)
+            tokens = timing.tokens["decode"].plus(timing.tokens["prefill"])
+            iteration.add_metric([name, engine], _buckets(tokens), tokens.total)
         yield from (step, phase, iteration)

@@ -84,7 +84,7 @@ class NgramIndex:
 def draft_room(num_tokens: int, num_output_tokens: int, max_tokens: int, max_model_len: int) -> int:
     """The most drafts worth verifying: a step that accepts all d drafts emits d + 1 tokens, and
     the sequence may emit only up to `max_tokens` outputs and `max_model_len` tokens in all (the
-    limits at which stopping.py ends it). Never negative."""
+    limits at which the scheduler ends it). Never negative."""
     can_emit = min(max_tokens - num_output_tokens, max_model_len - num_tokens)
     return max(0, can_emit - 1)
 

@@ -83,7 +83,7 @@ BLOCK = 4
 
 def _request(prompt: list[int], salt: str | None) -> Request:
     params = SamplingParams(max_tokens=1, ignore_eos=True)
-    req = Request(f"r{random.random()}", None, list(prompt), params, RequestMetrics(0.0), 1,
+    req = Request(f"r{random.random()}", list(prompt), params, RequestMetrics(0.0), 1,
                   forked=True, cache_salt=salt)  # fmt: skip
     req.sequences = [Sequence(random.randrange(1 << 30), req, 0, list(prompt), len(prompt))]
     return req
@@ -94,7 +94,7 @@ def _cached_tokens(sched: Scheduler, prompt: list[int], salt: str | None) -> int
     sched.add_request(req)
     while sched.has_unfinished_requests():
         out = sched.schedule()
-        sched.update_from_output(out, ModelRunnerOutput([[7] for _ in out.sampled]))
+        sched.update_from_output(out, ModelRunnerOutput([[7] for _ in out.sample_ids]))
     return req.metrics.num_cached_tokens
 
 

@@ -68,14 +68,14 @@ def test_the_scheduler_stamps_queued_preempted_and_max_tokens():
     reqs = []
     for i in range(2):
         params = SamplingParams(max_tokens=8, ignore_eos=True)
-        req = Request(f"r{i}", None, [i + 2] * 12, params, RequestMetrics(0.0), 8, forked=True)
+        req = Request(f"r{i}", [i + 2] * 12, params, RequestMetrics(0.0), 8, forked=True)
         req.sequences = [Sequence(i, req, 0, [i + 2] * 12, 12)]
         sched.add_request(req)
         reqs.append(req)
     assert all(r.metrics.queued_time > 0 and r.metrics.max_tokens_param == 8 for r in reqs)
     for _ in range(2):  # 3 blocks each fill the pool; the older one's 4th block preempts
         out = sched.schedule()
-        sched.update_from_output(out, ModelRunnerOutput([[7] for _ in out.sampled]))
+        sched.update_from_output(out, ModelRunnerOutput([[7] for _ in out.sample_ids]))
     newer = reqs[1].metrics
     assert newer.num_preemptions == len(newer.preemption_times) == 1
     assert newer.preemption_times[0] >= newer.first_scheduled_time
@@ -124,14 +124,14 @@ def test_step_histograms_render_from_the_engine_snapshot(monkeypatch):
     metrics = ServerMetrics("m")
     assert "step_phase_seconds" not in metrics.render().decode()  # no engine timings yet
     text = metrics.render(stats).decode()
-    decode = '{model_name="m",phase="forward",step_kind="decode"}'
+    decode = '{engine="0",model_name="m",phase="forward",step_kind="decode"}'
     assert sample(text, "inferd:step_phase_seconds_count" + decode) == 1
     assert sample(text, "inferd:step_phase_seconds_sum" + decode) == pytest.approx(0.004)
-    assert sample(text, 'inferd:step_duration_seconds_sum{model_name="m",step_kind="prefill"}') \
-        == pytest.approx(0.8)  # fmt: skip
+    prefill = '{engine="0",model_name="m",step_kind="prefill"}'
+    assert sample(text, "inferd:step_duration_seconds_sum" + prefill) == pytest.approx(0.8)
     assert sample(text, "inferd:iteration_tokens_total_count") == 2
     assert sample(text, "inferd:iteration_tokens_total_sum") == 332
-    assert 'inferd:iteration_tokens_total_bucket{le="32.0",model_name="m"} 1.0' in text
+    assert 'inferd:iteration_tokens_total_bucket{engine="0",le="32.0",model_name="m"} 1.0' in text
 
 
 # ---- the app with a fake client ----------------------------------------------------------------

@@ -10,7 +10,7 @@ import pytest
 from fastapi.exceptions import RequestValidationError
 from pydantic import ValidationError
 
-from inferd.engine.input_processor import InputProcessor
+from inferd.engine.input_processor import InputLimits, InputProcessor
 from inferd.engine_client import EngineStats, ModelInfo
 from inferd.errors import ContextTooLong, EngineDeadError, InvalidRequest, Overloaded, RequestFailed
 from inferd.outputs import CompletionOutput, Logprob, RequestMetrics, RequestOutput
@@ -97,11 +97,11 @@ def _raised(make) -> Exception:
 
 
 # The engine's own checks, as it runs them (prompts of token ids need no tokenizer).
-_ENGINE = InputProcessor(None, 262144, 7264, 128, 16, "cpu")
+_ENGINE = InputProcessor(None, InputLimits(vocab_size=262144, max_model_len=7264))
 
 
 def _engine_request(prompt, **params):
-    return _ENGINE.make_request("r", prompt, SamplingParams(**params), None, False)
+    return _ENGINE.make_request("r", prompt, SamplingParams(**params))
 
 
 @pytest.mark.parametrize(
@@ -294,8 +294,8 @@ def test_speculative_decoding_counters_with_vllm_names_and_positions():
     assert _sample(text, "inferd:spec_decode_num_draft_tokens_total") == 12
     assert _sample(text, "inferd:spec_decode_num_accepted_tokens_total") == 8
     per_pos = "inferd:spec_decode_num_accepted_tokens_per_pos_total"
-    assert f'{per_pos}{{model_name="m",position="0"}} 3.0' in text
-    assert f'{per_pos}{{model_name="m",position="3"}} 1.0' in text
+    assert f'{per_pos}{{engine="0",model_name="m",position="0"}} 3.0' in text
+    assert f'{per_pos}{{engine="0",model_name="m",position="3"}} 1.0' in text
 
 
 # ---- auth ---------------------------------------------------------------------------------------

@@ -240,3 +240,21 @@ def test_copy_prompts_reach_the_length_with_a_tokenizer_of_few_tokens_per_senten
 
     spec = WorkloadSpec(2, LengthRange(900, 900), LengthRange(8, 8), dataset="copy")
     assert all(r.prompt_len >= 900 for r in copy_requests(spec, FirstWordsTokenizer()))
+
+
+def test_the_multiturn_preset_resends_each_conversations_history():
+    from inferd.bench.workload import USER_TURN_TOKENS, conversations
+
+    spec = resolve_workload("multiturn", input_len=None, output_len=None, range_ratio=0.0,
+                            num_prompts=None, seed=3, default_prompts=64)  # fmt: skip
+    assert (spec.num_prompts, spec.turns, spec.dataset) == (16, 6, "multiturn")
+    talks = conversations(spec, VOCAB)
+    assert len(talks) == 16 and all(len(turns) == 6 for turns in talks)
+    for turns in talks:
+        assert turns[0].prompt_len == 256 and all(t.output_len == 64 for t in turns)
+        for before, after in zip(turns, turns[1:]):  # the history, then answer and question
+            assert after.prompt_token_ids[: before.prompt_len] == before.prompt_token_ids
+            assert after.prompt_len == before.prompt_len + 64 + USER_TURN_TOKENS
+    assert talks[0][0].prompt_token_ids != talks[1][0].prompt_token_ids
+    assert conversations(spec, VOCAB)[5][4] == talks[5][4]  # deterministic
+    assert len(make_requests(spec, VOCAB, None)) == 16 * 6

@@ -1,6 +1,7 @@
 """The scheduler and the KV-cache manager driven with fabricated runner outputs (the sampled token
 ids a model would return): no model, milliseconds. Each test runs steps exactly as the engine
-does, `schedule()` → (fake execution) → `update_from_output()`."""
+core does, `schedule()` → (fake execution of the StepRecord) → `update_from_output()`; every
+record is also applied to a DeviceSequences, whose tokens and tables must equal the scheduler's."""
 
 from __future__ import annotations
 
@@ -8,10 +9,11 @@ import itertools
 
 import pytest
 
+from inferd.engine.device_state import DeviceSequences
 from inferd.engine.kv_cache import NULL_BLOCK, KVCacheManager
 from inferd.engine.request import Request, Sequence, SequenceStatus
 from inferd.engine.scheduler import Scheduler
-from inferd.engine.step import ModelRunnerOutput, SchedulerOutput
+from inferd.engine.step import ModelRunnerOutput, StepRecord
 from inferd.outputs import Logprob, RequestMetrics
 from inferd.sampling_params import SamplingParams
 
@@ -21,22 +23,43 @@ EOS = 1
 _ids = itertools.count()
 
 
-def make_request(prompt: list[int], max_tokens: int = 4, n: int = 1, stream: bool = False,
-                 **params) -> Request:  # fmt: skip
+def make_request(prompt: list[int], max_tokens: int = 4, n: int = 1, **params) -> Request:
     params.setdefault("ignore_eos", True)
     sp = SamplingParams(max_tokens=max_tokens, n=n, **params)
-    req = Request(f"r{next(_ids)}", None, list(prompt), sp, RequestMetrics(0.0), max_tokens,
-                  forked=n == 1, stream=stream)  # fmt: skip
+    req = Request(f"r{next(_ids)}", list(prompt), sp, RequestMetrics(0.0), max_tokens,
+                  forked=n == 1)  # fmt: skip
     samples = [Sequence(next(_ids), req, i, list(prompt), len(prompt)) for i in range(n)]
     req.sequences, req.forks = samples[:1], samples[1:]
-    if sp.prompt_logprobs is not None:
-        req.prompt_logprobs = [None]
     return req
+
+
+class CheckedScheduler(Scheduler):
+    """A scheduler whose every record is applied to a device side's DeviceSequences, as the
+    runner applies it: the tokens and block tables sent as deltas must add up to its own."""
+
+    def __init__(self, *args, **kw):
+        super().__init__(*args, **kw)
+        self.device = DeviceSequences(len(self.kv.pools))
+
+    def schedule(self) -> StepRecord:
+        record = super().schedule()
+        if record.rows:
+            self.device.apply(record)
+            for row, step in zip(record.rows, self.device.forward_rows(record), strict=True):
+                seq = self.sequences[row.seq_id]
+                assert self.device[row.seq_id].token_ids == seq.token_ids
+                assert step.block_tables == [list(t) for t in seq.block_tables]
+                assert step.token_ids == (seq.token_ids[row.num_computed :][: row.num_new_tokens]
+                                          + row.draft_token_ids)  # fmt: skip
+        return record
+
+    def seq(self, row) -> Sequence:
+        return self.sequences[row.seq_id]
 
 
 def make(num_blocks=64, windows=(None,), budget=32, max_seqs=8, caching=True, max_model_len=256):
     kv = KVCacheManager(list(windows), [num_blocks] * len(windows), BS, caching)
-    return kv, Scheduler(kv, max_seqs, budget, max_model_len, (EOS,), ROOT)
+    return kv, CheckedScheduler(kv, max_seqs, budget, max_model_len, (EOS,), ROOT)
 
 
 def add(sched: Scheduler, *args, **kw) -> Sequence:
@@ -45,22 +68,23 @@ def add(sched: Scheduler, *args, **kw) -> Sequence:
     return req.sequences[0]
 
 
-def fake_output(out: SchedulerOutput, token: int = 7) -> ModelRunnerOutput:
+def fake_output(out: StepRecord, token: int = 7) -> ModelRunnerOutput:
     """What the runner and sampler would return: one token per sampled sequence."""
-    return ModelRunnerOutput([[token] for _ in out.sampled])
+    return ModelRunnerOutput([[token] for _ in out.sample_ids])
 
 
-def run_step(sched: Scheduler, token: int = 7) -> tuple[SchedulerOutput, list[Request]]:
+def run_step(sched: Scheduler, token: int = 7) -> tuple[StepRecord, list]:
     out = sched.schedule()
     return out, sched.update_from_output(out, fake_output(out, token))
 
 
-def run_all(sched: Scheduler, limit: int = 1000) -> list[Request]:
+def run_all(sched: Scheduler, limit: int = 1000) -> list[str]:
+    """Ids of the requests that finished, in finishing order."""
     finished = []
     for _ in range(limit):
         if not sched.has_unfinished_requests():
             return finished
-        finished += [r for r in run_step(sched)[1] if r.finished]
+        finished += [o.request_id for o in run_step(sched)[1] if o.finished]
     raise AssertionError("requests did not finish")
 
 
@@ -87,25 +111,31 @@ def test_decodes_are_scheduled_before_new_prefills():
     run_step(sched)  # both prefill (6 tokens)
     newcomer = add(sched, list(range(50, 70)))
     out = sched.schedule()
-    first_two = [s.seq for s in out.scheduled[:2]]
-    assert first_two == [a, b] and all(s.num_new_tokens == 1 for s in out.scheduled[:2])
-    assert out.scheduled[2].seq is newcomer and out.scheduled[2].num_new_tokens == 6
+    first_two = [sched.seq(r) for r in out.rows[:2]]
+    assert first_two == [a, b] and all(r.num_new_tokens == 1 for r in out.rows[:2])
+    assert sched.seq(out.rows[2]) is newcomer and out.rows[2].num_new_tokens == 6
     assert out.num_tokens == 8
-    assert out.scheduled[2].token_ids == list(range(50, 56)) and not out.scheduled[2].needs_logits
+    # The newcomer's prompt travels once, whole; the step computes its first 6 tokens.
+    (new,) = out.new_sequences
+    assert new.seq_id == newcomer.seq_id and new.prompt_token_ids == list(range(50, 70))
+    assert sched.device.forward_rows(out)[2].token_ids == list(range(50, 56))
+    assert not out.rows[2].needs_logits
+    # The decodes send only the token they gained.
+    assert [r.new_token_ids for r in out.rows[:2]] == [[7], [7]]
 
 
 def test_budget_never_exceeded_under_many_requests():
     kv, sched = make(budget=16, max_seqs=4)
     seqs = [add(sched, list(range(i, i + 9)), max_tokens=5) for i in range(10)]
-    finished: list[Request] = []
+    finished: list[str] = []
     for _ in range(500):
         if not sched.has_unfinished_requests():
             break
         out, reported = run_step(sched)
-        finished += reported
+        finished += [o.request_id for o in reported if o.finished]
         assert out.num_tokens <= 16
         assert len(sched.running) <= 4
-    assert sorted(r.request_id for r in finished) == sorted(s.request.request_id for s in seqs)
+    assert sorted(finished) == sorted(s.request.request_id for s in seqs)
     assert all(s.output_token_ids == [7] * 5 and s.finish_reason == "length" for s in seqs)
 
 
@@ -115,7 +145,7 @@ def test_preemption_under_tiny_pool_finishes_every_request():
     start = free_blocks(kv)
     seqs = [add(sched, [100 + i] * 12, max_tokens=4) for i in range(6)]
     finished = run_all(sched)
-    assert sorted(r.request_id for r in finished) == sorted(s.request.request_id for s in seqs)
+    assert sorted(finished) == sorted(s.request.request_id for s in seqs)
     assert sched.counters.num_preemptions > 0
     assert sum(s.request.metrics.num_preemptions for s in seqs) == sched.counters.num_preemptions
     assert all(s.num_output_tokens == 4 for s in seqs)
@@ -127,7 +157,7 @@ def test_newest_running_sequence_is_the_one_preempted():
     old, new = add(sched, [1] * 12, max_tokens=8), add(sched, [2] * 12, max_tokens=8)
     run_step(sched)  # 3 blocks each: pool full
     out, _ = run_step(sched)  # `old` needs a 4th block for token 12
-    assert out.preempted == [new]
+    assert out.preempted_seq_ids == [new.seq_id]
     assert new.status is SequenceStatus.WAITING and new.num_computed == 0
     assert sched.waiting[0] is new and old in sched.running
     assert new.output_token_ids == [7]  # kept: recomputed as part of its prompt later
@@ -141,7 +171,7 @@ def test_shared_prefix_blocks_return_to_zero_references():
     run_step(sched)
     b = add(sched, prefix + [9, 9, 9], max_tokens=2)
     out, _ = run_step(sched)
-    step_b = next(s for s in out.scheduled if s.seq is b)
+    step_b = next(r for r in out.rows if sched.seq(r) is b)
     assert step_b.num_new_tokens == 3 and step_b.num_computed == 12  # 12 came from the cache
     shared = a.block_tables[0][:3]
     assert b.block_tables[0][:3] == shared
@@ -159,8 +189,8 @@ def test_every_block_is_cleared_once_before_its_first_use():
     while sched.has_unfinished_requests():
         out, _ = run_step(sched)
         cleared += out.blocks_to_clear[0]
-        for s in out.scheduled:
-            held |= {b for b in s.block_tables[0] if b != NULL_BLOCK}
+        for r in out.rows:
+            held |= {b for b in sched.device[r.seq_id].block_tables[0] if b != NULL_BLOCK}
     assert sorted(cleared) == sorted(set(cleared)) and held <= set(cleared)
 
 
@@ -171,8 +201,10 @@ def test_aborts_return_every_block():
     for _ in range(3):
         run_step(sched)
     for s in seqs:
-        req = sched.abort_request(s.request.request_id)
-        assert req is s.request and req.finished and s.finish_reason == "abort"
+        out = sched.abort_request(s.request.request_id)
+        assert out.request_id == s.request.request_id and out.finished
+        assert s.request.finished and s.finish_reason == "abort"
+        assert [(d.index, d.finish_reason) for d in out.samples] == [(0, "abort")]
     assert sched.abort_request(seqs[0].request.request_id) is None  # already gone
     assert not sched.has_unfinished_requests() and not sched.running and not sched.waiting
     assert free_blocks(kv) == start
@@ -234,21 +266,30 @@ def test_stops_finish_the_sequence_and_free_its_blocks():
     out = sched.schedule()
     tokens = {eos.seq_id: [EOS], stop_id.seq_id: [42]}
     reported = sched.update_from_output(
-        out, ModelRunnerOutput([tokens[s.seq_id] for s in out.sampled])
+        out, ModelRunnerOutput([tokens[seq_id] for seq_id in out.sample_ids])
     )
     assert {r.request_id for r in reported} == {eos.request.request_id, stop_id.request.request_id}
     assert (eos.finish_reason, eos.stop_reason) == ("stop", None)
     assert (stop_id.finish_reason, stop_id.stop_reason) == ("stop", 42)
-    assert all(r.finished and r.metrics.finished_time is not None for r in reported)
+    assert all(r.finished for r in reported)
+    assert all(s.request.metrics.finished_time is not None for s in (eos, stop_id))
+    deltas = {r.request_id: r.samples[0] for r in reported}
+    assert deltas[stop_id.request.request_id].finish_reason == "stop"
+    assert deltas[stop_id.request.request_id].stop_reason == 42
     assert not sched.has_unfinished_requests() and free_blocks(kv) == start
 
 
-def test_only_streaming_requests_are_reported_before_they_finish():
+def test_each_step_reports_only_the_news_of_each_request():
+    # Whether a caller hears of a request before it finishes is the front end's business
+    # (test_output_processor.py): the core reports every step's new tokens, once each.
     kv, sched = make()
-    quiet, loud = add(sched, [3, 4], max_tokens=3), add(sched, [3, 5], max_tokens=3, stream=True)
-    reports = [run_step(sched)[1] for _ in range(3)]
-    assert [[r.request_id for r in rep] for rep in reports[:2]] == [[loud.request.request_id]] * 2
-    assert {r.request_id for r in reports[2]} == {quiet.request.request_id, loud.request.request_id}
+    a, b = add(sched, [3, 4], max_tokens=3), add(sched, [3, 5], max_tokens=3)
+    reports = [run_step(sched, token=10 + i)[1] for i in range(3)]
+    seen = [[(o.request_id, o.samples[0].new_token_ids, o.finished) for o in rep]
+            for rep in reports]  # fmt: skip
+    ids = a.request.request_id, b.request.request_id
+    assert seen == [[(rid, [10 + i], i == 2) for rid in ids] for i in range(3)]
+    assert reports[2][0].samples[0].finish_reason == "length"
 
 
 def test_tokens_after_a_stop_in_one_step_are_dropped():
@@ -257,9 +298,10 @@ def test_tokens_after_a_stop_in_one_step_are_dropped():
     kv, sched = make()
     seq = add(sched, [5, 6], max_tokens=10, ignore_eos=False)
     out = sched.schedule()
-    sched.update_from_output(out, ModelRunnerOutput([[9, EOS, 8]]))
+    (report,) = sched.update_from_output(out, ModelRunnerOutput([[9, EOS, 8]]))
     assert seq.output_token_ids == [9, EOS] and seq.finish_reason == "stop"
     assert sched.counters.generation_tokens == 2
+    assert report.samples[0].new_token_ids == [9, EOS] and report.finished
 
 
 def test_counters_and_timestamps():
@@ -290,17 +332,21 @@ def test_prompt_logprobs_come_from_the_runner_and_skip_the_prefix_cache():
     run_all(sched)  # its blocks are cached now
     seq = add(sched, prompt, max_tokens=1, prompt_logprobs=1)
     req = seq.request
+    prompt_logprobs = [None]  # what the front end collects from the reports
     while not req.finished:
         out = sched.schedule()
-        (s,) = out.scheduled
-        assert s.prompt_logprobs and s.num_computed == len(req.prompt_logprobs) - 1
+        (s,) = out.rows
+        assert s.prompt_logprobs and s.num_computed == len(prompt_logprobs) - 1
         # Position p predicts prompt token p + 1; the last prompt position predicts none.
         targets = prompt[s.num_computed + 1 : s.num_computed + s.num_new_tokens + 1]
         entries = [{t: Logprob(-1.0, 1)} for t in targets]
-        sched.update_from_output(out, ModelRunnerOutput([[7]] * len(out.sampled), [],
-                                                        {seq.seq_id: entries}))  # fmt: skip
-    assert len(req.prompt_logprobs) == len(prompt) and req.metrics.num_cached_tokens == 0
-    assert [next(iter(e)) for e in req.prompt_logprobs[1:]] == prompt[1:]
+        reports = sched.update_from_output(
+            out, ModelRunnerOutput([[7]] * len(out.sample_ids), [], {seq.seq_id: entries})
+        )
+        for report in reports:
+            prompt_logprobs += report.new_prompt_logprobs or []
+    assert len(prompt_logprobs) == len(prompt) and req.metrics.num_cached_tokens == 0
+    assert [e.token_ids[0] for e in prompt_logprobs[1:]] == prompt[1:]
 
 
 # ---- n > 1 --------------------------------------------------------------------------------------
@@ -312,7 +358,12 @@ def test_fork_shares_full_blocks_and_copies_the_partial_one(partial):
     req = parent.request
     (child,) = req.forks
     out = sched.schedule()
-    assert out.scheduled[0].forks == [child] and out.sampled == [parent, child]
+    assert out.rows[0].fork_seq_ids == [child.seq_id]
+    assert out.sample_ids == [parent.seq_id, child.seq_id]
+    # The fork is introduced with the step it first draws in, without its prompt (the parent's).
+    assert [(n.seq_id, n.fork_of, n.prompt_token_ids) for n in out.new_sequences][1:] == [
+        (child.seq_id, parent.seq_id, [])
+    ]
     sched.update_from_output(out, ModelRunnerOutput([[7], [8]]))
     assert req.sequences == [parent, child] and req.forked and not req.forks
     assert parent.output_token_ids == [7] and child.output_token_ids == [8]
@@ -326,7 +377,7 @@ def test_fork_shares_full_blocks_and_copies_the_partial_one(partial):
         assert child.block_tables[0][-1] in out.blocks_to_clear[0]  # zeroed, then copied
     else:
         assert out.block_copies == []
-    assert [s.seq for s in out.scheduled] == [parent, child]
+    assert [sched.seq(r) for r in out.rows] == [parent, child]
 
 
 def test_fork_without_a_running_slot_waits_and_recomputes():
@@ -338,7 +389,7 @@ def test_fork_without_a_running_slot_waits_and_recomputes():
     assert child.output_token_ids == [7] and not child.block_tables
     assert sched.schedule().block_copies == []
     finished = run_all(sched)
-    assert finished == [parent.request] and child.output_token_ids == [7, 7]
+    assert finished == [parent.request.request_id] and child.output_token_ids == [7, 7]
 
 
 # ---- failures -----------------------------------------------------------------------------------
@@ -351,12 +402,15 @@ def test_a_failed_step_fails_its_requests_and_keeps_the_device_work():
     assert out.block_copies
     bystander = add(sched, [9, 9, 9])
     failed = sched.fail_step(out, RuntimeError("kernel exploded"))
-    assert failed == [parent.request] and parent.request.finished
-    assert parent.request.error == "RuntimeError: kernel exploded"
+    assert [f.request_id for f in failed] == [parent.request.request_id]
+    assert parent.request.finished and failed[0].finished
+    assert parent.request.error == failed[0].error == "RuntimeError: kernel exploded"
     assert {s.finish_reason for s in parent.request.sequences} == {"error"}
     retry = sched.schedule()
     assert retry.block_copies == out.block_copies
     assert set(out.blocks_to_clear[0]) <= set(retry.blocks_to_clear[0])
     sched.update_from_output(retry, fake_output(retry))
-    assert run_all(sched) == [bystander.request]
+    assert run_all(sched) == [bystander.request.request_id]
     assert free_blocks(kv) == start
+    # The failed sequences are forgotten on the device side by a later record.
+    assert all(s.seq_id not in sched.device.sequences for s in parent.request.sequences)

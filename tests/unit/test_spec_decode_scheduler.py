@@ -1,17 +1,20 @@
 """Speculative decoding in the scheduler and the KV-cache manager, driven by a fake model (a
 fixed function of the context) instead of a runner: drafts in the budget, rejected slots given
 back, hashes of accepted tokens only, stops inside a draft, no blocks for drafts, aborts, and
-token-for-token the output of plain decoding through preemption. No model, milliseconds."""
+token-for-token the output of plain decoding through preemption. No model, milliseconds. Every
+record is checked against a device side's copy (test_scheduler.py's CheckedScheduler)."""
 
 from __future__ import annotations
 
 import itertools
 
+from test_scheduler import CheckedScheduler
+
 from inferd.engine.kv_cache import KVCacheManager
 from inferd.engine.request import Request, Sequence, block_hash
 from inferd.engine.scheduler import Scheduler
 from inferd.engine.speculative import Speculation
-from inferd.engine.step import ModelRunnerOutput, SchedulerOutput
+from inferd.engine.step import ModelRunnerOutput, StepRecord
 from inferd.outputs import RequestMetrics
 from inferd.sampling_params import SamplingParams
 from inferd.spec_decode import SpeculativeConfig
@@ -25,13 +28,13 @@ _ids = itertools.count()
 def make(num_blocks=64, budget=32, max_seqs=8, speculate=True, max_model_len=256, windows=(None,)):
     kv = KVCacheManager(list(windows), [num_blocks] * len(windows), BS, True)
     spec = Speculation(CONFIG, max_model_len, adaptive=False) if speculate else None
-    return kv, Scheduler(kv, max_seqs, budget, max_model_len, (), ROOT, spec)
+    return kv, CheckedScheduler(kv, max_seqs, budget, max_model_len, (), ROOT, spec)
 
 
 def add(sched: Scheduler, prompt: list[int], max_tokens: int = 8, **params) -> Sequence:
     params.setdefault("ignore_eos", True)
     sp = SamplingParams(max_tokens=max_tokens, temperature=0, **params)
-    req = Request(f"r{next(_ids)}", None, list(prompt), sp, RequestMetrics(0.0), max_tokens,
+    req = Request(f"r{next(_ids)}", list(prompt), sp, RequestMetrics(0.0), max_tokens,
                   forked=True)  # fmt: skip
     req.sequences = [Sequence(next(_ids), req, 0, list(prompt), len(prompt))]
     sched.add_request(req)
@@ -46,14 +49,15 @@ def model(context: list[int]) -> int:
     return context[-3]
 
 
-def verify(out: SchedulerOutput, accept=None) -> ModelRunnerOutput:
+def verify(sched: CheckedScheduler, out: StepRecord, accept=None) -> ModelRunnerOutput:
     """What the runner and sampler return: row j of a sequence is `model` after its tokens and
     drafts[:j]; drafts are kept while they agree. `accept` forces how many are kept instead."""
     tokens = []
-    for s in out.scheduled:
-        for seq in s.samples:
+    for s in out.rows:
+        for seq_id in s.sample_ids:
+            tokens_so_far = sched.device[seq_id].token_ids  # what the device side was sent
             drafts = s.draft_token_ids
-            rows = [model(seq.token_ids + drafts[:j]) for j in range(len(drafts) + 1)]
+            rows = [model(tokens_so_far + drafts[:j]) for j in range(len(drafts) + 1)]
             kept = 0
             while kept < len(drafts) and drafts[kept] == rows[kept]:
                 kept += 1
@@ -64,9 +68,9 @@ def verify(out: SchedulerOutput, accept=None) -> ModelRunnerOutput:
     return ModelRunnerOutput(tokens)
 
 
-def step(sched: Scheduler, accept=None) -> SchedulerOutput:
+def step(sched: Scheduler, accept=None) -> StepRecord:
     out = sched.schedule()
-    sched.update_from_output(out, verify(out, accept))
+    sched.update_from_output(out, verify(sched, out, accept))
     return out
 
 
@@ -90,10 +94,12 @@ def test_drafts_take_budget_and_rows_after_the_last_token():
     seq = add(sched, PERIODIC)
     step(sched)  # prefill; the model writes 5
     out = sched.schedule()
-    (s,) = out.scheduled
+    (s,) = out.rows
     assert s.draft_token_ids == [6, 7, 5, 6]
-    assert s.token_ids == [5, 6, 7, 5, 6] and s.num_computed == 6 and out.num_tokens == 5
-    sched.update_from_output(out, verify(out))
+    (row,) = sched.device.forward_rows(out)
+    assert row.token_ids == [5, 6, 7, 5, 6] and s.num_computed == 6 and out.num_tokens == 5
+    assert row.verify and s.new_token_ids == [5]
+    sched.update_from_output(out, verify(sched, out))
     assert seq.output_token_ids[:4] == [5, 6, 7, 5] and seq.num_output_tokens == 5  # 3 kept
     assert seq.num_computed == seq.num_tokens - 1  # the last emitted token is not computed yet
     assert sched.speculation.metrics.counters()["spec_decode_num_accepted_tokens"] == 3
@@ -105,8 +111,8 @@ def test_rejected_drafts_give_their_blocks_back_and_accepted_ones_keep_theirs():
     step(sched)  # 7 tokens, 6 computed, two blocks
     assert held(kv) == 2
     out = sched.schedule()
-    assert len(out.scheduled[0].draft_token_ids) == 4 and held(kv) == 3  # positions 6..10
-    sched.update_from_output(out, verify(out, accept=0))
+    assert len(out.rows[0].draft_token_ids) == 4 and held(kv) == 3  # positions 6..10
+    sched.update_from_output(out, verify(sched, out, accept=0))
     assert (seq.num_tokens, seq.num_computed) == (8, 7) and held(kv) == 2  # block 2 went back
 
     kv, sched = make()
@@ -121,7 +127,7 @@ def test_prefix_cache_hashes_cover_accepted_tokens_only():
     seq = add(sched, PERIODIC, max_tokens=20)
     step(sched)
     out = step(sched, accept=1)  # keeps the first draft, rejects the second: 99 instead
-    rejected_draft = out.scheduled[0].draft_token_ids[1]
+    rejected_draft = out.rows[0].draft_token_ids[1]
     for _ in range(6):
         step(sched)
     chain, expected = ROOT, []
@@ -145,14 +151,14 @@ def test_max_tokens_bounds_the_drafts_and_a_stop_inside_a_draft_ends_there():
     seq = add(sched, PERIODIC, max_tokens=3)
     step(sched)
     out = step(sched)
-    assert len(out.scheduled[0].draft_token_ids) == 1  # 2 outputs left: one draft + its bonus
+    assert len(out.rows[0].draft_token_ids) == 1  # 2 outputs left: one draft + its bonus
     assert seq.output_token_ids == [5, 6, 7] and seq.finish_reason == "length"
     assert held(kv) == 0
 
     stop = add(sched, PERIODIC, max_tokens=20, stop_token_ids=[7])
     step(sched)  # the model writes 5
     out = step(sched)  # drafts 6, 7, 5, 6, all accepted: 7 is the stop token
-    assert out.scheduled[0].draft_token_ids == [6, 7, 5, 6]
+    assert out.rows[0].draft_token_ids == [6, 7, 5, 6]
     assert stop.output_token_ids == [5, 6, 7] and stop.finish_reason == "stop"
     assert held(kv) == 0 and len(sched.speculation.proposer) == 0
 
@@ -164,8 +170,8 @@ def test_no_blocks_for_drafts_decodes_plainly_before_preempting_anyone():
     step(sched)
     assert sched.speculation.plan([a], 1, 32)  # there are drafts to verify...
     out = sched.schedule()
-    assert not out.preempted and all(not s.draft_token_ids for s in out.scheduled)  # ...no room
-    sched.update_from_output(out, verify(out))
+    assert not out.preempted_seq_ids and all(not s.draft_token_ids for s in out.rows)  # no room
+    sched.update_from_output(out, verify(sched, out))
     assert a.num_output_tokens == 2 and b.num_output_tokens == 2
 
 
@@ -174,7 +180,7 @@ def test_aborting_speculating_requests_frees_every_block_and_all_state():
     seqs = [add(sched, PERIODIC + [i], max_tokens=40) for i in range(4)]
     drafted = 0
     for _ in range(3):
-        drafted += sum(len(s.draft_token_ids) for s in step(sched).scheduled)
+        drafted += sum(len(s.draft_token_ids) for s in step(sched).rows)
     assert drafted and held(kv) > 0
     for seq in seqs:
         sched.abort_request(seq.request.request_id)

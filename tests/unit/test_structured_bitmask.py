@@ -1,5 +1,5 @@
 """Applying bitmask rows to logits (equal to a per-token reference; unconstrained rows untouched)
-and check-first sampling giving exactly the tokens of masking every row first."""
+and the sampler's check-first path giving exactly the tokens of masking every row first."""
 
 from __future__ import annotations
 
@@ -7,10 +7,12 @@ import pytest
 import torch
 from structured_vocab import EOS, EOT, decode, random_logits, small_info
 
+from inferd.engine.grammar_mask import allows
+from inferd.engine.sampler import Sampler, SamplingRow
+from inferd.sampling_params import SamplingParams
 from inferd.structured import StructuredOutputsParams
 from inferd.structured.bitmask import LogitsMasker, allocate_bitmask, bitmask_allows
 from inferd.structured.manager import GrammarManager
-from inferd.structured.sampling import ConstrainedSampling
 
 
 def reference_apply(logits: torch.Tensor, bitmask: torch.Tensor, rows: list[int]) -> torch.Tensor:
@@ -63,16 +65,6 @@ def test_bitmask_allows():
     assert not any(bitmask_allows(row, t) for t in (0, 31, 62, 64, -1))
 
 
-def greedy_with_bias(bias: torch.Tensor):
-    """A greedy sampler whose logit processor (a bias) acts on each token alone, as the engine's
-    logit_bias and penalties do; lowest id on ties."""
-
-    def sample(logits: torch.Tensor, rows: list[int]) -> list[int]:
-        return (logits + bias).argmax(dim=-1).tolist()
-
-    return sample
-
-
 SPECS = [
     StructuredOutputsParams(regex=r"[a-c]{2,6}-[0-9]{1,3}"),
     StructuredOutputsParams(
@@ -101,25 +93,36 @@ def steer(logits: torch.Tensor, matchers, g: torch.Generator, info) -> None:
 
 
 def decode_batch(manager, check_first: bool, seed: int, steps: int = 60):
-    """A batch of constrained and free rows decoded greedily; returns the ids per row and the
-    constraint statistics."""
+    """A batch of constrained and free rows decoded greedily by the engine's sampler, with a
+    logit bias (a processor acting on each token alone, as the penalties do); returns the ids
+    per row and the constraint statistics. Rows asking for logprobs are masked first, the
+    others checked first."""
     info = manager.info
     g = torch.Generator().manual_seed(seed)
-    bias = torch.randn(info.vocab_size, generator=g)
-    sampler = greedy_with_bias(bias)
+    bias = {t: float(torch.randn(1, generator=g)) for t in range(0, info.vocab_size, 3)}
+    params = SamplingParams(temperature=0, logit_bias=bias,
+                            logprobs=None if check_first else 0)  # fmt: skip
     matchers = [manager.compile(s) for s in SPECS] + [None]
-    constrained = ConstrainedSampling(info, max_rows=2)  # fewer rows than the batch: chunks
+    sampler = Sampler()
+    bitmask = allocate_bitmask(1, info.bitmask_words)
     out: list[list[int]] = [[] for _ in matchers]
     for _ in range(steps):
         live = [i for i, m in enumerate(matchers) if m is None or not m.is_terminated]
         logits = random_logits(g, len(matchers))[live]
         steer(logits, [matchers[i] for i in live], g, info)
-        tokens = constrained.sample(logits, [matchers[i] for i in live], sampler, check_first)
+        rows = []
+        for i in live:
+            mask = None
+            if matchers[i] is not None:
+                matchers[i].fill_bitmask(bitmask, 0)
+                mask = bitmask[0].numpy().tobytes()
+            rows.append(SamplingRow(params, [], list(out[i]), None, grammar_mask=mask))
+        tokens = sampler(logits, rows).token_ids
         for i, t in zip(live, tokens, strict=True):
             out[i].append(t)
             if matchers[i] is not None:
                 assert matchers[i].accept_tokens([t])
-    return out, constrained.stats
+    return out, sampler.grammar.stats
 
 
 @pytest.mark.parametrize("seed", range(6))
@@ -134,3 +137,12 @@ def test_check_first_gives_the_tokens_of_full_masking(seed):
     assert 0 < check_stats.rejected < check_stats.checked
     assert check_stats.masked == check_stats.rejected < mask_stats.masked
     assert mask_stats.checked == 0
+
+
+def test_the_samplers_bit_lookup_agrees_with_the_tensor_one():
+    row = torch.zeros(3, dtype=torch.int32)
+    row[1] = -(2**31)  # bit 31 of word 1: token 63
+    row[2] = 5  # tokens 64 and 66
+    mask = row.numpy().tobytes()
+    for t in range(-1, 100):
+        assert allows(mask, t) == bitmask_allows(row, t), t

@@ -27,25 +27,35 @@ SCHEMA = {
 
 
 # ---- the scheduler, with a fake grammar side --------------------------------------------------
-class FakeGrammars:
-    """Records what the scheduler asks of the engine's StructuredOutputs."""
+class FakeGrammar:
+    """A request's grammar compilation as the scheduler sees it (engine/structured_outputs.py:
+    GrammarCompilation), recording what the scheduler asks of it."""
 
-    def __init__(self):
-        self.attached, self.advanced = [], []
+    def __init__(self, future: Future):
+        self.future = future
+        self.matchers, self.accepted, self.bitmasks = 0, [], []
 
-    def attach(self, req):
-        error = req.grammar.exception()
+    def done(self) -> bool:
+        return self.future.done()
+
+    def check(self) -> None:
+        error = self.future.exception()
         if error is not None:
             raise error
-        for seq in [*req.sequences, *req.forks]:
-            seq.matcher = object()
-        self.attached.append(req.request_id)
 
-    def advance(self, seq, token):
-        self.advanced.append((seq.seq_id, token))
+    def new_matcher(self):
+        self.matchers += 1
+        return object()
+
+    def bitmask(self, matcher) -> bytes:
+        self.bitmasks.append(matcher)
+        return b"\xff" * 8
+
+    def accept(self, seq, token):
+        self.accepted.append((seq.seq_id, token))
 
 
-def constrained(sched, prompt, grammar: Future, **kw):
+def constrained(sched, prompt, grammar: FakeGrammar, **kw):
     req = make_request(prompt, **kw)
     req.grammar = grammar
     sched.add_request(req)
@@ -54,48 +64,48 @@ def constrained(sched, prompt, grammar: Future, **kw):
 
 def test_a_request_waits_for_its_grammar_without_holding_up_the_queue():
     _, sched = make()
-    sched.grammars = grammars = FakeGrammars()
-    pending = Future()
-    slow = constrained(sched, [5, 6, 7], pending, ignore_eos=False, n=2)
+    grammar = FakeGrammar(Future())
+    slow = constrained(sched, [5, 6, 7], grammar, ignore_eos=False, n=2)
     plain = make_request([8, 9])
     sched.add_request(plain)
     out = sched.schedule()
-    assert [s.seq.request for s in out.scheduled] == [plain]  # queued behind, scheduled first
+    assert [sched.seq(r).request for r in out.rows] == [plain]  # queued behind, scheduled first
     assert sched.stats().num_waiting == 1
     sched.update_from_output(out, fake_output(out))
-    pending.set_result("compiled")
+    grammar.future.set_result("compiled")
     out = sched.schedule()
-    assert slow in [s.seq.request for s in out.scheduled] and grammars.attached == [slow.request_id]
+    assert slow in [sched.seq(r).request for r in out.rows] and grammar.matchers == 2
     assert all(s.matcher is not None for s in [*slow.sequences, *slow.forks])  # n = 2: both
+    # Each constrained sample that draws a token this step carries its bitmask in the record.
+    samples = {s.seq_id for s in [*slow.sequences, *slow.forks]}
+    assert set(out.grammar_bitmasks) == samples and len(grammar.bitmasks) == 2
     sched.update_from_output(out, fake_output(out, token=11))
     # Every appended token of a constrained sample reaches its matcher, the others' do not.
-    assert sorted(grammars.advanced) == sorted((s.seq_id, 11) for s in slow.sequences)
+    assert sorted(grammar.accepted) == sorted((s.seq_id, 11) for s in slow.sequences)
 
 
 def test_a_grammar_that_fails_to_compile_fails_its_request_alone():
     _, sched = make()
-    sched.grammars = FakeGrammars()
     pending = Future()
-    bad = constrained(sched, [5, 6, 7], pending)
+    bad = constrained(sched, [5, 6, 7], FakeGrammar(pending))
     pending.set_exception(InvalidRequest("structured_outputs.regex", "invalid regular expression"))
     plain = make_request([8, 9])
     sched.add_request(plain)
     out = sched.schedule()
-    assert [s.seq.request for s in out.scheduled] == [plain]
+    assert [sched.seq(r).request for r in out.rows] == [plain]
     [failed] = sched.take_failed()
-    assert failed is bad and "invalid regular expression" in failed.error
+    assert failed.request_id == bad.request_id and "invalid regular expression" in failed.error
     assert sched.take_failed() == [] and bad.request_id not in sched.requests
     # Already compiled and failed when it arrives: refused by add_request, nothing queued.
     with pytest.raises(InvalidRequest, match="invalid regular expression"):
-        constrained(sched, [1, 2], pending)
+        constrained(sched, [1, 2], FakeGrammar(pending))
     assert len(sched.requests) == 1
 
 
 def test_aborting_a_request_that_waits_for_its_grammar_forgets_it():
     _, sched = make()
-    sched.grammars = FakeGrammars()
-    req = constrained(sched, [5, 6, 7], Future())
-    assert sched.abort_request(req.request_id) is req
+    req = constrained(sched, [5, 6, 7], FakeGrammar(Future()))
+    assert sched.abort_request(req.request_id).finished
     assert sched.awaiting_grammar == [] and not sched.has_unfinished_requests()
 
 

@@ -41,13 +41,14 @@ def test_constrained_sequences_get_no_drafts_and_keep_their_grammar(spec_llm):
 
     def watched():
         out = schedule()
-        for s in out.scheduled:
-            seq = s.seq
+        for s in out.rows:
+            seq = engine.scheduler.sequences[s.seq_id]
             if seq.matcher is None:
                 seen["free drafts"] += len(s.draft_token_ids)
                 continue
             assert seq.request.params.structured_outputs is not None
             assert s.draft_token_ids == [], "a constrained sequence got drafts"
+            assert not s.needs_logits or s.seq_id in out.grammar_bitmasks
             if seq.num_output_tokens:
                 index = NgramIndex(1, 2)
                 index.sync(seq.token_ids)

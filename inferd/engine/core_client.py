@@ -1,0 +1,349 @@
+"""The server's engine client when the engine core runs in its own process (`inferd serve`'s
+default), or N cores with data parallelism (`--data-parallel-size N`).
+
+    event loop: route ─add_request─▶ InputProcessor ─▶ router ─Add─▶ core i (its own process)
+    event loop: ◀── queue ◀── OutputProcessor ◀── Outputs ◀── reader thread i ◀── core i
+
+The front end (this process) tokenizes, checks, routes, detokenizes, finds stop strings and
+builds `RequestOutput`s on the event loop; each core only steps. Messages from a core arrive in a
+reader thread (core_process.py) and are handled on the event loop. An add returns once the core
+acknowledged it (so a refusal is still a 400 before anything streams); an abort is sent at once
+and the core applies it before its next step; a stop string found here ends its sample in the
+core the same way.
+
+A core that dies fails its own requests (in flight: an error in their stream; adds awaiting an
+answer: EngineDeadError, a 503) and is routed around; the client is dead, and /health fails,
+once every core is. `on_dead` lets the server exit then.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+import os
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from inferd.engine import ipc
+from inferd.engine.core_process import CoreProcess
+from inferd.engine.dp_router import NoReplica, Router
+from inferd.engine.input_processor import InputLimits, InputProcessor
+from inferd.engine.output_processor import OutputProcessor
+from inferd.engine.stats import merge_stats
+from inferd.engine_client import EngineStats, ModelInfo, PromptInput, TokenizerLike, TraceFiles
+from inferd.errors import EngineDeadError, InvalidRequest
+from inferd.outputs import RequestOutput
+from inferd.sampling_params import SamplingParams
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class _Replica:
+    process: CoreProcess
+    active: set[str] = field(default_factory=set)  # requests it runs: its load
+    stats: EngineStats | None = None
+    stall_bound: float = 60.0
+    heard_at: float = field(default_factory=time.monotonic)  # last message, or work arriving
+    dead: str | None = None
+
+
+def replica_configs(config, size: int, cpu_count: int | None = None) -> list:
+    """One EngineConfig per replica: each with its share of the cores (threads set so that
+    replicas × tensor-parallel ranks × threads <= cores), each on its own GPU on CUDA."""
+    if size < 1:
+        raise ValueError(f"--data-parallel-size must be a positive integer, got {size}")
+    if size == 1:
+        return [config]
+    cores = cpu_count or os.cpu_count() or 1
+    processes = size * config.tensor_parallel_size
+    threads = config.num_threads or cores // processes
+    if threads < 1 or processes * threads > cores:
+        raise ValueError(
+            f"--data-parallel-size {size} x --tensor-parallel-size "
+            f"{config.tensor_parallel_size} x {threads} thread(s) needs more than the {cores} "
+            f"CPU cores here: lower one of them (or --threads)"
+        )
+    if config.device and config.device.startswith("cuda"):
+        return [replace(config, num_threads=threads, device=f"cuda:{i}") for i in range(size)]
+    return [replace(config, num_threads=threads) for _ in range(size)]
+
+
+class AsyncCoreClient:
+    def __init__(self, config, data_parallel_size: int = 1, routing: str = "prefix",
+                 stall_timeout: float = 60.0):  # fmt: skip
+        from inferd.loader import open_checkpoint
+        from inferd.tokenizer import checkpoint_tokenizer
+
+        self.config, self.routing, self.stall_timeout = config, routing, stall_timeout
+        self._configs = replica_configs(config, data_parallel_size)
+        Router(routing, 1, b"", 1)  # a bad policy name fails before anything starts
+        # The front end's own view of the model: its tokenizer (templates, detokenizing) and
+        # configuration; the cores load the weights.
+        self.checkpoint = open_checkpoint(config.model)
+        self.model_config = self.checkpoint.config
+        self._tokenizer = checkpoint_tokenizer(self.checkpoint)
+        self.replicas = [_Replica(CoreProcess(i)) for i in range(data_parallel_size)]
+        self.on_dead: Callable[[], None] | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._observers: list[Callable[[RequestOutput], None]] = []
+        self._queues: dict[str, asyncio.Queue] = {}
+        self._acks: dict[str, asyncio.Future] = {}
+        self._replica_of: dict[str, _Replica] = {}
+        self._calls: dict[int, asyncio.Future] = {}
+        self._call_ids = itertools.count()
+        self._dead_reason: str | None = None
+
+    # ---- start-up (blocking: before the server listens) --------------------------------------
+    def launch(self) -> None:
+        """Start every core and wait until each has loaded its model; a failure stops them all
+        and raises the core's error."""
+        try:
+            for replica, config in zip(self.replicas, self._configs, strict=True):
+                replica.process.start(config, self.stall_timeout)
+            readies = [r.process.wait_ready() for r in self.replicas]
+        except BaseException:
+            for replica in self.replicas:
+                replica.process.stop(5)
+            raise
+        first = readies[0]
+        self._model_info = first.model_info
+        self.max_model_len = min(r.max_model_len for r in readies)
+        self.max_num_seqs = first.max_num_seqs
+        self.max_num_batched_tokens = first.max_num_batched_tokens
+        limits = InputLimits.of(self.config, self.model_config.vocab_size, self.max_model_len)
+        self.inputs = InputProcessor(self._tokenizer, limits)
+        self.outputs = OutputProcessor(self._tokenizer)
+        self.router = Router(self.routing, first.block_size, first.hash_root,
+                             sum(r.num_blocks for r in readies),
+                             slack=max(4, self.max_num_seqs // 8))  # fmt: skip
+        self.pids = [r.pid for r in readies]
+
+    # ---- what the server may ask (event loop) ------------------------------------------------
+    @property
+    def model_info(self) -> ModelInfo:
+        return self._model_info
+
+    @property
+    def tokenizer(self) -> TokenizerLike:
+        return self._tokenizer
+
+    def observe_outputs(self, callback: Callable[[RequestOutput], None]) -> None:
+        self._observers.append(callback)
+
+    def start(self) -> None:
+        self._loop = loop = asyncio.get_running_loop()
+        for replica in self.replicas:
+
+            def post(message, replica=replica) -> None:  # in the reader thread
+                try:
+                    loop.call_soon_threadsafe(self._on_message, replica, message)
+                except RuntimeError:  # the event loop closed: the server is shutting down
+                    pass
+
+            replica.process.start_reader(post)
+
+    def stop(self, timeout: float = 30.0) -> None:
+        for replica in self.replicas:
+            replica.dead = replica.dead or "the engine stopped"
+            replica.process.stop(timeout)
+        self._fail(set(self._queues) | set(self._acks), EngineDeadError("the engine stopped"))
+
+    @property
+    def dead_reason(self) -> str | None:
+        """Why the client can serve nothing (every core is dead), or None."""
+        return self._dead_reason
+
+    def health(self) -> str | None:
+        """None when healthy: at least one core alive, and none of them silent for longer than
+        its stall bound while it has requests."""
+        if self._dead_reason is not None:
+            return self._dead_reason
+        if self._loop is None:
+            return "the engine is not running"
+        now, problems = time.monotonic(), []
+        for i, r in enumerate(self.replicas):
+            silent = now - r.heard_at
+            if r.dead is None and r.active and silent > r.stall_bound:
+                problems.append(f"engine core {i} made no progress for {silent:.0f} s with "
+                                f"requests pending (a step may take up to "
+                                f"{r.stall_bound:.0f} s here)")  # fmt: skip
+        return "; ".join(problems) or None
+
+    def stats(self) -> EngineStats:
+        return merge_stats(self.replica_stats())
+
+    def replica_stats(self) -> list[EngineStats]:
+        """The latest stats of each core (a dead one's last, with nothing running)."""
+        out = []
+        for r in self.replicas:
+            stats = r.stats or EngineStats(0, 0, 0.0, 0, 0, 0, 0, 0, 0)
+            out.append(stats if r.dead is None else replace(stats, num_running=0, num_waiting=0))
+        return out
+
+    # ---- requests (event loop) ---------------------------------------------------------------
+    async def add_request(
+        self,
+        request_id: str,
+        prompt: PromptInput,
+        params: SamplingParams,
+        outputs: asyncio.Queue,
+        arrival_time: float | None = None,
+    ) -> None:
+        if self._dead_reason is not None or self._loop is None:
+            raise EngineDeadError(self._dead_reason or "the engine is not running")
+        if request_id in self._replica_of:
+            raise InvalidRequest(None, f"request_id {request_id!r} is already in use")
+        request, text = self.inputs.make_request(request_id, prompt, params, arrival_time)
+        try:
+            message = ipc.encode(ipc.Add(request))
+        except (OverflowError, TypeError, ValueError) as e:  # e.g. a grammar's 100-digit number
+            raise InvalidRequest(None, f"the request cannot be passed to the engine: {e}") from e
+        loads = [None if r.dead else len(r.active) for r in self.replicas]
+        try:
+            replica = self.replicas[self.router.choose(request.prompt_token_ids,
+                                                       request.cache_salt, loads)]  # fmt: skip
+        except NoReplica as e:
+            raise EngineDeadError(str(e)) from e
+        future = self._loop.create_future()
+        self._acks[request_id], self._queues[request_id] = future, outputs
+        self._replica_of[request_id] = replica
+        self.outputs.add_request(request_id, text, request.prompt_token_ids, params,
+                                 request.arrival_time, params.max_tokens, stream=True)  # fmt: skip
+        if not replica.active:
+            replica.heard_at = time.monotonic()  # a stall is measured from when work arrives
+        replica.active.add(request_id)
+        replica.process.send_bytes(message)
+        try:
+            await future
+        except asyncio.CancelledError:
+            self.abort(request_id)  # the add may still succeed; the abort follows it in order
+            raise
+        except BaseException:
+            self._forget(request_id)
+            raise
+        finally:
+            self._acks.pop(request_id, None)
+
+    def abort(self, request_id: str) -> None:
+        """Stop a request (no-op when it already finished); its queue gets no more outputs."""
+        self._queues.pop(request_id, None)
+        replica = self._replica_of.get(request_id)
+        if replica is not None and replica.dead is None:
+            replica.process.send(ipc.Abort([request_id]))
+
+    def _forget(self, request_id: str) -> None:
+        self._queues.pop(request_id, None)
+        self.outputs.forget(request_id)
+        replica = self._replica_of.pop(request_id, None)
+        if replica is not None:
+            replica.active.discard(request_id)
+
+    # ---- profiling (inferd.engine_client.ProfilingClient) ------------------------------------
+    async def start_profile(self, directory: str) -> None:
+        """Every live core traces its steps into `directory` (files named by process id)."""
+        await self._call_all("start_profile", directory)
+
+    async def stop_profile(self) -> TraceFiles:
+        """The first core's files (the others' lie beside them)."""
+        results = await self._call_all("stop_profile")
+        return TraceFiles(**results[0])
+
+    async def rank_reports(self) -> list[dict]:
+        return [r for result in await self._call_all("rank_reports") for r in result]
+
+    async def _call_all(self, method: str, *args: Any) -> list[Any]:
+        if self._dead_reason is not None or self._loop is None:
+            raise EngineDeadError(self._dead_reason or "the engine is not running")
+        futures = []
+        for replica in self.replicas:
+            if replica.dead is None:
+                call_id = next(self._call_ids)
+                self._calls[call_id] = future = self._loop.create_future()
+                futures.append(future)
+                replica.process.send(ipc.Call(call_id, method, list(args)))
+        return list(await asyncio.gather(*futures))
+
+    # ---- the cores' messages (event loop) ----------------------------------------------------
+    def _on_message(self, replica: _Replica, message) -> None:
+        if message is None:
+            self._replica_died(replica)
+            return
+        replica.heard_at = time.monotonic()
+        if isinstance(message, ipc.CallResult):
+            future = self._calls.pop(message.call_id, None)
+            if future is not None and not future.done():
+                if message.error_type is None:
+                    future.set_result(message.result)
+                else:
+                    future.set_exception(ipc.rebuild_error(message.error_type, None,
+                                                           message.message))  # fmt: skip
+            return
+        if not isinstance(message, ipc.Outputs):
+            return
+        replica.stall_bound = message.stall_bound or replica.stall_bound
+        if message.stats is not None:
+            replica.stats = message.stats
+        for ack in message.acks:
+            future = self._acks.get(ack.request_id)
+            if future is not None and not future.done():
+                if ack.error_type is None:
+                    future.set_result(None)
+                else:
+                    future.set_exception(ipc.rebuild_error(ack.error_type, ack.param,
+                                                           ack.message))  # fmt: skip
+        results, finishes = self.outputs.process(message.outputs, time.monotonic())
+        if finishes:  # NOTE: the core ends them before its next step
+            replica.process.send(ipc.Finish(finishes))
+        for out in message.outputs:
+            if out.finished:
+                replica.active.discard(out.request_id)
+        self._deliver(results)
+
+    def _deliver(self, results: list[RequestOutput]) -> None:
+        for out in results:
+            for observe in self._observers:
+                try:
+                    observe(out)
+                except Exception:  # noqa: BLE001 - metrics must never break delivery
+                    log.exception("output observer failed")
+            queue = self._queues.get(out.request_id)
+            if queue is not None:
+                queue.put_nowait(out)
+            if out.finished:
+                self._queues.pop(out.request_id, None)
+                replica = self._replica_of.pop(out.request_id, None)
+                if replica is not None:
+                    replica.active.discard(out.request_id)
+
+    def _replica_died(self, replica: _Replica) -> None:
+        if replica.dead is not None:
+            return
+        index = self.replicas.index(replica)
+        replica.dead = f"engine core {index} exited (exit code {replica.process.exitcode})"
+        log.error("%s; its %d requests fail", replica.dead, len(replica.active))
+        mine = {rid for rid, r in self._replica_of.items() if r is replica}
+        self._fail(mine, EngineDeadError(replica.dead))
+        for future in self._calls.values():  # a call it will never answer
+            if not future.done():
+                future.set_exception(EngineDeadError(replica.dead))
+        self._calls.clear()
+        replica.process.stop(1)
+        if all(r.dead is not None for r in self.replicas):
+            self._dead_reason = "; ".join(r.dead for r in self.replicas)
+            self._fail(set(self._queues) | set(self._acks), EngineDeadError(self._dead_reason))
+            if self.on_dead is not None:
+                self.on_dead()
+
+    def _fail(self, request_ids: set[str], error: BaseException) -> None:
+        for rid in request_ids:
+            future = self._acks.pop(rid, None)
+            if future is not None and not future.done():
+                future.set_exception(error)
+            queue = self._queues.get(rid)
+            if queue is not None:
+                queue.put_nowait(error)
+            self._forget(rid)

@@ -1,0 +1,230 @@
+"""The engine core's own process: load the model, then step for as long as the front end wants.
+
+    front end ──Add/Abort/Finish/Call/Stop──▶ [take every waiting message] ─▶ core.step()
+    front end ◀──────────── Outputs (news, add acks, stats) ◀───────────────┘
+
+The loop takes messages only between steps and never waits on the front end: with work it only
+looks at what already arrived, sends its outputs without blocking (ZeroMQ queues them), and steps
+again; without work it sleeps on its socket. An add is acknowledged once queued, or refused
+(InvalidRequest) with nothing queued; a constrained request is queued once its grammar compiled,
+so a bad spec is refused before anything streams, and the other requests step meanwhile.
+
+Signals: the core ignores SIGINT and SIGTERM. Its front end decides when it ends (a drain lets the
+requests in flight finish first; a Ctrl-C in a terminal reaches every process of the group). It
+dies with its front end (PR_SET_PDEATHSIG on Linux, and a check of its parent while idle).
+"""
+
+from __future__ import annotations
+
+import gc
+import logging
+import os
+import signal
+import time
+from dataclasses import dataclass
+
+from inferd.engine import ipc
+from inferd.engine.core_output import CoreRequest
+from inferd.engine.memory_trim import malloc_trim
+from inferd.engine.progress import StallBound
+
+log = logging.getLogger(__name__)
+
+IDLE_POLL_MS = 1000  # while idle: how often the loop looks at its parent
+STUCK_POLL_MS = 5  # steps scheduled nothing although requests exist: wait before trying again
+STATS_EVERY_S = 0.05  # stats ride on outputs at most this often (and with every finish)
+
+
+def _die_with_parent() -> None:
+    try:
+        import ctypes
+
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass  # not Linux: the idle check of the parent remains
+
+
+def core_main(config, to_core: str, from_core: str, parent_pid: int, stall_timeout: float,
+              log_levels: dict[str, int]) -> None:  # fmt: skip
+    """The process's entry (multiprocessing, spawn). `log_levels`: logger name → level, as the
+    front end has them (the root's, inferd's, its progress lines': `--quiet` reaches here)."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    _die_with_parent()
+    logging.basicConfig(format="%(levelname)s %(name)s: %(message)s")
+    for name, level in log_levels.items():
+        logging.getLogger(name).setLevel(level)
+    import zmq
+
+    context = zmq.Context()
+    inbox = context.socket(zmq.PULL)
+    inbox.connect(to_core)
+    outbox = context.socket(zmq.PUSH)
+    outbox.setsockopt(zmq.SNDHWM, 0)  # never block the loop on a slow reader
+    outbox.setsockopt(zmq.LINGER, 2000)
+    outbox.connect(from_core)
+    # NOTE: as the commands do (commands/startup_gc.py): no cyclic collections while start-up
+    # makes millions of long-lived objects, then those frozen out of the collector's sight.
+    gc.disable()
+    try:
+        from inferd.engine.core import EngineCore
+
+        core = EngineCore(config)
+    except BaseException as e:  # noqa: BLE001 - the front end says why, then exits
+        kind, _, message = ipc.describe_error(e)
+        log.debug("engine core failed to start", exc_info=True)
+        outbox.send(ipc.encode(ipc.StartFailed(kind, message)))
+        outbox.close()
+        context.term()
+        return
+    gc.freeze()
+    gc.enable()
+    setup = core.setup
+    outbox.send(ipc.encode(ipc.Ready(core.model_info, core.max_model_len, setup.max_num_seqs,
+                                     setup.max_num_batched_tokens, core.hash_root,
+                                     config.block_size, setup.kv_plan.num_blocks[0],
+                                     os.getpid())))  # fmt: skip
+    try:
+        CoreLoop(core, inbox, outbox, parent_pid, stall_timeout).run()
+    finally:
+        core.shutdown()
+        inbox.close()
+        outbox.close()
+        context.term()
+
+
+@dataclass
+class _PendingAdd:
+    request: CoreRequest
+    grammar: object  # its GrammarCompilation, still compiling
+
+
+class CoreLoop:
+    def __init__(self, core, inbox, outbox, parent_pid: int, stall_timeout: float):
+        self.core, self.inbox, self.outbox = core, inbox, outbox
+        self.parent_pid = parent_pid
+        self.stall = StallBound(stall_timeout, core.setup.max_num_batched_tokens)
+        self.acks: list[ipc.AddAck] = []
+        self.pending: list[_PendingAdd] = []  # constrained adds waiting for their grammar
+        self.stopping = False
+        self._trim = malloc_trim()
+        self._worked = False  # since the last trim
+        self._stats = None  # the latest snapshot (EngineStats)
+        self._stats_at = 0.0  # when stats were last sent
+        self._stuck = False
+
+    def run(self) -> None:
+        import zmq
+
+        while not self.stopping:
+            busy = self.core.has_unfinished_requests()
+            if busy and not self._stuck:
+                timeout = 0
+            elif busy or self.pending:
+                timeout = STUCK_POLL_MS
+            else:
+                timeout = IDLE_POLL_MS
+                if self._worked and self._trim is not None:  # going idle: hand pages back
+                    self._trim(0)
+                    self._worked = False
+            if self.inbox.poll(timeout, zmq.POLLIN):
+                self._take_messages(zmq)
+            elif not busy and os.getppid() != self.parent_pid:
+                log.warning("the front end is gone: the engine core stops")
+                return
+            self._admit_compiled()
+            if self.core.has_unfinished_requests():
+                self._step()
+                self._worked = True
+            elif self.acks:
+                self._send(ipc.Outputs([], self._take_acks(), self.core.stats(),
+                                       self.stall.bound()))  # fmt: skip
+
+    def _take_messages(self, zmq) -> None:
+        while not self.stopping:
+            try:
+                data = self.inbox.recv(zmq.NOBLOCK)
+            except zmq.Again:
+                return
+            self._handle(ipc.decode_to_core(data))
+
+    def _handle(self, message) -> None:
+        core = self.core
+        if isinstance(message, ipc.Add):
+            grammar = core.compile_grammar(message.request.params)
+            if grammar is not None and not grammar.done():
+                self.pending.append(_PendingAdd(message.request, grammar))
+            else:
+                self._add(message.request)
+        elif isinstance(message, ipc.Abort):
+            for request_id in message.request_ids:
+                if not self._drop_pending(request_id):
+                    core.abort_request(request_id)
+        elif isinstance(message, ipc.Finish):
+            for sample in message.samples:
+                core.finish_sample(sample.request_id, sample.index)
+        elif isinstance(message, ipc.Call):
+            self._call(message)
+        elif isinstance(message, ipc.Stop):
+            self.stopping = True
+
+    def _add(self, request: CoreRequest) -> None:
+        try:
+            self.core.add_request(request)
+        except Exception as e:  # noqa: BLE001 - refused: the caller hears why
+            kind, param, message = ipc.describe_error(e)
+            self.acks.append(ipc.AddAck(request.request_id, kind, param, message))
+            return
+        self.acks.append(ipc.AddAck(request.request_id))
+
+    def _admit_compiled(self) -> None:
+        for pending in [p for p in self.pending if p.grammar.done()]:
+            self.pending.remove(pending)
+            self._add(pending.request)
+
+    def _drop_pending(self, request_id: str) -> bool:
+        for pending in self.pending:
+            if pending.request.request_id == request_id:
+                self.pending.remove(pending)
+                # NOTE: answered as refused: the caller gave up on it (its abort came first).
+                self.acks.append(ipc.AddAck(request_id, "EngineDeadError", None, "aborted"))
+                return True
+        return False
+
+    def _call(self, message: ipc.Call) -> None:
+        try:
+            if message.method == "rank_reports":
+                reports = getattr(self.core.runner, "reports", None)
+                result = reports() if reports is not None else []
+            elif message.method in ("start_profile", "stop_profile"):
+                result = getattr(self.core, message.method)(*message.args)
+            else:
+                raise ValueError(f"the engine core has no method {message.method!r}")
+        except Exception as e:  # noqa: BLE001 - the caller gets it
+            kind, _, text = ipc.describe_error(e)
+            self._send(ipc.CallResult(message.call_id, None, kind, text))
+            return
+        self._send(ipc.CallResult(message.call_id, result))
+
+    def _step(self) -> None:
+        core = self.core
+        before = self._stats or core.stats()
+        started = time.monotonic()
+        outputs = core.step()  # NOTE: an EngineDeadError ends the process: the front end sees it
+        now = time.monotonic()
+        # NOTE: once per step: it snapshots every histogram; sent only now and then.
+        self._stats = after = core.stats()
+        self.stall.note(now - started, before, after)
+        self._stuck = not outputs and after.steps == before.steps
+        fresh = now - self._stats_at > STATS_EVERY_S or any(o.finished for o in outputs)
+        if outputs or self.acks or fresh:
+            self._stats_at = now if fresh else self._stats_at
+            self._send(ipc.Outputs(outputs, self._take_acks(), after if fresh else None,
+                                   self.stall.bound()))  # fmt: skip
+
+    def _take_acks(self) -> list[ipc.AddAck]:
+        acks, self.acks = self.acks, []
+        return acks
+
+    def _send(self, message) -> None:
+        self.outbox.send(ipc.encode(message), copy=False)

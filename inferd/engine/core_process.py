@@ -1,0 +1,176 @@
+"""The front end's handle on one engine core process: start it, talk to it, stop it.
+
+    CoreProcess.start(config)  spawn the process (core_loop.py), bind its two sockets
+    wait_ready()               block until the model is loaded: the core's `Ready` (what the
+                               front end needs to know of it), or its start-up error, raised
+    send(message)              never blocks (ZeroMQ queues it)
+    recv(timeout)              the next message from the core (a blocking reader: `ProcessCore`)
+    start_reader(callback)     or: a thread hands every message to `callback`, and None once
+                               the process is gone (the server's client: core_client.py)
+    stop()                     ask it to stop, then wait, then kill
+
+The process is spawned (never forked: the front end may hold threads, torch's among them) and is
+no daemon, because a core with tensor parallelism starts processes of its own; it dies with the
+front end instead (core_loop.py). Every test that starts one stops it.
+"""
+
+from __future__ import annotations
+
+import logging
+import multiprocessing
+import os
+import threading
+import time
+from collections.abc import Callable
+
+from inferd.engine import ipc
+
+log = logging.getLogger(__name__)
+
+STOP_TIMEOUT_S = 20.0
+
+
+def _log_levels() -> dict[str, int]:
+    """The levels set here that the core's process should share: the root's, inferd's own and
+    its progress lines' (`--quiet`, inferd/progress.py)."""
+    names = ("", "inferd", "inferd.progress")
+    levels = {n: logging.getLogger(n).level for n in names}
+    return {n: level for n, level in levels.items() if level != logging.NOTSET}
+
+
+class CoreStartError(RuntimeError):
+    """The engine core process could not start (its own error is in the message)."""
+
+
+class CoreProcess:
+    def __init__(self, index: int = 0):
+        self.index = index  # which replica (data parallelism), for names and logs
+        self.process: multiprocessing.Process | None = None
+        self.ready: ipc.Ready | None = None
+        self._dir: ipc.SocketDir | None = None
+        self._context = self._send_socket = self._recv_socket = None
+        self._reader: threading.Thread | None = None
+        self._closing = threading.Event()
+
+    def start(self, config, stall_timeout: float = 60.0) -> None:
+        import zmq
+
+        from inferd.engine.core_loop import core_main
+
+        self._dir = ipc.SocketDir()
+        self._context = zmq.Context()
+        self._send_socket = self._context.socket(zmq.PUSH)
+        self._send_socket.setsockopt(zmq.SNDHWM, 0)
+        self._send_socket.setsockopt(zmq.LINGER, 0)
+        self._send_socket.bind(self._dir.to_core)
+        self._recv_socket = self._context.socket(zmq.PULL)
+        self._recv_socket.setsockopt(zmq.LINGER, 0)
+        self._recv_socket.bind(self._dir.from_core)
+        args = (config, self._dir.to_core, self._dir.from_core, os.getpid(), stall_timeout,
+                _log_levels())  # fmt: skip
+        ctx = multiprocessing.get_context("spawn")
+        self.process = ctx.Process(target=core_main, args=args, name=f"inferd-core-{self.index}")
+        self.process.start()
+
+    def wait_ready(self, timeout: float | None = None) -> ipc.Ready:
+        """Block until the core has loaded its model: its Ready, or its start-up error raised
+        (a ValueError, such as a bad flag or model, as it is; anything else as CoreStartError)."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            message = self.recv(0.2)
+            if message is not None:
+                return self._take_start(message)
+            if not self.alive:
+                raise CoreStartError(f"the engine core process exited during start-up "
+                                     f"(exit code {self.exitcode})")  # fmt: skip
+            if deadline is not None and time.monotonic() > deadline:
+                raise CoreStartError(f"the engine core did not start within {timeout:g} s")
+
+    def recv(self, timeout: float | None = None):
+        """The core's next message, or None after `timeout` seconds (None: wait for one)."""
+        import zmq
+
+        wait = -1 if timeout is None else int(timeout * 1000)
+        if not self._recv_socket.poll(wait, zmq.POLLIN):
+            return None
+        return ipc.decode_from_core(self._recv_socket.recv())
+
+    def start_reader(self, callback: Callable[[object | None], None]) -> None:
+        """From now on a thread receives the core's messages and calls `callback` with each
+        (in that thread); with None once the process has ended and nothing is left to read."""
+
+        def read() -> None:
+            while not self._closing.is_set():
+                message = self.recv(0.1)
+                if message is not None:
+                    callback(message)
+                elif not self.alive:
+                    while (message := self.recv(0.2)) is not None:  # what it sent before dying
+                        callback(message)
+                    callback(None)
+                    return
+
+        self._reader = threading.Thread(target=read, name=f"inferd-core-{self.index}-reader",
+                                        daemon=True)  # fmt: skip
+        self._reader.start()
+
+    def _take_start(self, message) -> ipc.Ready:
+        if isinstance(message, ipc.StartFailed):
+            self.process.join(10)
+            error = ipc.rebuild_error(message.error_type, None, message.message)
+            if isinstance(error, ValueError):
+                raise error  # a bad flag or model: the CLI prints it as it would in-process
+            raise CoreStartError(f"the engine core failed to start: {message.message}")
+        if not isinstance(message, ipc.Ready):
+            raise CoreStartError(f"the engine core sent {type(message).__name__} before Ready")
+        self.ready = message
+        return message
+
+    @property
+    def alive(self) -> bool:
+        return self.process is not None and self.process.is_alive()
+
+    @property
+    def exitcode(self) -> int | None:
+        return None if self.process is None else self.process.exitcode
+
+    @property
+    def sentinel(self) -> int:
+        """A file descriptor that becomes readable when the process ends."""
+        return self.process.sentinel
+
+    def send(self, message) -> None:
+        self.send_bytes(ipc.encode(message))
+
+    def send_bytes(self, data: bytes) -> None:
+        import zmq
+
+        try:
+            self._send_socket.send(data, zmq.NOBLOCK)
+        except zmq.ZMQError as e:  # closed: the core is gone or being stopped
+            log.debug("message to core %d dropped: %s", self.index, e)
+
+    def stop(self, timeout: float = STOP_TIMEOUT_S) -> None:
+        """Ask the core to stop (it fails nothing: the caller ended its requests), wait, then
+        kill it. Safe to call more than once."""
+        if self.process is not None and self.process.is_alive():
+            self.send(ipc.Stop())
+            self.process.join(timeout)
+            if self.process.is_alive():
+                log.warning("engine core %d did not stop in %.0f s: killing it", self.index,
+                            timeout)  # fmt: skip
+                self.process.kill()
+                self.process.join(5)
+        self._closing.set()
+        if self._reader is not None and self._reader is not threading.current_thread():
+            self._reader.join(5)  # NOTE: the reader owns the receiving socket until it returns
+        for sock in (self._send_socket, self._recv_socket):
+            if sock is not None:
+                sock.close(0)
+        self._send_socket = self._recv_socket = None
+        if self._context is not None:
+            self._context.term()
+            self._context = None
+        if self._dir is not None:
+            self._dir.close()
+            self._dir = None

@@ -1,0 +1,30 @@
+"""The stats of several engine cores as one (data parallelism): counts and gauges add up, the KV
+cache's usage is the fullest replica's, step timings pool every replica's steps."""
+
+from __future__ import annotations
+
+from inferd.engine_client import EngineStats
+
+_SUMMED = ("num_running", "num_waiting", "num_preemptions", "prefix_cache_queries",
+           "prefix_cache_hits", "prompt_tokens", "generation_tokens", "steps",
+           "spec_decode_num_drafts", "spec_decode_num_draft_tokens",
+           "spec_decode_num_accepted_tokens")  # fmt: skip
+
+
+def merge_stats(stats: list[EngineStats]) -> EngineStats:
+    if len(stats) == 1:
+        return stats[0]
+    merged = {name: sum(getattr(s, name) for s in stats) for name in _SUMMED}
+    merged["kv_cache_usage"] = max(s.kv_cache_usage for s in stats)
+    timings = [s.step_timing for s in stats if s.step_timing is not None]
+    timing = timings[0] if timings else None
+    for other in timings[1:]:
+        timing = timing.plus(other)
+    merged["step_timing"] = timing
+    width = max(len(s.spec_decode_num_accepted_tokens_per_pos) for s in stats)
+    merged["spec_decode_num_accepted_tokens_per_pos"] = tuple(
+        sum(s.spec_decode_num_accepted_tokens_per_pos[j]
+            for s in stats if j < len(s.spec_decode_num_accepted_tokens_per_pos))
+        for j in range(width)
+    )  # fmt: skip
+    return EngineStats(**merged)  # NOTE: a field added to EngineStats needs its rule here

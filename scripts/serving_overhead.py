@@ -1,0 +1,144 @@
+"""Serving overhead (issue 24's "Must show"): output tok/s of the same requests over HTTP and
+through `LLM.generate`, in one run, and their ratio.
+
+    python scripts/serving_overhead.py [--rounds 1] [--json out.json] [-- SERVE FLAGS...]
+
+The workload is the `throughput32` preset (32 token-id prompts of 16-256 tokens, outputs of
+16-128, EOS ignored, greedy). Four measurements, alternating between the two systems so that a
+busy spell on a shared machine spreads over both:
+
+    http, 32 clients    streaming /v1/completions, all 32 requests at once (`bench serve`)
+    offline, batch      one `LLM.generate` call with all 32 requests
+    http, 1 client      the same requests one after another, streaming
+    offline, one by one one `LLM.generate` call per request, one after another
+
+The server is `inferd serve` started by this script with the flags after `--` (default: none
+but the port); the offline engine gets the same engine flags. Both stay loaded for the whole
+run; the one not measured is idle (its loop sleeps).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _start_server(flags: list[str]) -> tuple[subprocess.Popen, str, str]:
+    import httpx
+
+    port = _free_port()
+    log = tempfile.mkstemp(prefix="inferd-overhead-", suffix=".log")[1]
+    cmd = [sys.executable, "-m", "inferd", "serve", "--port", str(port),
+           "--disable-log-requests", *flags]  # fmt: skip
+    with open(log, "wb") as out:
+        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT)
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 600
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"inferd serve exited: see {log}")
+        try:
+            if httpx.get(url + "/health", timeout=2).status_code == 200:
+                return proc, url, log
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.5)
+    proc.kill()
+    raise RuntimeError(f"inferd serve did not become healthy: see {log}")
+
+
+def _offline(system, requests, one_by_one: bool):
+    from inferd.bench.metrics import compute_metrics
+
+    t0 = time.perf_counter()
+    timings = []
+    if one_by_one:
+        for r in requests:
+            timings += system.generate([r])
+    else:
+        timings = system.generate(requests)
+    return compute_metrics(timings, time.perf_counter() - t0, (50.0, 99.0))
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--rounds", type=int, default=1, help="repeat the four measurements")
+    parser.add_argument("--json", help="write the figures here")
+    parser.add_argument("serve_flags", nargs=argparse.REMAINDER, help="after --: serve flags")
+    args = parser.parse_args()
+    flags = [f for f in args.serve_flags if f != "--"]
+
+    from inferd.bench.presets import resolve_workload
+    from inferd.bench.report import environment
+    from inferd.bench.serve import run_serve
+    from inferd.bench.systems import InferdSystem, warm_up
+    from inferd.bench.workload import BenchRequest, make_requests, workload_vocab
+    from inferd.commands import serve as serve_command
+    from inferd.commands.engine_args import engine_config_from_args
+
+    serve_parser = argparse.ArgumentParser()
+    serve_command.add_arguments(serve_parser)
+    config = engine_config_from_args(serve_parser.parse_args(flags))
+    proc, url, log = _start_server(flags)
+    try:
+        system = InferdSystem(config)
+        spec = resolve_workload("throughput32", input_len=None, output_len=None,
+                                range_ratio=0.0, num_prompts=None, seed=0,
+                                default_prompts=32)  # fmt: skip
+        requests = make_requests(spec, workload_vocab(system.tokenizer), system.tokenizer)
+        warm_up(system, requests[0].prompt_token_ids[0])
+        run_serve(url, [BenchRequest(requests[0].prompt_token_ids[:8], 4)])  # warm the server
+        figures: dict[str, list[float]] = {}
+
+        def note(name: str, metrics) -> None:
+            figures.setdefault(name, []).append(metrics.output_throughput)
+            tokens, seconds = metrics.total_output_tokens, metrics.duration
+            rate = metrics.output_throughput
+            print(f"{name:22s} {rate:7.1f} tok/s ({tokens} tokens, {seconds:.1f} s)", flush=True)
+
+        env = environment()
+        for _ in range(args.rounds):
+            # Different prompts each time would change the work; the same ones would hit the
+            # prefix cache in the second system. NOTE: the server and the offline engine are
+            # separate engines, so each sees each prompt for the first time once per round;
+            # later rounds are served from their prefix caches alike.
+            note("http, 32 clients", run_serve(url, requests).metrics)
+            note("offline, batch", _offline(system, requests, one_by_one=False))
+            note("http, 1 client", run_serve(url, requests, max_concurrency=1).metrics)
+            note("offline, one by one", _offline(system, requests, one_by_one=True))
+        med = {k: sorted(v)[len(v) // 2] for k, v in figures.items()}
+        ratios = {
+            "32 clients": med["http, 32 clients"] / med["offline, batch"],
+            "1 client": med["http, 1 client"] / med["offline, one by one"],
+        }
+        for name, ratio in ratios.items():
+            print(f"serving overhead ratio, {name}: {ratio:.3f}")
+        if args.json:
+            with open(args.json, "w") as f:
+                json.dump({"figures": figures, "ratios": ratios, "serve_flags": flags,
+                           "environment": env, "end": environment()}, f, indent=1)  # fmt: skip
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+        os.unlink(log)
+    return 0 if all(math.isfinite(r) for r in ratios.values()) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

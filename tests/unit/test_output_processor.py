@@ -1,0 +1,145 @@
+"""The front end's output processor fed with fabricated core outputs (new token ids, logprobs,
+finish reasons): text by incremental detokenization, stop strings across token boundaries with
+their holdback and the SampleFinish that ends them in the core, tokens after a stop never shown,
+stop tokens never text, a length finish flushing, n > 1 assembly, logprob token strings,
+streaming versus final-only requests. A tiny trained tokenizer; no model."""
+
+from __future__ import annotations
+
+import pytest
+from tiny_models import make_tiny_checkpoint
+
+from inferd.engine.core_output import CoreOutput, RequestEvents, SampleDelta, SampleFinish
+from inferd.engine.output_processor import OutputProcessor
+from inferd.engine.step import TokenLogprobs
+from inferd.sampling_params import SamplingParams
+from inferd.tokenizer import Tokenizer
+
+PROMPT = [5, 6, 7]
+
+
+@pytest.fixture(scope="module")
+def tok(tmp_path_factory):
+    folder = make_tiny_checkpoint("llama", tmp_path_factory.mktemp("tok") / "llama")
+    return Tokenizer.from_hf_dir(folder)
+
+
+def news(rid: str, *samples: SampleDelta, t: float = 1.0, finished: bool = False, **kw):
+    return CoreOutput(rid, list(samples), t, RequestEvents(0.5, 0.6, 2, ()), finished=finished,
+                      **kw)  # fmt: skip
+
+
+def processor(tok, rid="r", stream=True, **params) -> OutputProcessor:
+    out = OutputProcessor(tok)
+    out.add_request(rid, None, PROMPT, SamplingParams(**params), 0.0, params.get("max_tokens"),
+                    stream)  # fmt: skip
+    return out
+
+
+def words(tok, text: str) -> list[int]:
+    return tok.encode(text, add_special_tokens=False)
+
+
+def test_text_grows_by_detokenizing_and_metrics_follow_the_core(tok):
+    ids = words(tok, "The quick brown fox")
+    out = processor(tok, max_tokens=len(ids))
+    seen = []
+    for i, t in enumerate(ids):
+        last = i == len(ids) - 1
+        delta = SampleDelta(0, [t], finish_reason="length" if last else None)
+        (result,), finishes = out.process([news("r", delta, t=10.0 + i, finished=last)])
+        seen.append(result.outputs[0].text)
+        assert finishes == []
+    assert seen[-1] == tok.decode(ids) and result.finished
+    assert result.outputs[0].token_ids == ids and result.outputs[0].finish_reason == "length"
+    m = result.metrics
+    assert (m.first_token_time, m.last_token_time, m.finished_time) == (10.0, 10.0 + i, 10.0 + i)
+    assert (m.queued_time, m.first_scheduled_time, m.num_cached_tokens) == (0.5, 0.6, 2)
+    assert m.num_generation_tokens == len(ids) and not out.has_unfinished()
+
+
+def test_a_stop_string_across_tokens_ends_the_sample_and_tells_the_core(tok):
+    ids = words(tok, "The quick brown fox jumps over")
+    text = tok.decode(ids)
+    pieces = [tok.decode(ids[: i + 1]) for i in range(len(ids))]
+    # A stop string made of the end of one token's text and the start of the next one's.
+    k = next(i for i in range(1, len(ids) - 1) if len(pieces[i]) - len(pieces[i - 1]) >= 2)
+    stop = pieces[k][-1] + pieces[k + 1][len(pieces[k])]
+    out = processor(tok, stop=[stop], max_tokens=50)
+    shown, finishes = [], []
+    for t in ids[: k + 2]:
+        results, ends = out.process([news("r", SampleDelta(0, [t]))])
+        shown += [r.outputs[0].text for r in results]
+        finishes += ends
+    assert finishes == [SampleFinish("r", 0)]
+    final = results[-1]
+    assert final.finished and final.outputs[0].finish_reason == "stop"
+    assert final.outputs[0].stop_reason == stop and final.outputs[0].text == text[: text.find(stop)]
+    # While it ran, the last len(stop) - 1 characters were held back: nothing shown was taken back.
+    assert all(final.outputs[0].text.startswith(s) for s in shown)
+    # What the core computed meanwhile is dropped: the request is done here.
+    assert out.process([news("r", SampleDelta(0, [ids[-1]]))]) == ([], [])
+
+
+def test_tokens_after_a_stop_in_one_step_are_never_shown(tok):
+    ids = words(tok, "The quick brown fox")
+    stop = tok.decode(ids[:2])[-2:]
+    out = processor(tok, stop=[stop], max_tokens=50, include_stop_str_in_output=True)
+    (result,), finishes = out.process([news("r", SampleDelta(0, ids))])
+    assert finishes == [SampleFinish("r", 0)]
+    assert result.outputs[0].token_ids == ids[:2]  # up to the token that completed the stop
+    assert result.outputs[0].text == tok.decode(ids[:2])  # the stop string itself kept
+
+
+def test_a_stop_token_ends_the_text_where_it_is(tok):
+    ids = words(tok, "The quick")
+    out = processor(tok, max_tokens=50)
+    delta = SampleDelta(0, [*ids, 2], finish_reason="stop", stop_reason=2)
+    (result,), _ = out.process([news("r", delta, finished=True)])
+    c = result.outputs[0]
+    assert c.token_ids == [*ids, 2] and c.text == tok.decode(ids) and c.stop_reason == 2
+
+
+def test_only_streaming_requests_are_reported_before_they_finish(tok):
+    out = OutputProcessor(tok)
+    for rid, stream in (("quiet", False), ("loud", True)):
+        out.add_request(rid, None, PROMPT, SamplingParams(max_tokens=2), 0.0, 2, stream)
+    first, _ = out.process([news(r, SampleDelta(0, [40])) for r in ("quiet", "loud")])
+    assert [r.request_id for r in first] == ["loud"]
+    done = SampleDelta(0, [41], finish_reason="length")
+    last, _ = out.process([news(r, done, finished=True) for r in ("quiet", "loud")])
+    assert [r.request_id for r in last] == ["quiet", "loud"] and all(r.finished for r in last)
+
+
+def test_n_samples_are_assembled_in_index_order_and_end_together(tok):
+    out = processor(tok, n=2, temperature=1.0, max_tokens=2)
+    (first,), _ = out.process([news("r", SampleDelta(0, [40]), SampleDelta(1, [41]))])
+    assert [c.index for c in first.outputs] == [0, 1] and not first.finished
+    end = [
+        SampleDelta(0, [42], finish_reason="length"),
+        SampleDelta(1, [43], finish_reason="length"),
+    ]
+    (last,), _ = out.process([news("r", *end, finished=True)])
+    assert [c.token_ids for c in last.outputs] == [[40, 42], [41, 43]] and last.finished
+
+
+def test_logprobs_get_their_token_strings(tok):
+    ids = words(tok, "The quick")
+    out = processor(tok, logprobs=1, max_tokens=5, prompt_logprobs=0)
+    lps = [TokenLogprobs([t, 9], [-0.5, -1.5], [1, 2]) for t in ids]
+    prompt = [TokenLogprobs([6], [-2.0], [3]), TokenLogprobs([7], [-1.0], [1])]
+    (result,), _ = out.process([news("r", SampleDelta(0, ids, lps), new_prompt_logprobs=prompt)])
+    entries = result.outputs[0].logprobs
+    assert [e[t].decoded_token for e, t in zip(entries, ids, strict=True)] == [
+        tok.decode([t], skip_special_tokens=False) for t in ids
+    ]
+    assert entries[0][9].rank == 2 and result.outputs[0].cumulative_logprob == -0.5 * len(ids)
+    assert result.prompt_logprobs[0] is None and result.prompt_logprobs[1][6].logprob == -2.0
+
+
+def test_an_abort_or_an_error_from_the_core_ends_the_request(tok):
+    out = processor(tok, max_tokens=5)
+    (result,), _ = out.process([news("r", SampleDelta(0, [], finish_reason="error"), finished=True,
+                                     error="RuntimeError: device lost")])  # fmt: skip
+    assert result.finished and result.error == "RuntimeError: device lost"
+    assert result.outputs[0].finish_reason == "error" and not out.has_unfinished()
