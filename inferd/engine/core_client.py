@@ -27,6 +27,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+import msgspec
+
 from inferd.engine import ipc
 from inferd.engine.core_process import CoreProcess
 from inferd.engine.dp_router import NoReplica, Router
@@ -34,6 +36,7 @@ from inferd.engine.input_processor import InputLimits, InputProcessor
 from inferd.engine.output_processor import OutputProcessor
 from inferd.engine.stats import merge_stats
 from inferd.engine_client import EngineStats, ModelInfo, PromptInput, TokenizerLike, TraceFiles
+from inferd.engine_snapshot import EngineSnapshot
 from inferd.errors import EngineDeadError, InvalidRequest
 from inferd.outputs import RequestOutput
 from inferd.sampling_params import SamplingParams
@@ -251,6 +254,18 @@ class AsyncCoreClient:
         """The first core's files (the others' lie beside them)."""
         results = await self._call_all("stop_profile")
         return TraceFiles(**results[0])
+
+    # ---- the dashboard (inferd.engine_client.SnapshotClient) ---------------------------------
+    async def snapshot(self) -> EngineSnapshot:
+        """The first live replica's state (with data parallelism the dashboard shows that one:
+        docs/dashboard.md)."""
+        live = [r for r in self.replicas if r.dead is None]
+        if self._dead_reason is not None or self._loop is None or not live:
+            raise EngineDeadError(self._dead_reason or "the engine is not running")
+        call_id = next(self._call_ids)
+        self._calls[call_id] = future = self._loop.create_future()
+        live[0].process.send(ipc.Call(call_id, "snapshot"))
+        return msgspec.convert(await future, EngineSnapshot)
 
     async def rank_reports(self) -> list[dict]:
         return [r for result in await self._call_all("rank_reports") for r in result]

@@ -112,6 +112,7 @@ class CoreLoop:
         self._stats = None  # the latest snapshot (EngineStats)
         self._stats_at = 0.0  # when stats were last sent
         self._stuck = False
+        self._snapshots = None  # the dashboard's SnapshotBuilder, made at its first call
 
     def run(self) -> None:
         import zmq
@@ -198,6 +199,12 @@ class CoreLoop:
                 result = reports() if reports is not None else []
             elif message.method in ("start_profile", "stop_profile"):
                 result = getattr(self.core, message.method)(*message.args)
+            elif message.method == "snapshot":
+                if self._snapshots is None:
+                    from inferd.engine.snapshot import SnapshotBuilder
+
+                    self._snapshots = SnapshotBuilder()
+                result = self._snapshots(self.core)
             else:
                 raise ValueError(f"the engine core has no method {message.method!r}")
         except Exception as e:  # noqa: BLE001 - the caller gets it

@@ -17,6 +17,7 @@ from tiny_models import make_tiny_checkpoint
 from inferd import LLM, SamplingParams
 from inferd.config import EngineConfig
 from inferd.engine.core_client import AsyncCoreClient
+from inferd.engine_snapshot import EngineSnapshot
 from inferd.errors import EngineDeadError, InvalidRequest
 
 PROMPTS = [[1, 17, 250, 33, 98, 5, 77], [1, 5, 6], [1] + list(range(40, 80))]
@@ -109,6 +110,10 @@ def test_replicas_route_abort_and_fail_alone(folder):
         assert all(o.finished and len(o.outputs[0].token_ids) == 6 for o in done)
         steps = [s.steps for s in client.replica_stats()]
         assert all(n > 0 for n in steps)  # round-robin: both replicas served
+        # The dashboard's snapshot crosses the process boundary typed: the first replica's.
+        snap = await client.snapshot()
+        assert isinstance(snap, EngineSnapshot) and snap.settings.max_model_len == 128
+        assert snap.counters.steps >= steps[0] > 0 and snap.num_running == 0
         # An abort reaches the core and ends the request there.
         queue: asyncio.Queue = asyncio.Queue()
         await client.add_request("gone", {"prompt_token_ids": PROMPTS[2]}, long, queue)
@@ -144,6 +149,7 @@ def test_replicas_route_abort_and_fail_alone(folder):
             else:
                 assert item.finished and len(item.outputs[0].token_ids) == 80
         assert client.health() is None and not dead_calls  # one replica still serves
+        assert (await client.snapshot()).counters.steps > 0  # the live one answers
         assert (await _collect(client, "c", PROMPTS[1], short)).finished  # routed around
         # The last replica dies: everything fails, /health says why, on_dead is called.
         os.kill(client.replicas[0].process.process.pid, signal.SIGKILL)
@@ -154,6 +160,8 @@ def test_replicas_route_abort_and_fail_alone(folder):
         assert dead_calls and "exited" in client.health()
         with pytest.raises(EngineDeadError):
             await client.add_request("d", {"prompt_token_ids": [1]}, short, asyncio.Queue())
+        with pytest.raises(EngineDeadError):
+            await client.snapshot()
 
     try:
         asyncio.run(body())
