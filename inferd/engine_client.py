@@ -167,7 +167,7 @@ class ProfilingClient(Protocol):
 # ---- the dashboard (optional: a server offers /dashboard's data only when its client has it) --
 @runtime_checkable
 class SnapshotClient(Protocol):
-    """An engine client that can describe its engine's state (AsyncEngine and AsyncCoreClient can)."""
+    """An engine client that can describe its engine's state (AsyncEngine, AsyncCoreClient)."""
 
     async def snapshot(self) -> EngineSnapshot:
         """The engine's state now (inferd/engine_snapshot.py), built between two steps; the
