@@ -41,6 +41,7 @@ from inferd.step_timing import STEP_KINDS, STEP_PHASES, StepTiming
 if TYPE_CHECKING:
     from inferd.engine.engine import LLMEngine
 
+
 class SnapshotBuilder:
     """Snapshots of one engine; keeps what changes rarely (the memory prediction, computed at the
     first snapshot, and the count of weight bytes, which never change after load)."""

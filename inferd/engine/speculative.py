@@ -173,4 +173,3 @@ def accept_drafts(
         if state is not None:  # a sampled seeded row drew after it: undo those draws
             s.generator.set_state(state)
     return tokens, logprobs
-
