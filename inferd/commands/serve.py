@@ -183,6 +183,12 @@ class ServedModel:
     max_model_len: int
     max_num_seqs: int
 
+    @classmethod
+    def of_engine(cls, engine) -> ServedModel:
+        """The model an in-process `LLMEngine` serves."""
+        return cls(engine.tokenizer, engine.model_config, engine.setup.checkpoint,
+                   engine.max_model_len, engine.setup.max_num_seqs)  # fmt: skip
+
 
 def _start_engine(config, args: argparse.Namespace):
     """(the EngineClient the server uses, the served model): loads the model(s) now."""
@@ -194,9 +200,7 @@ def _start_engine(config, args: argparse.Namespace):
         from inferd.engine.engine import LLMEngine
 
         engine = LLMEngine(config)
-        model = ServedModel(engine.tokenizer, engine.model_config, engine.setup.checkpoint,
-                            engine.max_model_len, engine.setup.max_num_seqs)  # fmt: skip
-        return AsyncEngine(engine, args.stall_timeout), model
+        return AsyncEngine(engine, args.stall_timeout), ServedModel.of_engine(engine)
     from inferd.engine.core_client import AsyncCoreClient
 
     client = AsyncCoreClient(config, args.data_parallel_size, args.data_parallel_routing,

@@ -24,7 +24,7 @@ def _worker_logging(args: argparse.Namespace) -> None:
 def make_engine(args: argparse.Namespace):
     """In each replica: the engine as `inferd serve` builds it, behind its EngineClient."""
     from inferd.commands.engine_args import engine_config_from_args
-    from inferd.commands.serve import _set_chat_template
+    from inferd.commands.serve import ServedModel, _set_chat_template
     from inferd.commands.serve_features import with_request_limits
     from inferd.commands.startup_gc import engine_started
     from inferd.engine.async_engine import AsyncEngine
@@ -38,7 +38,7 @@ def make_engine(args: argparse.Namespace):
     template = load_chat_template(args.chat_template) if args.chat_template else None
     engine = LLMEngine(with_request_limits(engine_config_from_args(args), args))
     engine_started()
-    _set_chat_template(engine, template)
+    _set_chat_template(ServedModel.of_engine(engine), template)
     # The blocks a prefix hit can cover: the full-attention pool's (sliding layers keep only
     # their window, so it bounds nothing), else the one pool.
     plan, block_size = engine.setup.kv_plan, engine.config.block_size
