@@ -7,7 +7,7 @@
     least-loaded  the one with the fewest unfinished requests (the lowest index on ties)
 
 "Holds" is judged the way the KV cache names blocks: by the chained sha256 of each full block of
-the prompt (engine/request.py `block_hash`, the same salt and `cache_salt` mixing), so a prefix
+the prompt (inferd/block_hashes.py, the KV cache's own definition), so a prefix
 the router saw go to a replica has the names that replica's cache registered it under. The
 router remembers, per block name, the replica it last sent it to, as many names as the replicas'
 pools hold blocks (least recently routed forgotten first), a stand-in for what each cache still
@@ -20,7 +20,7 @@ from __future__ import annotations
 import itertools
 from collections import OrderedDict
 
-from inferd.engine.request import block_hash, salted_root
+from inferd.block_hashes import prompt_block_hashes
 
 POLICIES = ("prefix", "round-robin", "least-loaded")
 
@@ -61,11 +61,7 @@ class Router:
 
     def block_names(self, token_ids: list[int], cache_salt: str | None) -> list[bytes]:
         """The chained names of the prompt's full blocks, as the replicas' caches compute them."""
-        bs, parent, names = self.block_size, salted_root(self.hash_root, cache_salt), []
-        for start in range(0, len(token_ids) - bs + 1, bs):
-            parent = block_hash(parent, token_ids[start : start + bs])
-            names.append(parent)
-        return names
+        return prompt_block_hashes(token_ids, self.block_size, self.hash_root, cache_salt)
 
     def _longest_holder(self, hashes: list[bytes], live: set[int]) -> tuple[int | None, int]:
         """(the replica holding the longest leading run of these blocks, its length)."""

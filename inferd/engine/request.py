@@ -23,10 +23,10 @@ preemption are all that one rule.
 from __future__ import annotations
 
 import enum
-import hashlib
-from array import array
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
+
+from inferd.block_hashes import block_hash, salted_root
 
 if TYPE_CHECKING:
     from inferd.outputs import RequestMetrics
@@ -113,19 +113,6 @@ class Request:
         """Sample i of a seeded request uses seed + i: reproducible, and distinct samples."""
         seed = self.params.seed
         return None if seed is None else seed + seq.sample_index
-
-
-def block_hash(parent: bytes, token_ids: list[int] | tuple[int, ...]) -> bytes:
-    """Chained hash of one full block: equal hashes mean equal token prefixes (sha256, so an
-    accidental collision, which would silently mix two prompts' caches, is not a concern)."""
-    return hashlib.sha256(parent + array("q", token_ids).tobytes()).digest()
-
-
-def salted_root(root: bytes, salt: str | None) -> bytes:
-    """The first block's parent hash: the engine's root, mixed with the request's salt."""
-    if not salt:
-        return root
-    return hashlib.sha256(root + b"cache_salt\0" + salt.encode("utf-8")).digest()
 
 
 def update_block_hashes(seq: Sequence, block_size: int, root: bytes) -> None:

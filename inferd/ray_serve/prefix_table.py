@@ -8,36 +8,25 @@ far as their hash lists agree. The router keeps, per replica, the hashes of the 
 there (LRU-bounded by that replica's KV pool), and a prompt's match with a replica is the number
 of its leading hashes found there: tokens the replica need not compute again.
 
-NOTE: the hash definition must stay the engine's (`block_hash`, `salted_root` in
-inferd/engine/request.py): sha256(parent + token ids as int64), the first parent mixed with the
-request's cache_salt. The root differs (the engine's is its model identity; equal on every
-replica, so matches are the same), and the engine has the same function: the two could share it.
+The hashes are the engine's own definition (inferd/block_hashes.py), under a root of the
+router's (the engine's is its model identity; equal on every replica, so matches are the same).
 """
 
 from __future__ import annotations
 
-import hashlib
 import random
-from array import array
 from collections import OrderedDict
 from collections.abc import Hashable, Sequence
+
+from inferd import block_hashes
 
 ROOT = b"inferd-router"
 
 
-def prompt_block_hashes(
-    token_ids: Sequence[int], block_size: int, cache_salt: str | None = None, root: bytes = ROOT
-) -> list[bytes]:
-    """The chained hashes of the prompt's full blocks."""
-    parent = root
-    if cache_salt:
-        parent = hashlib.sha256(root + b"cache_salt\0" + cache_salt.encode("utf-8")).digest()
-    hashes = []
-    for start in range(0, len(token_ids) - block_size + 1, block_size):
-        block = array("q", token_ids[start : start + block_size]).tobytes()
-        parent = hashlib.sha256(parent + block).digest()
-        hashes.append(parent)
-    return hashes
+def prompt_block_hashes(token_ids: Sequence[int], block_size: int,
+                        cache_salt: str | None = None) -> list[bytes]:  # fmt: skip
+    """The chained hashes of the prompt's full blocks, under the router's root."""
+    return block_hashes.prompt_block_hashes(token_ids, block_size, ROOT, cache_salt)
 
 
 class BlockTable:

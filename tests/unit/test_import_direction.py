@@ -27,6 +27,7 @@ BASE: dict[str, set[str]] = {
     "outputs": set(),
     "step_timing": set(),
     "engine_snapshot": set(),
+    "block_hashes": set(),
     "platform": {"cpu_info"},
     "structured_params": {"errors"},
     "sampling_params": {"errors", "structured_params"},

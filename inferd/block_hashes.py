@@ -1,0 +1,38 @@
+"""How a full KV block is named: the chained sha256 of the tokens up to its end. The engine's
+prefix cache (engine/kv_cache.py, engine/request.py) and the routers that send a prompt to the
+replica holding its prefix (engine/dp_router.py, ray_serve/prefix_table.py) share this one
+definition, so a router's match is exactly the blocks a replica will not compute again.
+
+Block i's hash covers tokens [0, (i + 1) * block_size): two prompts share cached blocks exactly
+as far as their hash lists agree. The first block's parent is a root (the engine's model identity,
+so blocks of different weights never match), mixed with the request's `cache_salt` if it has one.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from array import array
+from collections.abc import Sequence
+
+
+def block_hash(parent: bytes, token_ids: Sequence[int]) -> bytes:
+    """Chained hash of one full block: equal hashes mean equal token prefixes (sha256, so an
+    accidental collision, which would silently mix two prompts' caches, is not a concern)."""
+    return hashlib.sha256(parent + array("q", token_ids).tobytes()).digest()
+
+
+def salted_root(root: bytes, salt: str | None) -> bytes:
+    """The first block's parent hash: the root, mixed with the request's salt."""
+    if not salt:
+        return root
+    return hashlib.sha256(root + b"cache_salt\0" + salt.encode("utf-8")).digest()
+
+
+def prompt_block_hashes(token_ids: Sequence[int], block_size: int, root: bytes,
+                        salt: str | None = None) -> list[bytes]:  # fmt: skip
+    """The chained hashes of every full block of `token_ids`."""
+    parent, hashes = salted_root(root, salt), []
+    for start in range(0, len(token_ids) - block_size + 1, block_size):
+        parent = block_hash(parent, token_ids[start : start + block_size])
+        hashes.append(parent)
+    return hashes
