@@ -18,7 +18,7 @@ import random
 from collections import OrderedDict
 from collections.abc import Hashable, Sequence
 
-from inferd import block_hashes
+from inferd.block_hashes import prompt_block_hashes as chained_block_hashes
 
 ROOT = b"inferd-router"
 
@@ -26,7 +26,7 @@ ROOT = b"inferd-router"
 def prompt_block_hashes(token_ids: Sequence[int], block_size: int,
                         cache_salt: str | None = None) -> list[bytes]:  # fmt: skip
     """The chained hashes of the prompt's full blocks, under the router's root."""
-    return block_hashes.prompt_block_hashes(token_ids, block_size, ROOT, cache_salt)
+    return chained_block_hashes(token_ids, block_size, ROOT, cache_salt)
 
 
 class BlockTable:
