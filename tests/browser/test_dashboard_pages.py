@@ -6,7 +6,6 @@ taken under that load."""
 from __future__ import annotations
 
 import re
-import time
 
 import pytest
 from browser_helpers import API_KEY, Load, Page
@@ -15,6 +14,14 @@ pytestmark = pytest.mark.slow
 
 USED_BLOCKS = "[...document.querySelectorAll('.kv-group')].reduce((n, g) => n + +g.dataset.used, 0)"
 UPDATES = "+(document.body.dataset.updates || 0)"
+PARTIALS_RECORDER = """() => {
+  window.partials = [];
+  new MutationObserver(() => {
+    const reply = [...document.querySelectorAll('.message.assistant')].pop();
+    if (reply && reply.dataset.state === 'streaming')
+      window.partials.push(reply.querySelector('.text').textContent);
+  }).observe(document.body, { childList: true, characterData: true, subtree: true });
+}"""
 
 
 def test_the_key_prompt_refuses_a_wrong_key_then_the_dashboard_goes_live(browser, served):
@@ -50,6 +57,9 @@ def test_both_pages_under_a_16_request_load(browser, served, screenshots):
         load = Load(served, n=16, max_tokens=24)
         chat.page.fill("#max_tokens", "16")
         chat.page.fill("#prompt", "Explain in one sentence what a KV cache stores.")
+        # The page records the reply's text at each change while it streams: polling from here
+        # can miss the whole stream on a fast machine.
+        chat.js(PARTIALS_RECORDER)
         chat.page.click("#send")
         dashboard.wait(
             f"{USED_BLOCKS} > 0 && document.querySelectorAll('#requests .request-row').length >= 2",
@@ -57,13 +67,10 @@ def test_both_pages_under_a_16_request_load(browser, served, screenshots):
         )
         dashboard.page.screenshot(path=str(screenshots / "dashboard.png"), full_page=True)
         reply = "[...document.querySelectorAll('.message.assistant')].pop()"
-        partial = []  # the reply's text while it was still streaming
-        deadline = time.monotonic() + 300
-        while chat.js(f"{reply}.dataset.state") == "streaming" and time.monotonic() < deadline:
-            partial.append(chat.js(f"{reply}.querySelector('.text').textContent"))
-            time.sleep(0.05)
+        chat.wait(f"{reply}.dataset.state !== 'streaming'", timeout=300, what="reply done")
         assert chat.js(f"{reply}.dataset.state") == "done"
         text = chat.js(f"{reply}.querySelector('.text').textContent")
+        partial = chat.js("window.partials")  # the reply's text while it was still streaming
         assert any(0 < len(p) < len(text) and text.startswith(p) for p in partial), partial
         panel = chat.page.text_content(".message.assistant details")
         assert "TTFT" in panel and "tok/s" in panel and "engine: queued" in panel
