@@ -1,7 +1,10 @@
 #!/usr/bin/env bash
 # GPU check, for a machine with an NVIDIA GPU and a CUDA build of torch already installed:
 # the GPU parity tests (Triton kernels compiled for real, CUDA graphs vs eager, GPU vs CPU greedy),
-# then the GPU benchmarks of issue 8, then a short report. Budget: under 8 minutes on an H200.
+# the newer paths on the GPU (scripts/gpu_smoke.py: the engine core's process, Mixture of Experts,
+# data-parallel replicas, LoRA), then the GPU benchmarks of issue 8, then a short report. Budget:
+# under 8 minutes on an H200; every step has its own timeout, and a failing step does not stop the
+# next (its log says why).
 #
 #   bash scripts/gpu_check.sh            # results in ./gpu_check/ (JSON + report.txt)
 set -uo pipefail
@@ -20,6 +23,10 @@ report "== $(python -c 'import torch; print(torch.cuda.get_device_name(), "torch
 timeout 240 python -m pytest -q -x tests/gpu tests/unit/test_triton_attention.py \
     > "$out/tests.txt" 2>&1
 report "tests: $(tail -1 "$out/tests.txt")"
+
+# 1b. The engine core in its own process, MoE, data parallelism, LoRA: each against a reference.
+timeout 180 python scripts/gpu_smoke.py --out "$out" > "$out/smoke.txt" 2>&1
+report "smoke: $(grep -E '^(ok|FAIL|skip)' "$out/smoke.txt" | tr '\n' ';')"
 
 # 2. Single stream, 128 in / 128 out, bf16, next to HF transformers on the same GPU.
 timeout 150 inferd bench latency --preset single --device cuda --dtype bfloat16 \
