@@ -23,6 +23,7 @@ from inferd.engine.tp_runner import TPModelRunner
 from inferd.engine.tp_workers import start_ranks
 from inferd.engine_client import ModelInfo
 from inferd.loader import Checkpoint, open_checkpoint
+from inferd.loader.pooler_config import pooler_config
 from inferd.memory.kv import KVPoolPlan, plan_kv_pool
 from inferd.memory.weights import tp_shard
 from inferd.platform import resolve_device
@@ -61,6 +62,7 @@ def describe_model(setup: EngineSetup, config: EngineConfig) -> ModelInfo:
         max_model_len=setup.max_model_len,
         vocab_size=setup.model_config.vocab_size,
         fingerprint="fp_" + hashlib.sha256(ident.encode()).hexdigest()[:10],
+        pooling=pooler_config(setup.checkpoint, config.pooler_config),
     )
 
 
