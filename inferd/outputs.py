@@ -141,3 +141,11 @@ class EmbeddingRequestOutput:
     num_cached_tokens: int = 0
     error: str | None = None  # set when the request failed inside the engine
     prompt: str | None = None
+
+
+def finish_reasons(out: RequestOutput | EmbeddingRequestOutput) -> list[str | None]:
+    """Each sample's finish reason; an embedding request's one: "stop" once it has its vector
+    (None: it ended without one, aborted or failed)."""
+    if isinstance(out, EmbeddingRequestOutput):
+        return ["stop" if out.outputs.embedding else None]
+    return [c.finish_reason for c in out.outputs]
