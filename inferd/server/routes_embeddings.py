@@ -71,8 +71,9 @@ class EmbeddingRequest(Body):
             raise InvalidRequest(name, f"unsupported parameter: {name}")
 
 
-def _token_ids(tokenizer: TokenizerLike, inputs: list[str | TokenIds],
-               add_special_tokens: bool) -> list[dict[str, Any]]:  # fmt: skip
+def _token_ids(tokenizer: TokenizerLike, inputs: list[str | TokenIds], add_special_tokens: bool,
+               vocab_size: int) -> list[dict[str, Any]]:  # fmt: skip
+    """Each input as a prompt of token ids; errors name `input` and the entry at fault."""
     prompts = []
     for i, given in enumerate(inputs):
         if isinstance(given, str):
@@ -82,6 +83,10 @@ def _token_ids(tokenizer: TokenizerLike, inputs: list[str | TokenIds],
             prompts.append({"prompt": given, "prompt_token_ids": ids})
         elif not given:
             raise InvalidRequest("input", f"input[{i}] is an empty list of token ids")
+        elif any(not 0 <= t < vocab_size for t in given):
+            bad = next(t for t in given if not 0 <= t < vocab_size)
+            raise InvalidRequest("input", f"input[{i}]: token id {bad} is outside the "
+                                          f"vocabulary [0, {vocab_size})")  # fmt: skip
         else:
             prompts.append({"prompt": None, "prompt_token_ids": list(given)})
     return prompts
@@ -107,7 +112,8 @@ async def create_embeddings(body: EmbeddingRequest, request: Request) -> JSONRes
     inputs = body.inputs()
     keep = body.truncate_prompt_tokens
     group = state.admit(request, inputs, 1, param="input", keep=keep)
-    prompts = await group.tokenize(_token_ids, state.tokenizer, inputs, body.add_special_tokens)
+    prompts = await group.tokenize(_token_ids, state.tokenizer, inputs, body.add_special_tokens,
+                                   state.info.vocab_size)  # fmt: skip
     prompts = truncated(prompts, keep, state.info.max_model_len)
     await group.submit(new_id("embd"), prompts, params, arrival)
     finals = await collect(group)
