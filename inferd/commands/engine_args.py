@@ -142,7 +142,7 @@ def add_engine_arguments(parser: argparse.ArgumentParser, model_positional: bool
                              'say: e.g. \'{"pooling_type": "mean", "normalize": true, '
                              '"matryoshka_dimensions": [128, 256]}\' (keys: pooling_type '
                              "last|mean|cls, normalize, is_matryoshka, "
-                             "matryoshka_dimensions)")  # fmt: skip
+                             "matryoshka_dimensions; default: the model's own)")  # fmt: skip
 
 
 def engine_flags_of(args: argparse.Namespace) -> list[str]:
