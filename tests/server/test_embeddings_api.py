@@ -121,3 +121,18 @@ def test_encoding_format_and_user(http, model_name):
     assert r.status_code == 400 and r.json()["error"]["param"] == "encoding_format"
     r = http.post("/v1/embeddings", json={"model": model_name, "input": "x", "user": "u-1"})
     assert r.status_code == 200 and len(r.json()["data"][0]["embedding"]) == HIDDEN
+
+
+def test_vllm_extras_act_on_the_input(client, model_name, http):
+    text = "Only the last tokens count here."
+    ids = token_ids(http, text)
+    plain = client.embeddings.create(model=model_name, input=text, encoding_format="float",
+                                     extra_body={"add_special_tokens": False})  # fmt: skip
+    assert plain.usage.prompt_tokens == len(ids) - 1  # no BOS
+    no_bos = client.embeddings.create(model=model_name, input=ids[1:], encoding_format="float")
+    assert_close(plain.data[0].embedding, no_bos.data[0].embedding, tol=1e-4)
+    cut = client.embeddings.create(model=model_name, input=text, encoding_format="float",
+                                   extra_body={"truncate_prompt_tokens": 3})  # fmt: skip
+    assert cut.usage.prompt_tokens == 3
+    tail = client.embeddings.create(model=model_name, input=ids[-3:], encoding_format="float")
+    assert_close(cut.data[0].embedding, tail.data[0].embedding, tol=1e-4)
