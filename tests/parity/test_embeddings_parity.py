@@ -140,3 +140,33 @@ def test_embeddings_cross_the_process_boundary(tiny):
         remote.shutdown()
     for prompt, out in zip(PROMPTS, outs, strict=True):
         assert_vector(out.outputs.embedding, hf_pooled(hf, prompt, "mean"))
+
+
+def test_preempted_embeddings_recompute_to_the_same_vectors(tiny):
+    """Six usable KV blocks: two generating requests decode while an 80-token embedding prompt
+    is prefilled in chunks; when a decode needs a block, the newest request (the embedding) is
+    preempted mid-prefill and later recomputed from position 0, its pooling restarted."""
+    from inferd.memory.kv import block_bytes
+
+    hf, llm = tiny
+    cfg = llm.engine.model_config
+    pool = 7 * sum(block_bytes(cfg, len(layers), 16, 4) for _, layers in cfg.kv_groups())
+    tight = LLM(str(llm.engine.setup.checkpoint.path), dtype="float32", kv_cache_memory=pool,
+                max_num_batched_tokens=BUDGET, enable_prefix_caching=False)  # fmt: skip
+    engine = tight.engine
+    greedy = SamplingParams(temperature=0, max_tokens=20, ignore_eos=True)
+    long = list(range(4, 84))
+    for i, prompt in enumerate(PROMPTS[:2]):
+        engine.add_request(f"gen-{i}", {"prompt_token_ids": prompt}, greedy)
+    for kind in ("mean", "cls", "last"):
+        engine.add_request(kind, {"prompt_token_ids": long},
+                           PoolingParams(pooling_type=kind, normalize=False))  # fmt: skip
+    done = {}
+    while engine.has_unfinished_requests():
+        done.update((o.request_id, o) for o in engine.step() if o.finished)
+    assert done["mean"].metrics.num_preemptions > 0
+    for kind in ("mean", "cls", "last"):
+        assert_vector(done[kind].outputs.embedding, hf_pooled(hf, long, kind))
+    for i, prompt in enumerate(PROMPTS[:2]):
+        assert done[f"gen-{i}"].outputs[0].token_ids == hf_greedy(hf, prompt, 20)[1]
+    assert engine.kv.usage == 0.0
