@@ -123,6 +123,10 @@ def test_pooling_and_sampling_params_are_not_interchangeable(tiny):
         PoolingParams(pooling_type="max")
     with pytest.raises(ValueError, match="dimensions 8 is not supported"):
         llm.embed(PROMPTS[:1], PoolingParams(dimensions=8), use_tqdm=False)
+    too_long = [5] * (llm.engine.max_model_len + 1)
+    with pytest.raises(ValueError, match="max_model_len") as info:
+        llm.embed([PROMPTS[0], too_long], use_tqdm=False)  # the first is taken back
+    assert info.value.param == "input"
     assert not llm.engine.requests
 
 
