@@ -107,8 +107,10 @@ async def create_embeddings(body: EmbeddingRequest, request: Request) -> JSONRes
     model = state.check_model(body.model)
     note_user(request, body)
     body.refuse_extras()
-    # Checked here as well as in the engine, so that a bad value costs no tokenizing.
+    # Resolved against the model here as well as in the engine (where it changes nothing
+    # more), so that a bad value costs no tokenizing.
     params = PoolingParams(normalize=body.normalize, dimensions=body.dimensions)
+    params = params.resolve(state.info.pooling)
     inputs = body.inputs()
     keep = body.truncate_prompt_tokens
     group = state.admit(request, inputs, 1, param="input", keep=keep)
