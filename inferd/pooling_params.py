@@ -54,6 +54,18 @@ class PoolerConfig:
     # sentence-transformers module inferd does not implement); None: they can.
     unsupported: str | None = None
 
+    def describe(self) -> str:
+        """One line for the start-up log: how embeddings are made, and why so."""
+        if self.unsupported is not None:
+            return f"refused: {self.unsupported}"
+        cut = ""
+        if self.matryoshka_dimensions:
+            cut = f", dimensions {', '.join(map(str, self.matryoshka_dimensions))} allowed"
+        elif self.is_matryoshka:
+            cut = f", any dimensions up to {self.hidden_size}"
+        norm = "normalised" if self.normalize else "not normalised"
+        return f"{self.pooling_type} pooling, {norm}{cut} ({self.source})"
+
     def allows(self, dimensions: int) -> bool:
         if dimensions == self.hidden_size:  # nothing is cut
             return True

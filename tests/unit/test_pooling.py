@@ -154,3 +154,11 @@ def test_dimensions_cut_before_normalising():
     state = PoolingState(PoolingParams("last", normalize=True, dimensions=2))
     state.add(torch.tensor([3.0, 4.0, 100.0]), 0)
     assert state.finish(1) == pytest.approx([0.6, 0.8])
+
+
+def test_the_start_up_line_says_how_and_why():
+    assert PLAIN.describe() == "last pooling, normalised (the default for decoder models)"
+    listed = PoolerConfig(8, "mean", False, matryoshka_dimensions=(2, 4), source="--pooler-config")
+    assert listed.describe() == "mean pooling, not normalised, dimensions 2, 4 allowed " \
+        "(--pooler-config)"  # fmt: skip
+    assert PoolerConfig(8, unsupported="a Dense module").describe() == "refused: a Dense module"
