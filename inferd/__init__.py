@@ -17,6 +17,8 @@ _EXPORTS = {
     "SamplingParams": "inferd.sampling_params",
     "RequestOutput": "inferd.outputs",
     "CompletionOutput": "inferd.outputs",
+    "PoolingParams": "inferd.pooling_params",
+    "EmbeddingRequestOutput": "inferd.outputs",
 }
 
 __all__ = ["__version__", *_EXPORTS]

@@ -165,6 +165,10 @@ class EngineConfig:
     # string, a dict or an inferd.spec_decode.SpeculativeConfig; None = off. The engine parses
     # it (inferd/spec_decode/config.py) before it loads anything.
     speculative_config: Any = None
+    # Embeddings: overrides of what the model's files say about them (vLLM's --pooler-config; a
+    # JSON string or a dict of pooling_type, normalize, is_matryoshka, matryoshka_dimensions:
+    # inferd/pooling_params.py `pooler_overrides`); None = the model's own.
+    pooler_config: Any = None
     # Each row's result independent of the rest of its step for the dense modes too (CPU; the
     # default on GGUF blocks is so already): inferd/layers/row_tiles.py, docs/performance.md.
     deterministic: bool = False

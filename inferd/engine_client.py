@@ -16,6 +16,7 @@ from typing import Any, Protocol, runtime_checkable
 
 from inferd.engine_snapshot import EngineSnapshot
 from inferd.outputs import RequestOutput
+from inferd.pooling_params import PoolerConfig, PoolingParams
 from inferd.sampling_params import SamplingParams
 from inferd.step_timing import StepTiming
 
@@ -36,6 +37,8 @@ class ModelInfo:
     # Changes when the weights' identity, precision or inferd's version do (OpenAI's
     # system_fingerprint: the same request may be answered differently).
     fingerprint: str
+    # How the model's embeddings are made (/v1/embeddings); None: the engine computes none.
+    pooling: PoolerConfig | None = None
 
 
 @dataclass
@@ -112,11 +115,12 @@ class EngineClient(Protocol):
         self,
         request_id: str,
         prompt: PromptInput,
-        params: SamplingParams,
+        params: SamplingParams | PoolingParams,
         outputs: asyncio.Queue,
         arrival_time: float | None = None,
     ) -> None:
-        """Generate for one prompt. Returns once the request is queued; from then on its
+        """Generate for one prompt (SamplingParams), or embed it (PoolingParams: its one output
+        is an `EmbeddingRequestOutput`). Returns once the request is queued; from then on its
         outputs (cumulative `RequestOutput`s, the last with `finished`) arrive in `outputs`,
         or an exception that ends the stream (`RequestFailed`, `EngineDeadError`). Raises
         `InvalidRequest`, `Overloaded` or `EngineDeadError` with nothing queued. Several requests

@@ -3,6 +3,7 @@
 llm = LLM()                                   # the embedded Gemma 3 270M
 outs = llm.generate(["Hello"], SamplingParams(temperature=0, max_tokens=32))
 print(outs[0].outputs[0].text)
+vecs = llm.embed(["Hello"])                   # vecs[0].outputs.embedding: unit-length floats
 """
 
 from __future__ import annotations
@@ -14,7 +15,8 @@ from inferd.config import EngineConfig
 from inferd.engine.engine import LLMEngine
 from inferd.engine_client import TraceFiles
 from inferd.loader.catalog import with_engine_defaults
-from inferd.outputs import RequestOutput
+from inferd.outputs import EmbeddingRequestOutput, RequestOutput
+from inferd.pooling_params import PoolingParams
 from inferd.sampling_params import SamplingParams
 from inferd.step_timing import StepTiming
 from inferd.tools.templates import prepare_messages
@@ -96,24 +98,30 @@ class LLM:
     ) -> list[RequestOutput]:
         """Run every prompt to completion; outputs come back in the order of the prompts.
         All prompts are validated before any is queued, so one bad prompt queues nothing."""
-        if isinstance(prompts, str | dict) or (
-            isinstance(prompts, list) and prompts and isinstance(prompts[0], int)
-        ):
-            prompts = [prompts]
-        prompts = list(prompts)
-        if sampling_params is None:
-            sampling_params = SamplingParams()
-        if isinstance(sampling_params, SamplingParams):
-            params = [sampling_params] * len(prompts)
-        else:
-            params = list(sampling_params)
-            if len(params) != len(prompts):
-                raise ValueError(
-                    f"got {len(params)} SamplingParams for {len(prompts)} prompts; pass one, "
-                    "or one per prompt"
-                )
+        prompts = _prompt_list(prompts)
+        params = _params_per_prompt(sampling_params or SamplingParams(), SamplingParams,
+                                    len(prompts))  # fmt: skip
         for p in params:  # a bad grammar fails here, before anything is queued
             self.engine.check_grammar(p)
+        return self._run(self._queue(prompts, params), use_tqdm)
+
+    def embed(
+        self,
+        prompts: PromptType | Sequence[PromptType],
+        pooling_params: PoolingParams | Sequence[PoolingParams] | None = None,
+        use_tqdm: bool = True,
+    ) -> list[EmbeddingRequestOutput]:
+        """The embedding of every prompt (`.outputs.embedding`), in the order of the prompts:
+        its final hidden states pooled as `pooling_params` say (vLLM's PoolingParams; unset
+        fields: the model's defaults, `ModelInfo.pooling`). The prompts are batched with
+        whatever else runs, like any prefill. All are checked before any is queued."""
+        prompts = _prompt_list(prompts)
+        params = _params_per_prompt(pooling_params or PoolingParams(), PoolingParams,
+                                    len(prompts))  # fmt: skip
+        return self._run(self._queue(prompts, params), use_tqdm)
+
+    def _queue(self, prompts: list, params: list) -> list[str]:
+        """Add every prompt; if one is refused, take back those added and raise."""
         ids = []
         try:
             for prompt, p in zip(prompts, params):
@@ -125,7 +133,7 @@ class LLM:
                 self.engine.abort_request(request_id)
             self.engine.step()  # drain the aborted outputs
             raise
-        return self._run(ids, use_tqdm)
+        return ids
 
     def chat(
         self,
@@ -165,8 +173,8 @@ class LLM:
             prompts.append({"prompt": text, "prompt_token_ids": ids})
         return self.generate(prompts, sampling_params, use_tqdm)
 
-    def _run(self, ids: list[str], use_tqdm: bool) -> list[RequestOutput]:
-        done: dict[str, RequestOutput] = {}
+    def _run(self, ids: list[str], use_tqdm: bool) -> list:
+        done: dict[str, RequestOutput | EmbeddingRequestOutput] = {}
         bar = None
         if use_tqdm:
             from tqdm import tqdm
@@ -191,3 +199,29 @@ class LLM:
             if bar is not None:
                 bar.close()
         return [done[i] for i in ids]
+
+
+def _prompt_list(prompts) -> list:
+    """One prompt (a string, a dict, a list of token ids) or a sequence of them, as a list."""
+    if isinstance(prompts, str | dict) or (
+        isinstance(prompts, list) and prompts and isinstance(prompts[0], int)
+    ):
+        return [prompts]
+    return list(prompts)
+
+
+def _params_per_prompt(params, kind: type, n: int) -> list:
+    """One params object for all prompts, or one per prompt."""
+    if isinstance(params, kind):
+        return [params] * n
+    if not isinstance(params, Sequence):
+        raise ValueError(f"expected {kind.__name__} or one per prompt, got "
+                         f"{type(params).__name__}")  # fmt: skip
+    params = list(params)
+    if len(params) != n:
+        raise ValueError(f"got {len(params)} {kind.__name__} for {n} prompts; pass one, or one "
+                         "per prompt")  # fmt: skip
+    bad = next((p for p in params if not isinstance(p, kind)), None)
+    if bad is not None:
+        raise ValueError(f"expected {kind.__name__}, got {type(bad).__name__}")
+    return params

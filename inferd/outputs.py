@@ -1,5 +1,6 @@
 """What generation returns, with vLLM's names: `RequestOutput` holding one `CompletionOutput` per
-sample, and per-request timing metrics."""
+sample, and per-request timing metrics; what an embedding request returns,
+`EmbeddingRequestOutput`."""
 
 from __future__ import annotations
 
@@ -120,3 +121,31 @@ class RequestOutput:
     metrics: RequestMetrics | None = None
     num_cached_tokens: int = 0
     error: str | None = None  # set when the request failed inside the engine
+
+
+@dataclass
+class EmbeddingOutput:
+    embedding: list[float]  # empty when the request ended without one (aborted, failed)
+
+
+@dataclass
+class EmbeddingRequestOutput:
+    """What an embedding request returns (vLLM's names: `.outputs.embedding`); only once, when
+    it finished."""
+
+    request_id: str
+    outputs: EmbeddingOutput
+    prompt_token_ids: list[int]
+    finished: bool = True
+    metrics: RequestMetrics | None = None
+    num_cached_tokens: int = 0
+    error: str | None = None  # set when the request failed inside the engine
+    prompt: str | None = None
+
+
+def finish_reasons(out: RequestOutput | EmbeddingRequestOutput) -> list[str | None]:
+    """Each sample's finish reason; an embedding request's one: "stop" once it has its vector
+    (None: it ended without one, aborted or failed)."""
+    if isinstance(out, EmbeddingRequestOutput):
+        return ["stop" if out.outputs.embedding else None]
+    return [c.finish_reason for c in out.outputs]

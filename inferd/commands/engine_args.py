@@ -38,6 +38,18 @@ def speculative_config_arg(text: str):
         raise argparse.ArgumentTypeError(str(e)) from e
 
 
+def pooler_config_arg(text: str) -> dict:
+    """argparse type: vLLM's --pooler-config JSON, checked (inferd/pooling_params.py)."""
+    from inferd.pooling_params import pooler_overrides
+
+    try:
+        checked = pooler_overrides(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from e
+    # JSON-ready again (engine_flags_of writes it back): tuples as lists
+    return {k: list(v) if isinstance(v, tuple) else v for k, v in checked.items()}
+
+
 def add_engine_arguments(parser: argparse.ArgumentParser, model_positional: bool = False) -> None:
     if model_positional:
         parser.add_argument("model_pos", nargs="?", metavar="MODEL",
@@ -125,6 +137,12 @@ def add_engine_arguments(parser: argparse.ArgumentParser, model_positional: bool
                         help='speculative decoding by n-gram prompt lookup, e.g. \'{"method": '
                              '"ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 4, '
                              '"prompt_lookup_min": 2}\' (default: off)')  # fmt: skip
+    parser.add_argument("--pooler-config", type=pooler_config_arg, default=None, metavar="JSON",
+                        help="how /v1/embeddings and LLM.embed pool, over what the model's files "
+                             'say: e.g. \'{"pooling_type": "mean", "normalize": true, '
+                             '"matryoshka_dimensions": [128, 256]}\' (keys: pooling_type '
+                             "last|mean|cls, normalize, is_matryoshka, "
+                             "matryoshka_dimensions; default: the model's own)")  # fmt: skip
 
 
 def engine_flags_of(args: argparse.Namespace) -> list[str]:
@@ -147,6 +165,8 @@ def engine_flags_of(args: argparse.Namespace) -> list[str]:
             flags.append(option)
         elif action.dest == "speculative_config":
             flags += [option, json.dumps(value.to_dict())]
+        elif action.dest == "pooler_config":
+            flags += [option, json.dumps(value)]
         else:
             flags += [option, str(value)]
     return flags
@@ -181,6 +201,7 @@ def engine_config_from_args(args: argparse.Namespace):
         tensor_parallel_size=args.tensor_parallel_size,
         distributed_timeout=args.distributed_timeout,
         speculative_config=args.speculative_config,
+        pooler_config=args.pooler_config,
         deterministic=args.deterministic,
     )
     from inferd.loader.catalog import with_engine_defaults

@@ -36,6 +36,7 @@ from inferd.engine_client import EngineStats, ModelInfo, PromptInput, TokenizerL
 from inferd.engine_snapshot import EngineSnapshot
 from inferd.errors import EngineDeadError, RequestFailed
 from inferd.outputs import RequestOutput
+from inferd.pooling_params import PoolingParams
 from inferd.sampling_params import SamplingParams
 
 if TYPE_CHECKING:
@@ -152,7 +153,7 @@ class AsyncEngine:
         self,
         request_id: str,
         prompt: PromptInput,
-        params: SamplingParams,
+        params: SamplingParams | PoolingParams,
         outputs: asyncio.Queue,
         arrival_time: float | None = None,
     ) -> None:
@@ -183,6 +184,8 @@ class AsyncEngine:
         """Structured outputs: wait (without blocking the loop thread or the event loop) until
         the request's grammar is compiled, so that a bad spec is refused by `add_request`, as an
         InvalidRequest, before anything streams."""
+        if not isinstance(params, SamplingParams):  # an embedding request has no grammar
+            return
         compile_grammar = getattr(self.engine, "compile_grammar", None)
         handle = compile_grammar(params) if compile_grammar is not None else None
         if handle is None or handle.done():

@@ -100,7 +100,7 @@ class EngineCore:
         metrics = RequestMetrics(arrival_time=r.arrival_time, max_tokens_param=params.max_tokens)
         metrics.num_prompt_tokens = len(ids)
         req = Request(r.request_id, ids, params, metrics, r.max_tokens, forked=params.n == 1,
-                      cache_salt=r.cache_salt)  # fmt: skip
+                      cache_salt=r.cache_salt, pooling=r.pooling)  # fmt: skip
         samples = [Sequence(next(self._seq_ids), req, i, list(ids), len(ids))
                    for i in range(params.n)]  # fmt: skip
         req.sequences, req.forks = samples[:1], samples[1:]

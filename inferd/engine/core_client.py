@@ -39,6 +39,7 @@ from inferd.engine_client import EngineStats, ModelInfo, PromptInput, TokenizerL
 from inferd.engine_snapshot import EngineSnapshot
 from inferd.errors import EngineDeadError, InvalidRequest
 from inferd.outputs import RequestOutput
+from inferd.pooling_params import PoolingParams
 from inferd.sampling_params import SamplingParams
 
 log = logging.getLogger(__name__)
@@ -118,7 +119,7 @@ class AsyncCoreClient:
         self.max_num_seqs = first.max_num_seqs
         self.max_num_batched_tokens = first.max_num_batched_tokens
         limits = InputLimits.of(self.config, self.model_config.vocab_size, self.max_model_len)
-        self.inputs = InputProcessor(self._tokenizer, limits)
+        self.inputs = InputProcessor(self._tokenizer, limits, self._model_info.pooling)
         self.outputs = OutputProcessor(self._tokenizer)
         self.router = Router(self.routing, first.block_size, first.hash_root,
                              sum(r.num_blocks for r in readies),
@@ -192,7 +193,7 @@ class AsyncCoreClient:
         self,
         request_id: str,
         prompt: PromptInput,
-        params: SamplingParams,
+        params: SamplingParams | PoolingParams,
         outputs: asyncio.Queue,
         arrival_time: float | None = None,
     ) -> None:
@@ -214,8 +215,9 @@ class AsyncCoreClient:
         future = self._loop.create_future()
         self._acks[request_id], self._queues[request_id] = future, outputs
         self._replica_of[request_id] = replica
-        self.outputs.add_request(request_id, text, request.prompt_token_ids, params,
-                                 request.arrival_time, params.max_tokens, stream=True)  # fmt: skip
+        self.outputs.add_request(request_id, text, request.prompt_token_ids,
+                                 request.pooling or params, request.arrival_time,
+                                 getattr(params, "max_tokens", None), stream=True)  # fmt: skip
         if not replica.active:
             replica.heard_at = time.monotonic()  # a stall is measured from when work arrives
         replica.active.add(request_id)

@@ -1,8 +1,9 @@
 """What crosses the process boundary between the front end and the engine core, as plain data.
 
-    front end ──CoreRequest──▶ core (token ids + SamplingParams, checked already)
+    front end ──CoreRequest──▶ core (token ids + SamplingParams or PoolingParams, checked)
     front end ◀──CoreOutput─── core, per step and request with news: new token ids, logprobs
-                               (ids and values), finish reasons, the core's timestamps
+                               (ids and values), finish reasons, the core's timestamps; an
+                               embedding request's vector when it finishes
 
 The core never sees text: detokenizing, stop strings and their holdback, logprob token strings,
 n > 1 assembly and `RequestOutput`s are the front end's (engine/output_processor.py). A stop
@@ -16,6 +17,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from inferd.engine.step import TokenLogprobs
+from inferd.pooling_params import PoolingParams
 from inferd.sampling_params import SamplingParams
 
 if TYPE_CHECKING:
@@ -30,6 +32,8 @@ class CoreRequest:
     max_tokens: int  # resolved: params.max_tokens or what the context leaves
     arrival_time: float  # time.monotonic of the front end (one clock for a machine's processes)
     cache_salt: str | None = None
+    # An embedding request (resolved: every field set); `params` are then the defaults.
+    pooling: PoolingParams | None = None
 
 
 @dataclass
@@ -65,6 +69,7 @@ class CoreOutput:
     new_prompt_logprobs: list[TokenLogprobs] | None = None
     finished: bool = False  # the core is done with the request: every sample ended
     error: str | None = None  # the request failed in the core
+    embedding: list[float] | None = None  # an embedding request's result, with `finished`
 
 
 @dataclass
@@ -86,4 +91,4 @@ def request_news(req: Request, samples: list[SampleDelta], now: float,
         req.sent_events = now_known
         events = RequestEvents(*now_known)
     return CoreOutput(req.request_id, samples, now, events, prompt_logprobs, req.finished,
-                      req.error)  # fmt: skip
+                      req.error, req.embedding)  # fmt: skip

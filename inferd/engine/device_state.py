@@ -19,6 +19,7 @@ from dataclasses import dataclass
 
 import torch
 
+from inferd.engine.pooler import PoolingState
 from inferd.engine.sampler import make_generator
 from inferd.engine.step import BASE_MODEL, StepRecord
 from inferd.sampling_params import SamplingParams
@@ -37,6 +38,9 @@ class SequenceStep:
     # Speculative verification: the last token and its drafts. Every token gets a logits row
     # (in `execute`'s result, in order), and each is computed as a decode row of its own.
     verify: bool = False
+    # An embedding request's pooling type ("last", "mean", "cls"): the runner returns the part
+    # of this row's hidden states it needs (engine/pooler.py); None: a generating row.
+    pooling: str | None = None
 
     @property
     def num_logits(self) -> int:
@@ -56,6 +60,7 @@ class DeviceSequence:
     params: SamplingParams
     seed: int | None
     generator: torch.Generator | None = None  # made on first use, from `seed`
+    pooling: PoolingState | None = None  # an embedding request's pooling so far
 
     @property
     def num_prompt_tokens(self) -> int:
@@ -95,8 +100,10 @@ class DeviceSequences:
             prompt = new.prompt_token_ids
             if new.fork_of is not None:  # NOTE: shared, never written: prompts do not change
                 prompt = self.sequences[new.fork_of].prompt_token_ids
+            pooling = None if new.pooling is None else PoolingState(new.pooling)
+            tables = [[] for _ in range(self.num_groups)]
             self.sequences[new.seq_id] = DeviceSequence(
-                prompt, [], [[] for _ in range(self.num_groups)], new.params, new.seed
+                prompt, [], tables, new.params, new.seed, pooling=pooling
             )
         for row in record.rows:
             if row.adapter_slot != BASE_MODEL:
@@ -128,6 +135,7 @@ class DeviceSequences:
                     row.needs_logits,
                     all_logits=row.prompt_logprobs,
                     verify=bool(row.draft_token_ids),
+                    pooling=None if seq.pooling is None else seq.pooling.params.pooling_type,
                 )  # fmt: skip
             )
         return steps

@@ -25,7 +25,8 @@ from inferd.engine.output_processor import OutputProcessor
 from inferd.engine.structured_outputs import GrammarCompilation
 from inferd.engine_client import EngineStats, PromptInput, TraceFiles
 from inferd.errors import EngineDeadError, InvalidRequest
-from inferd.outputs import RequestOutput
+from inferd.outputs import EmbeddingRequestOutput, RequestOutput
+from inferd.pooling_params import PoolingParams
 from inferd.sampling_params import SamplingParams
 from inferd.step_timing import StepTiming
 
@@ -48,7 +49,7 @@ class LLMEngine:
         self.model_config, self.tokenizer = core.model_config, core.tokenizer
         self.max_model_len, self.model_info = core.max_model_len, core.model_info
         limits = InputLimits.of(config, self.model_config.vocab_size, self.max_model_len)
-        self.inputs = InputProcessor(self.tokenizer, limits)
+        self.inputs = InputProcessor(self.tokenizer, limits, self.model_info.pooling)
         self.outputs = OutputProcessor(self.tokenizer)
 
     # The core's parts, for tests, benchmarks and commands that look inside.
@@ -72,13 +73,14 @@ class LLMEngine:
         self,
         request_id: str,
         prompt: PromptInput,
-        params: SamplingParams | None = None,
+        params: SamplingParams | PoolingParams | None = None,
         arrival_time: float | None = None,
         stream: bool = False,
     ) -> None:
-        """Validate and queue a request. Raises InvalidRequest (nothing queued) on bad input,
-        EngineDeadError when the engine can run no more steps. `stream`: an output after every
-        step with news, not only the final one."""
+        """Validate and queue a request (PoolingParams: an embedding request, whose one
+        output is an EmbeddingRequestOutput). Raises InvalidRequest (nothing queued) on bad
+        input, EngineDeadError when the engine can run no more steps. `stream`: an output
+        after every step with news, not only the final one."""
         if self.core.dead is not None:
             raise EngineDeadError(self.core.dead)
         if request_id in self.outputs.requests:
@@ -86,8 +88,9 @@ class LLMEngine:
         params = params or SamplingParams()
         request, text = self.inputs.make_request(request_id, prompt, params, arrival_time)
         self.core.add_request(request)
-        self.outputs.add_request(request_id, text, request.prompt_token_ids, params,
-                                 request.arrival_time, params.max_tokens, stream)  # fmt: skip
+        self.outputs.add_request(request_id, text, request.prompt_token_ids,
+                                 request.pooling or params, request.arrival_time,
+                                 getattr(params, "max_tokens", None), stream)  # fmt: skip
 
     def abort_request(self, request_id: str) -> bool:
         """Stop a request now and free its blocks; its final output comes with the next step."""
@@ -109,7 +112,7 @@ class LLMEngine:
                 handle.check()
 
     # ---- the step ----------------------------------------------------------------------------
-    def step(self) -> list[RequestOutput]:
+    def step(self) -> list[RequestOutput | EmbeddingRequestOutput]:
         results, finishes = self.outputs.process(self.core.step(), time.monotonic())
         for finish in finishes:  # NOTE: before the next step: nothing after the stop runs
             self.core.finish_sample(finish.request_id, finish.index)

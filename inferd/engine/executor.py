@@ -2,7 +2,8 @@
 
     StepRecord → runner.execute_step (block clears and copies, the record's deltas, the model)
                → the sampler, one pass over every row → the rejection pass of drafted rows
-               → ModelRunnerOutput (token ids, logprobs)
+               → ModelRunnerOutput (token ids, logprobs; the embeddings of pooling rows whose
+                 prompt the step finished: engine/pooler.py)
 
 The runner (`runner.py`, or its tensor-parallel proxy `tp_runner.py`) owns the KV cache tensors,
 the model and the device side's copy of the sequences (device_state.py), which is where a row's
@@ -37,7 +38,7 @@ class Executor:
     def execute(self, record: StepRecord) -> ModelRunnerOutput:
         self.timer.begin("prepare")
         start = time.perf_counter()
-        logits, every, steps = self.runner.execute_step(record, self.timer)
+        logits, every, steps, pooled = self.runner.execute_step(record, self.timer)
         if logits.device.type == "cuda":  # kernels run asynchronously: time them, not the launch
             torch.cuda.synchronize(logits.device)
         forward = time.perf_counter() - start  # the speculation planner's cost model reads it
@@ -47,14 +48,16 @@ class Executor:
             record.rows[i].seq_id: _prompt_logprobs(record.rows[i], steps[i], rows, sequences)
             for i, rows in every.items()
         }
+        embeddings = _embeddings(record, pooled, sequences)
         rows, index, samples = self._sampling_rows(record, sequences, logits.device)
         if not rows:
-            return ModelRunnerOutput([], [], prompt, forward)
+            return ModelRunnerOutput([], [], prompt, forward, embeddings=embeddings)
         start = time.perf_counter()
         if index != list(range(logits.shape[0])):  # n > 1: a fork reads its parent's row
             logits = logits.index_select(0, torch.tensor(index, device=logits.device))
         tokens, logprobs = accept_drafts(self.sampler(logits, rows), samples)
-        return ModelRunnerOutput(tokens, logprobs, prompt, forward, time.perf_counter() - start)
+        return ModelRunnerOutput(tokens, logprobs, prompt, forward, time.perf_counter() - start,
+                                 embeddings)  # fmt: skip
 
     def _sampling_rows(self, record: StepRecord, sequences: DeviceSequences,
                        device: torch.device):  # fmt: skip
@@ -93,6 +96,21 @@ class Executor:
         stop = getattr(self.runner, "shutdown", None)
         if stop is not None:
             stop()
+
+
+def _embeddings(record: StepRecord, pooled: dict[int, torch.Tensor],
+                sequences: DeviceSequences) -> dict[int, list[float]]:  # fmt: skip
+    """Fold each pooling row's part into its sequence's pooling; seq_id → the embedding of
+    each whose prompt this step finished."""
+    out = {}
+    for i, row in enumerate(record.rows):
+        seq = sequences[row.seq_id]
+        if seq.pooling is None:
+            continue
+        seq.pooling.add(pooled.get(i), row.num_computed)
+        if row.num_computed + row.num_new_tokens == seq.num_prompt_tokens:
+            out[row.seq_id] = seq.pooling.finish(seq.num_prompt_tokens)
+    return out
 
 
 def _prompt_logprobs(row: ScheduledRow, step: SequenceStep, logits: torch.Tensor,

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from inferd.engine.core_output import CoreRequest
 from inferd.engine_client import PromptInput
 from inferd.errors import ContextTooLong, InvalidRequest
+from inferd.pooling_params import PoolerConfig, PoolingParams
 from inferd.sampling_params import MAX_LOGPROBS, MAX_STOP_STRING_LENGTH, SamplingParams
 
 
@@ -33,8 +34,9 @@ class InputLimits:
 
 
 class InputProcessor:
-    def __init__(self, tokenizer, limits: InputLimits):
-        self.tokenizer, self.limits = tokenizer, limits
+    def __init__(self, tokenizer, limits: InputLimits, pooler: PoolerConfig | None = None):
+        """`pooler`: how the model makes embeddings (ModelInfo.pooling); None: it makes none."""
+        self.tokenizer, self.limits, self.pooler = tokenizer, limits, pooler
         self.vocab_size, self.max_model_len = limits.vocab_size, limits.max_model_len
 
     def tokenize_prompt(self, prompt: PromptInput) -> tuple[str | None, list[int]]:
@@ -58,21 +60,18 @@ class InputProcessor:
         self,
         request_id: str,
         prompt: PromptInput,
-        params: SamplingParams,
+        params: SamplingParams | PoolingParams,
         arrival_time: float | None = None,
     ) -> tuple[CoreRequest, str | None]:
         """(the checked request, its prompt text if known); raises InvalidRequest (or
-        ContextTooLong)."""
-        text, ids = self.tokenize_prompt(prompt)
+        ContextTooLong). PoolingParams make an embedding request."""
+        text, ids = self._prompt_ids(prompt)
+        if isinstance(params, PoolingParams):
+            return self._pooling_request(request_id, prompt, ids, params, arrival_time), text
+        if not isinstance(params, SamplingParams):
+            raise InvalidRequest(None, f"params must be SamplingParams or PoolingParams, got "
+                                       f"{type(params).__name__}")  # fmt: skip
         vocab = self.vocab_size
-        if not ids:
-            message = "the prompt is empty: it must contain at least one token"
-            raise InvalidRequest("prompt", message)
-        bad = next((t for t in ids if not isinstance(t, int) or not 0 <= t < vocab), None)
-        if bad is not None:
-            raise InvalidRequest(
-                "prompt", f"prompt token id {bad!r} is outside the vocabulary [0, {vocab})"
-            )
         lim = self.limits
         params.verify(vocab, lim.max_n, lim.max_stop_strings, lim.max_stop_string_length,
                       lim.max_logprobs)  # fmt: skip
@@ -101,12 +100,47 @@ class InputProcessor:
                 f"min_tokens ({params.min_tokens}) exceeds the {max_tokens} tokens the context "
                 f"leaves after the prompt ({len(ids)} tokens, max_model_len {self.max_model_len})",
             )
-        salt = prompt.get("cache_salt") if isinstance(prompt, dict) else None
-        if salt is not None and (not isinstance(salt, str) or not salt):
-            raise InvalidRequest("cache_salt", "cache_salt must be a non-empty string if given")
         arrival = arrival_time or time.monotonic()
         return CoreRequest(request_id, ids, _for_core(params, vocab), max_tokens, arrival,
-                           salt), text  # fmt: skip
+                           _cache_salt(prompt)), text  # fmt: skip
+
+    def _prompt_ids(self, prompt: PromptInput) -> tuple[str | None, list[int]]:
+        """The prompt's text and token ids, checked: not empty, every id in the vocabulary."""
+        text, ids = self.tokenize_prompt(prompt)
+        vocab = self.vocab_size
+        if not ids:
+            message = "the prompt is empty: it must contain at least one token"
+            raise InvalidRequest("prompt", message)
+        bad = next((t for t in ids if not isinstance(t, int) or not 0 <= t < vocab), None)
+        if bad is not None:
+            raise InvalidRequest(
+                "prompt", f"prompt token id {bad!r} is outside the vocabulary [0, {vocab})"
+            )
+        return text, ids
+
+    def _pooling_request(self, request_id: str, prompt: PromptInput, ids: list[int],
+                         params: PoolingParams,
+                         arrival_time: float | None) -> CoreRequest:  # fmt: skip
+        """An embedding request: its params resolved against the model's pooling, its prompt
+        within the context (it needs no room to generate)."""
+        resolved = params.resolve(self.pooler)
+        if len(ids) > self.max_model_len:
+            raise ContextTooLong(
+                "input",
+                f"the input has {len(ids)} tokens, but max_model_len is {self.max_model_len}",
+            )
+        # NOTE: SamplingParams' defaults (n = 1, no logprobs) are what the scheduler reads of a
+        # request; an embedding request samples nothing, so they are never applied.
+        return CoreRequest(request_id, ids, SamplingParams(), 0,
+                           arrival_time or time.monotonic(), _cache_salt(prompt),
+                           resolved)  # fmt: skip
+
+
+def _cache_salt(prompt: PromptInput) -> str | None:
+    salt = prompt.get("cache_salt") if isinstance(prompt, dict) else None
+    if salt is not None and (not isinstance(salt, str) or not salt):
+        raise InvalidRequest("cache_salt", "cache_salt must be a non-empty string if given")
+    return salt
 
 
 def _for_core(params: SamplingParams, vocab: int) -> SamplingParams:

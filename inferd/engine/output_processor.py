@@ -3,6 +3,7 @@ logprobs, finish reasons) to the cumulative `RequestOutput`s callers see.
 
     CoreOutput ──▶ per sample: incremental detokenization, stop strings and their holdback,
                    logprob token strings; per request: n > 1 assembly, metrics ──▶ RequestOutput
+               (an embedding request: its vector, once, ──▶ EmbeddingRequestOutput)
                └─▶ SampleFinish for each sample a stop string ended (the core frees it)
 
 Stop strings can straddle token boundaries, so they are searched in the detokenized text, not in
@@ -23,7 +24,15 @@ import copy
 from dataclasses import dataclass, field
 
 from inferd.engine.core_output import CoreOutput, RequestEvents, SampleDelta, SampleFinish
-from inferd.outputs import CompletionOutput, PositionLogprobs, RequestMetrics, RequestOutput
+from inferd.outputs import (
+    CompletionOutput,
+    EmbeddingOutput,
+    EmbeddingRequestOutput,
+    PositionLogprobs,
+    RequestMetrics,
+    RequestOutput,
+)
+from inferd.pooling_params import PoolingParams
 from inferd.sampling_params import SamplingParams
 from inferd.tokenizer import IncrementalDetokenizer
 
@@ -54,6 +63,7 @@ class _Request:
     prompt_logprobs: list[PositionLogprobs | None] | None = None
     error: str | None = None
     finished: bool = False
+    pooling: PoolingParams | None = None  # an embedding request: one output, when it ends
 
 
 class OutputProcessor:
@@ -63,11 +73,17 @@ class OutputProcessor:
         self._texts: dict[int, str] = {}
 
     def add_request(self, request_id: str, prompt: str | None, prompt_token_ids: list[int],
-                    params: SamplingParams, arrival_time: float, max_tokens_param: int | None,
-                    stream: bool = False) -> None:  # fmt: skip
-        """`stream`: an output after every step with news, not only the final one."""
+                    params: SamplingParams | PoolingParams, arrival_time: float,
+                    max_tokens_param: int | None, stream: bool = False) -> None:  # fmt: skip
+        """`stream`: an output after every step with news, not only the final one.
+        PoolingParams: an embedding request, whose one output comes when it finished."""
         metrics = RequestMetrics(arrival_time=arrival_time, max_tokens_param=max_tokens_param)
         metrics.num_prompt_tokens = len(prompt_token_ids)
+        if isinstance(params, PoolingParams):
+            self.requests[request_id] = _Request(request_id, prompt, list(prompt_token_ids),
+                                                 SamplingParams(), metrics, False,
+                                                 pooling=params)  # fmt: skip
+            return
         req = _Request(request_id, prompt, list(prompt_token_ids), params, metrics, stream)
         if params.prompt_logprobs is not None:
             req.prompt_logprobs = [None]  # nothing predicts the first prompt token
@@ -93,6 +109,11 @@ class OutputProcessor:
                 continue
             if out.events is not None:
                 self._take_events(req, out.events)
+            if req.pooling is not None:
+                if out.finished:
+                    del self.requests[req.request_id]
+                    results.append(_embedding_output(req, out))
+                continue
             for delta in out.samples:
                 sample = self._sample(req, delta.index)
                 if sample.finish_reason is None and self._take(req, sample, delta, out.time):
@@ -191,6 +212,13 @@ def _streamable_end(sample: _Sample, params: SamplingParams) -> int:
     if sample.finish_reason is not None or not params.stop:
         return len(sample.text)
     return max(0, len(sample.text) - (max(len(s) for s in params.stop) - 1))
+
+
+def _embedding_output(req: _Request, out: CoreOutput) -> EmbeddingRequestOutput:
+    req.metrics.finished_time = out.time
+    return EmbeddingRequestOutput(req.request_id, EmbeddingOutput(out.embedding or []),
+                                  req.prompt_token_ids, True, copy.copy(req.metrics),
+                                  req.metrics.num_cached_tokens, out.error, req.prompt)  # fmt: skip
 
 
 def _request_output(req: _Request) -> RequestOutput:

@@ -28,7 +28,7 @@ def _introduce(seq: Sequence, num_groups: int, fork_of: int | None = None) -> Ne
     seq.sent, seq.num_sent_tokens = True, seq.num_prompt_tokens
     seq.sent_tables = [[] for _ in range(num_groups)]
     prompt = [] if fork_of is not None else list(seq.token_ids[: seq.num_prompt_tokens])
-    return NewSequence(seq.seq_id, prompt, req.params, req.seed_of(seq), fork_of)
+    return NewSequence(seq.seq_id, prompt, req.params, req.seed_of(seq), fork_of, req.pooling)
 
 
 def build_record(
@@ -45,7 +45,8 @@ def build_record(
         if not seq.sent:
             record.new_sequences.append(_introduce(seq, num_groups))
         n -= len(drafts)
-        needs_logits = start + n == seq.num_tokens
+        # NOTE: an embedding request samples nothing: its last chunk returns its embedding.
+        needs_logits = start + n == seq.num_tokens and req.pooling is None
         forks = list(req.forks) if needs_logits and not req.forked else []
         for child in forks:
             record.new_sequences.append(_introduce(child, num_groups, fork_of=seq.seq_id))

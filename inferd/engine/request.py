@@ -30,6 +30,7 @@ from inferd.block_hashes import block_hash, salted_root
 
 if TYPE_CHECKING:
     from inferd.outputs import RequestMetrics
+    from inferd.pooling_params import PoolingParams
     from inferd.sampling_params import SamplingParams
 
 
@@ -100,6 +101,11 @@ class Request:
     # structured_outputs.py), which gives every sample its matcher; None when the reply is free.
     grammar: Any = None
     sent_events: tuple | None = None  # the RequestEvents the front end last heard, as a tuple
+    # An embedding request (resolved PoolingParams): its prompt is computed, then pooled into
+    # one vector (engine/pooler.py); nothing is sampled. `params` are then SamplingParams()'s
+    # defaults, which the scheduler reads (n = 1, no logprobs) and nothing else does.
+    pooling: PoolingParams | None = None
+    embedding: list[float] | None = None  # once the pooling finished
 
     @property
     def finished(self) -> bool:
@@ -108,6 +114,13 @@ class Request:
     @property
     def wants_prompt_logprobs(self) -> bool:
         return self.params.prompt_logprobs is not None
+
+    @property
+    def needs_every_position(self) -> bool:
+        """Every prompt position must be computed, none served from the prefix cache: prompt
+        logprobs need their logits, mean and cls pooling their hidden states."""
+        pooling = self.pooling is not None and self.pooling.pooling_type != "last"
+        return pooling or self.wants_prompt_logprobs
 
     def seed_of(self, seq: Sequence) -> int | None:
         """Sample i of a seeded request uses seed + i: reproducible, and distinct samples."""

@@ -24,6 +24,7 @@ from inferd.attention.backend import (
 )
 from inferd.attention.torch_backend import TorchAttentionBackend
 from inferd.engine.device_state import DeviceSequences, SequenceStep
+from inferd.engine.pooler import chunk_part
 from inferd.engine.step import StepRecord
 from inferd.models.base import CausalLM
 from inferd.profiling.step_timer import StepTimer
@@ -61,17 +62,19 @@ class ModelRunner:
     @torch.inference_mode()
     def execute_step(
         self, record: StepRecord, timer: StepTimer | None = None
-    ) -> tuple[torch.Tensor, dict[int, torch.Tensor], list[SequenceStep]]:
+    ) -> tuple[torch.Tensor, dict[int, torch.Tensor], list[SequenceStep], dict[int, torch.Tensor]]:
         """Run a scheduled step: (logits of the rows to sample, row index → logits of every new
-        token for rows asking for prompt logprobs, the rows as run)."""
+        token for rows asking for prompt logprobs, the rows as run, row index → what pooling
+        rows contribute to their embedding: engine/pooler.py `chunk_part`)."""
         self.clear_blocks(record.blocks_to_clear)  # before the copies: they may land there
         self.copy_blocks(record.block_copies)
         self.sequences.apply(record)
         rows = self.sequences.forward_rows(record)
         if not rows:
-            return self._no_logits(), {}, rows
-        logits, every = self.execute_with_prompt_logits(rows, timer)
-        return logits, every, rows
+            return self._no_logits(), {}, rows, {}
+        pooled: dict[int, torch.Tensor] = {}
+        logits, every = self.execute_with_prompt_logits(rows, timer, pooled)
+        return logits, every, rows, pooled
 
     def _no_logits(self) -> torch.Tensor:
         return torch.empty((0, self.model.config.vocab_size), dtype=torch.float32,
@@ -138,10 +141,14 @@ class ModelRunner:
 
     @torch.inference_mode()
     def execute_with_prompt_logits(
-        self, steps: list[SequenceStep], timer: StepTimer | None = None
+        self,
+        steps: list[SequenceStep],
+        timer: StepTimer | None = None,
+        pooled: dict[int, torch.Tensor] | None = None,
     ) -> tuple[torch.Tensor, dict[int, torch.Tensor]]:
         """Also returns, for steps with `all_logits`, the logits of all their new tokens.
-        `timer` (the engine's StepTimer) learns where the forward begins."""
+        `timer` (the engine's StepTimer) learns where the forward begins; `pooled` receives,
+        per index of a step with `pooling`, its part of the final hidden states."""
         if self.graphs is not None and self.graphs.can_run(steps):
             if timer is not None:
                 timer.begin("forward")  # the graph copies its inputs itself
@@ -155,6 +162,11 @@ class ModelRunner:
         for i, s in enumerate(steps):
             if s.all_logits:
                 every[i] = self.model.compute_logits(hidden[offset : offset + len(s.token_ids)])
+            if s.pooling is not None and pooled is not None:
+                part = chunk_part(hidden[offset : offset + len(s.token_ids)], s.pooling,
+                                  s.num_computed)  # fmt: skip
+                if part is not None:
+                    pooled[i] = part
             offset += len(s.token_ids)
             last.extend(range(offset - s.num_logits, offset))
         if not last:

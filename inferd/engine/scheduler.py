@@ -227,8 +227,9 @@ class Scheduler:
             seq = self.waiting[0]
             prefix = None
             start = seq.num_computed  # nonzero only for a forked child waiting for a slot
-            if start == 0 and not seq.request.wants_prompt_logprobs:
-                # NOTE: prompt logprobs need every prompt position's logits, so no cache reuse.
+            if start == 0 and not seq.request.needs_every_position:
+                # NOTE: prompt logprobs need every prompt position's logits, mean and cls
+                # pooling every hidden state: no cache reuse for them.
                 prefix = self.kv.find_cached_prefix(seq)
                 start = prefix[0]
             n = min(seq.num_tokens - start, budget)
@@ -249,6 +250,7 @@ class Scheduler:
     def _plan_drafts(self, decodes: list[Sequence], prefills: list[Sequence], budget: int):
         """seq_id → drafts to verify (speculative decoding), within the step's budget: decodes
         come first, so their drafts always fit."""
+        decodes = [s for s in decodes if s.request.pooling is None]  # a prompt's last token
         if self.speculation is None or not decodes:
             return {}
         base = min(budget, len(decodes) + sum(s.num_tokens - s.num_computed for s in prefills))
@@ -345,11 +347,17 @@ class Scheduler:
             if row.fork_seq_ids:
                 req.sequences += req.forks
                 req.forks, req.forked = [], True
+            if row.seq_id in result.embeddings:  # an embedding request's prompt is done
+                req.embedding = result.embeddings[row.seq_id]
+                seq.finish_reason = "stop"  # freed below, once its blocks are cached
+                samples.append(SampleDelta(seq.sample_index, finish_reason="stop"))
         for row in record.rows:
             seq = self.sequences[row.seq_id]
             self.kv.cache_computed_blocks(seq)
             if row.draft_token_ids and seq.finish_reason is None:
                 self.kv.release_tail(seq)  # blocks that held only rejected drafts
+            if seq.request.pooling is not None and seq.finish_reason is not None:
+                self._finish(seq)
         if self.speculation is not None:
             self.speculation.observe_step(record, result)
         for sample_id in record.sample_ids:

@@ -23,6 +23,7 @@ from inferd.engine.tp_runner import TPModelRunner
 from inferd.engine.tp_workers import start_ranks
 from inferd.engine_client import ModelInfo
 from inferd.loader import Checkpoint, open_checkpoint
+from inferd.loader.pooler_config import pooler_config
 from inferd.memory.kv import KVPoolPlan, plan_kv_pool
 from inferd.memory.weights import tp_shard
 from inferd.platform import resolve_device
@@ -55,12 +56,15 @@ def model_identity(setup: EngineSetup, config: EngineConfig) -> str:
 def describe_model(setup: EngineSetup, config: EngineConfig) -> ModelInfo:
     display = setup.checkpoint.display_name
     ident = f"{__version__}|{model_identity(setup, config)}"
+    pooling = pooler_config(setup.checkpoint, config.pooler_config)
+    log.info("embeddings: %s", pooling.describe())
     return ModelInfo(
         name="-".join(display.lower().split()) or "inferd-model",
         display_name=display,
         max_model_len=setup.max_model_len,
         vocab_size=setup.model_config.vocab_size,
         fingerprint="fp_" + hashlib.sha256(ident.encode()).hexdigest()[:10],
+        pooling=pooling,
     )
 
 

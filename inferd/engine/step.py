@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 
 from inferd.engine.kv_cache import NULL_BLOCK
 from inferd.outputs import Logprob, PositionLogprobs
+from inferd.pooling_params import PoolingParams
 from inferd.sampling_params import SamplingParams
 
 BASE_MODEL = 0  # adapter_slot of a row that runs the model's own weights
@@ -76,6 +77,9 @@ class NewSequence:
     params: SamplingParams
     seed: int | None = None  # this sample's seed (request seed + sample index), None: unseeded
     fork_of: int | None = None  # the sequence whose prompt (and logits row) a fork starts from
+    # An embedding request (resolved params): its rows never need logits; the step that
+    # computes its last prompt token returns its embedding (`ModelRunnerOutput.embeddings`).
+    pooling: PoolingParams | None = None
 
 
 @dataclass
@@ -177,3 +181,5 @@ class ModelRunnerOutput:
     # how many drafts are worth a row from these (spec_decode/planner.py).
     forward_seconds: float = 0.0
     sampling_seconds: float = 0.0
+    # seq_id → the embedding of a pooling sequence whose prompt this step finished.
+    embeddings: dict[int, list[float]] = field(default_factory=dict)

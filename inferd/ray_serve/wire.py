@@ -192,7 +192,9 @@ class PromptMemo:
         self._last: tuple[Any, ...] | None = None
 
     def thin(self, out: RequestOutput) -> RequestOutput:
-        now = tuple(getattr(out, f) for f in self._FIELDS)
+        # NOTE: an EmbeddingRequestOutput has no prompt_logprobs, and only one output: it is
+        # always sent whole.
+        now = tuple(getattr(out, f, None) for f in self._FIELDS)
         if self._last is not None and all(
             a is b or a == b for a, b in zip(now, self._last, strict=True)
         ):
@@ -207,5 +209,5 @@ class PromptMemo:
             for f, value in zip(self._FIELDS, self._last, strict=True):
                 setattr(out, f, value)
         else:
-            self._last = tuple(getattr(out, f) for f in self._FIELDS)
+            self._last = tuple(getattr(out, f, None) for f in self._FIELDS)
         return out

@@ -35,6 +35,7 @@ from inferd.server.metrics import ServerMetrics
 from inferd.server.responses import TokenText
 from inferd.server.responses_store import ResponseStore
 from inferd.server.routes_chat import router as chat_router
+from inferd.server.routes_embeddings import router as embeddings_router
 from inferd.server.routes_extra import router as extra_router
 from inferd.server.routes_messages import router as messages_router
 from inferd.server.routes_openai import router as openai_router
@@ -116,6 +117,7 @@ def create_app(client: EngineClient, settings: ServerSettings | None = None) -> 
     install_error_handlers(app)
     app.include_router(openai_router)
     app.include_router(chat_router)
+    app.include_router(embeddings_router)
     app.include_router(extra_router)
     app.include_router(responses_router)
     app.include_router(messages_router)

@@ -22,7 +22,7 @@ from collections.abc import Callable
 from prometheus_client import CONTENT_TYPE_LATEST as CONTENT_TYPE  # noqa: F401 - re-exported
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
-from inferd.outputs import RequestMetrics, RequestOutput
+from inferd.outputs import RequestMetrics, RequestOutput, finish_reasons
 from inferd.server.step_metrics import StepTimingCollector
 
 PREFIX = "inferd:"
@@ -233,8 +233,8 @@ class ServerMetrics:
             self._progress[out.request_id] = (length, m.last_token_time)
 
     def _observe_finished(self, out: RequestOutput, m: RequestMetrics) -> None:
-        for completion in out.outputs:
-            reason = completion.finish_reason or ("error" if out.error else "abort")
+        for finish_reason in finish_reasons(out):
+            reason = finish_reason or ("error" if out.error else "abort")
             self.success.labels(model_name=self.model_name, finished_reason=reason).inc()
         if m.first_token_time is not None:
             self.ttft.observe(m.first_token_time - m.arrival_time)

@@ -11,7 +11,13 @@ from prometheus_client import CollectorRegistry, generate_latest
 
 from inferd.engine_client import EngineStats
 from inferd.errors import ContextTooLong, EngineDeadError, InvalidRequest, Overloaded, RequestFailed
-from inferd.outputs import CompletionOutput, RequestMetrics, RequestOutput
+from inferd.outputs import (
+    CompletionOutput,
+    EmbeddingOutput,
+    EmbeddingRequestOutput,
+    RequestMetrics,
+    RequestOutput,
+)
 from inferd.ray_serve.replica_board import ReplicaBoard
 from inferd.ray_serve.wire import EngineCall, ErrorData, PromptMemo, ReplicaReport, shifted
 from inferd.sampling_params import SamplingParams
@@ -68,6 +74,14 @@ def test_the_prompt_is_sent_once_and_filled_back_in():
         out = receiver.fill(item)
         assert out.prompt == "Hello there" and out.prompt_token_ids == [2, 9, 9, 9]
         assert out.prompt_logprobs == [None, {9: None}] and len(out.outputs[0].token_ids) == n
+
+
+def test_an_embedding_output_crosses_whole():
+    metrics = RequestMetrics(arrival_time=100.0, finished_time=100.5)
+    out = EmbeddingRequestOutput("e-0", EmbeddingOutput([0.5, -0.5]), [2, 9], metrics=metrics)
+    back = PromptMemo().fill(_trip(PromptMemo().thin(out)))
+    assert back == out
+    assert shifted(back, offset=-90.0, arrival=9.8).metrics.finished_time == pytest.approx(10.5)
 
 
 def test_metrics_move_onto_the_ingress_clock():

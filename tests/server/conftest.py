@@ -14,9 +14,11 @@ from inferd.loader import catalog
 @pytest.fixture(scope="session")
 def server():
     """The shared server: API key on, 64 KiB body limit, tool_choice "auto" with the pythonic
-    parser (Gemma's call format), otherwise defaults."""
+    parser (Gemma's call format), embeddings that may be cut to 64 or 128 values (the
+    embeddings tests' `dimensions`), otherwise defaults."""
     s = start_server("--max-request-bytes", str(MAX_REQUEST_BYTES), "--enable-auto-tool-choice",
-                     "--tool-call-parser", "pythonic", api_key=API_KEY)  # fmt: skip
+                     "--tool-call-parser", "pythonic", "--pooler-config",
+                     '{"matryoshka_dimensions": [64, 128]}', api_key=API_KEY)  # fmt: skip
     try:
         yield s
     finally:

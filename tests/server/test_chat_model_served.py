@@ -38,3 +38,22 @@ def test_the_openai_sdk_sends_content_parts(chat_server):
         model="smollm2-135m-instruct", temperature=0, max_tokens=24, messages=messages
     )
     assert "Paris" in r.choices[0].message.content
+
+
+def test_served_embeddings_equal_the_offline_api(chat_server):
+    """`/v1/embeddings` on the chat model (the openai SDK, base64 by default) gives the vectors
+    `LLM.embed` gives offline: SmolLM2's 576 values, unit length, batch or alone."""
+    from openai import OpenAI
+    from server_helpers import API_KEY
+
+    from inferd import LLM
+
+    client = OpenAI(base_url=chat_server.url + "/v1", api_key=API_KEY, max_retries=0)
+    texts = ["Paris is the capital of France.", "def add(a, b): return a + b"]
+    served = client.embeddings.create(model="smollm2-135m-instruct", input=texts)
+    llm = LLM(model="smollm2-135m-instruct", kv_cache_memory=64 << 20)
+    offline = llm.embed(texts, use_tqdm=False)
+    for item, out in zip(served.data, offline, strict=True):
+        assert len(item.embedding) == 576
+        assert max(abs(a - b) for a, b in zip(item.embedding, out.outputs.embedding)) < 1e-4
+    assert served.usage.prompt_tokens == sum(len(o.prompt_token_ids) for o in offline)

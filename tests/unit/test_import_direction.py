@@ -31,7 +31,15 @@ BASE: dict[str, set[str]] = {
     "platform": {"cpu_info"},
     "structured_params": {"errors"},
     "sampling_params": {"errors", "structured_params"},
-    "engine_client": {"outputs", "sampling_params", "errors", "step_timing", "engine_snapshot"},
+    "pooling_params": {"errors"},
+    "engine_client": {
+        "outputs",
+        "sampling_params",
+        "pooling_params",
+        "errors",
+        "step_timing",
+        "engine_snapshot",
+    },
 }
 # node → what it may import besides the bottom row (docs/architecture.md has the same table).
 ABOVE: dict[str, set[str]] = {

@@ -28,11 +28,13 @@ from inferd.engine.step import (
     diff_table,
 )
 from inferd.engine_client import EngineStats, ModelInfo
+from inferd.pooling_params import PoolerConfig, PoolingParams
 from inferd.profiling.step_timer import StepTimer
 from inferd.sampling_params import SamplingParams
 
 PARAMS = SamplingParams(temperature=0.7, top_k=20, seed=3, stop=["\n\n"], logit_bias={5: -1.5},
                         max_tokens=9, structured_outputs={"regex": "[a-z]+"})  # fmt: skip
+POOLING = PoolingParams(pooling_type="mean", normalize=True, dimensions=64)
 
 
 def record() -> StepRecord:
@@ -49,6 +51,7 @@ def record() -> StepRecord:
         new_sequences=[
             NewSequence(3, list(range(12)), PARAMS, 3),
             NewSequence(4, [], PARAMS, 4, fork_of=3),
+            NewSequence(2, list(range(32)), SamplingParams(), pooling=POOLING),
         ],  # fmt: skip
         finished_seq_ids=[0],
         blocks_to_clear=[[4, 5, 6], [9]],
@@ -75,9 +78,13 @@ def test_every_message_of_the_process_boundary_round_trips():
                                           "stop", 6)],
                      12.5, RequestEvents(1.0, 2.0, 16, (3.0,)),
                      [TokenLogprobs([9], [-1.0], [4])], True, None)  # fmt: skip
-    info = ModelInfo("m", "M", 1024, 262144, "fp_x")
+    embedded = CoreOutput("r-2", [SampleDelta(0, finish_reason="stop")], 13.0, None,
+                          finished=True, embedding=[0.25, -0.5, 1.0])  # fmt: skip
+    pooler = PoolerConfig(640, "mean", True, False, (64, 128), "modules.json")
+    info = ModelInfo("m", "M", 1024, 262144, "fp_x", pooler)
     messages = [
         ipc.Add(CoreRequest("r-0", [1, 2, 3], PARAMS, 9, 0.25, "salt")),
+        ipc.Add(CoreRequest("r-2", [1, 2, 3], SamplingParams(), 0, 0.5, None, POOLING)),
         ipc.Abort(["r-0", "r-1"]),
         ipc.Finish([SampleFinish("r-0", 1)]),
         ipc.Call(7, "start_profile", ["/tmp/x"]),
@@ -88,7 +95,9 @@ def test_every_message_of_the_process_boundary_round_trips():
     back = [
         ipc.Ready(info, 1024, 64, 1024, b"\x00root", 16, 900, 1234),
         ipc.StartFailed("ModelLoadError", "no such file"),
-        ipc.Outputs([out], [ipc.AddAck("r-1", "InvalidRequest", "prompt", "empty")], stats, 61.5),
+        ipc.Outputs(
+            [out, embedded], [ipc.AddAck("r-1", "InvalidRequest", "prompt", "empty")], stats, 61.5
+        ),
         ipc.CallResult(7, {"trace": "a", "ops_table": "b", "steps": 3, "table": "c"}),
     ]
     for m in back:

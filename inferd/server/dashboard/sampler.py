@@ -20,7 +20,7 @@ from typing import Any
 
 from inferd.engine_client import EngineClient, SnapshotClient
 from inferd.engine_snapshot import EngineSnapshot
-from inferd.outputs import RequestOutput
+from inferd.outputs import RequestOutput, finish_reasons
 from inferd.server.timeline import timeline_json
 
 MIN_INTERVAL_S = 0.25  # the most snapshots a second: 4, whatever the number of pages
@@ -50,7 +50,7 @@ def finished_record(out: RequestOutput, now: float) -> dict[str, Any]:
     record = timeline_json(out)
     m = out.metrics
     tokens = m.num_generation_tokens
-    reasons = sorted({c.finish_reason or "abort" for c in out.outputs})
+    reasons = sorted({reason or "abort" for reason in finish_reasons(out)})
     record.update(
         finished_at=now,
         ttft_s=m.time_to_first_token,
