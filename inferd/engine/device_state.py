@@ -37,6 +37,7 @@ class SequenceStep:
     # Speculative verification: the last token and its drafts. Every token gets a logits row
     # (in `execute`'s result, in order), and each is computed as a decode row of its own.
     verify: bool = False
+    adapter_slot: int = BASE_MODEL  # the LoRA slot its tokens run under (engine/step.py)
 
     @property
     def num_logits(self) -> int:
@@ -99,9 +100,6 @@ class DeviceSequences:
                 prompt, [], [[] for _ in range(self.num_groups)], new.params, new.seed
             )
         for row in record.rows:
-            if row.adapter_slot != BASE_MODEL:
-                raise ValueError(f"row of sequence {row.seq_id} asks for adapter slot "
-                                 f"{row.adapter_slot}, but no adapter is loaded")  # fmt: skip
             seq = self.sequences[row.seq_id]
             if row.new_token_ids:
                 seq.output_token_ids += row.new_token_ids
@@ -128,6 +126,7 @@ class DeviceSequences:
                     row.needs_logits,
                     all_logits=row.prompt_logprobs,
                     verify=bool(row.draft_token_ids),
+                    adapter_slot=row.adapter_slot,
                 )  # fmt: skip
             )
         return steps
