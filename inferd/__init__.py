@@ -17,6 +17,7 @@ _EXPORTS = {
     "SamplingParams": "inferd.sampling_params",
     "RequestOutput": "inferd.outputs",
     "CompletionOutput": "inferd.outputs",
+    "LoRARequest": "inferd.lora_request",
 }
 
 __all__ = ["__version__", *_EXPORTS]

@@ -13,7 +13,9 @@ from collections.abc import Sequence
 from inferd.config import EngineConfig
 from inferd.engine.engine import LLMEngine
 from inferd.engine_client import TraceFiles
+from inferd.errors import InvalidRequest
 from inferd.loader.catalog import with_engine_defaults
+from inferd.lora_request import LoRARequest
 from inferd.outputs import RequestOutput
 from inferd.sampling_params import SamplingParams
 from inferd.step_timing import StepTiming
@@ -93,9 +95,12 @@ class LLM:
         prompts: PromptType | Sequence[PromptType],
         sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
         use_tqdm: bool = True,
+        lora_request: LoRARequest | Sequence[LoRARequest | None] | None = None,
     ) -> list[RequestOutput]:
         """Run every prompt to completion; outputs come back in the order of the prompts.
-        All prompts are validated before any is queued, so one bad prompt queues nothing."""
+        All prompts are validated before any is queued, so one bad prompt queues nothing.
+        `lora_request`: the LoRA adapter every prompt runs under, or one per prompt (None: the
+        base model); the engine needs enable_lora=True."""
         if isinstance(prompts, str | dict) or (
             isinstance(prompts, list) and prompts and isinstance(prompts[0], int)
         ):
@@ -112,6 +117,8 @@ class LLM:
                     f"got {len(params)} SamplingParams for {len(prompts)} prompts; pass one, "
                     "or one per prompt"
                 )
+        if lora_request is not None:
+            prompts = _with_adapters(prompts, lora_request)
         for p in params:  # a bad grammar fails here, before anything is queued
             self.engine.check_grammar(p)
         ids = []
@@ -191,3 +198,24 @@ class LLM:
             if bar is not None:
                 bar.close()
         return [done[i] for i in ids]
+
+
+def _with_adapters(prompts: list, lora_request) -> list:
+    """Each prompt as a dict naming its adapter (what the input processor reads)."""
+    if isinstance(lora_request, LoRARequest):
+        adapters = [lora_request] * len(prompts)
+    else:
+        adapters = list(lora_request)
+        if len(adapters) != len(prompts):
+            message = f"got {len(adapters)} lora_requests for {len(prompts)} prompts"
+            raise InvalidRequest("lora_request", message + "; pass one, or one per prompt")
+    out = []
+    for prompt, lora in zip(prompts, adapters):
+        if isinstance(prompt, str):
+            prompt = {"prompt": prompt}
+        elif isinstance(prompt, list | tuple):
+            prompt = {"prompt_token_ids": list(prompt)}
+        elif isinstance(prompt, dict):
+            prompt = dict(prompt)
+        out.append(prompt if lora is None else {**prompt, "lora_request": lora})
+    return out

@@ -21,6 +21,7 @@ import logging
 from dataclasses import replace
 
 from inferd.config import EngineConfig
+from inferd.engine.adapter_slots import AdapterSlots
 from inferd.engine.core_output import CoreOutput, CoreRequest
 from inferd.engine.executor import Executor
 from inferd.engine.grammar_mask import GrammarMasks
@@ -71,9 +72,10 @@ class EngineCore:
         self.speculation = None
         if spec_config is not None:
             self.speculation = Speculation(spec_config, self.max_model_len)
+        adapters = AdapterSlots(config.max_loras) if config.enable_lora else None
         self.scheduler = Scheduler(self.kv, setup.max_num_seqs, setup.max_num_batched_tokens,
                                    self.max_model_len, self.eos_token_ids, self.hash_root,
-                                   self.speculation)  # fmt: skip
+                                   self.speculation, adapters)  # fmt: skip
         # The phases of every step (inferd/step_timing.py); a trace, while one runs.
         self.step_timer = StepTimer()
         self.trace = None  # a profiling.trace.TraceSession while a trace runs
@@ -100,7 +102,7 @@ class EngineCore:
         metrics = RequestMetrics(arrival_time=r.arrival_time, max_tokens_param=params.max_tokens)
         metrics.num_prompt_tokens = len(ids)
         req = Request(r.request_id, ids, params, metrics, r.max_tokens, forked=params.n == 1,
-                      cache_salt=r.cache_salt)  # fmt: skip
+                      cache_salt=r.cache_salt, lora=r.lora_request)  # fmt: skip
         samples = [Sequence(next(self._seq_ids), req, i, list(ids), len(ids))
                    for i in range(params.n)]  # fmt: skip
         req.sequences, req.forks = samples[:1], samples[1:]

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from inferd.engine.step import TokenLogprobs
+from inferd.lora_request import LoRARequest
 from inferd.sampling_params import SamplingParams
 
 if TYPE_CHECKING:
@@ -30,6 +31,7 @@ class CoreRequest:
     max_tokens: int  # resolved: params.max_tokens or what the context leaves
     arrival_time: float  # time.monotonic of the front end (one clock for a machine's processes)
     cache_salt: str | None = None
+    lora_request: LoRARequest | None = None  # the adapter it runs under; None: the base model
 
 
 @dataclass

@@ -12,6 +12,8 @@ from dataclasses import dataclass
 from inferd.engine.core_output import CoreRequest
 from inferd.engine_client import PromptInput
 from inferd.errors import ContextTooLong, InvalidRequest
+from inferd.loader.lora_adapter import read_adapter_config
+from inferd.lora_request import LoRARequest
 from inferd.sampling_params import MAX_LOGPROBS, MAX_STOP_STRING_LENGTH, SamplingParams
 
 
@@ -25,11 +27,13 @@ class InputLimits:
     max_stop_strings: int = 16
     max_stop_string_length: int = MAX_STOP_STRING_LENGTH
     max_logprobs: int = MAX_LOGPROBS
+    max_lora_rank: int | None = None  # None: LoRA is not enabled
 
     @classmethod
     def of(cls, config, vocab_size: int, max_model_len: int) -> InputLimits:
+        rank = config.max_lora_rank if config.enable_lora else None
         return cls(vocab_size, max_model_len, config.max_n, config.max_stop_strings,
-                   config.max_stop_string_length, config.max_logprobs)  # fmt: skip
+                   config.max_stop_string_length, config.max_logprobs, rank)  # fmt: skip
 
 
 class InputProcessor:
@@ -104,9 +108,23 @@ class InputProcessor:
         salt = prompt.get("cache_salt") if isinstance(prompt, dict) else None
         if salt is not None and (not isinstance(salt, str) or not salt):
             raise InvalidRequest("cache_salt", "cache_salt must be a non-empty string if given")
+        lora = self.lora_of(prompt)
         arrival = arrival_time or time.monotonic()
         return CoreRequest(request_id, ids, _for_core(params, vocab), max_tokens, arrival,
-                           salt), text  # fmt: skip
+                           salt, lora), text  # fmt: skip
+
+    def lora_of(self, prompt: PromptInput) -> LoRARequest | None:
+        """The prompt's adapter (a dict's "lora_request"), its config checked now so that a bad
+        adapter is the caller's error, not a failed step."""
+        value = prompt.get("lora_request") if isinstance(prompt, dict) else None
+        if value is None:
+            return None
+        lora = LoRARequest.of(value)
+        if self.limits.max_lora_rank is None:
+            raise InvalidRequest("lora_request", "this engine serves no LoRA adapters: start it "
+                                 "with enable_lora=True (inferd serve --enable-lora)")  # fmt: skip
+        read_adapter_config(lora.lora_path, self.limits.max_lora_rank)
+        return lora
 
 
 def _for_core(params: SamplingParams, vocab: int) -> SamplingParams:

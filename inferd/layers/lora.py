@@ -98,7 +98,7 @@ class LoRASlots:
     def shapes(self) -> dict[str, tuple[int, int]]:
         """PEFT module name → (out, in) features, as an adapter's tensors must be."""
         out = {}
-        for (_, name), w in self.weights.items():
+        for w in self.weights.values():
             for j, part in enumerate(w.parts):
                 out[part] = (w.part_cols[j + 1] - w.part_cols[j], w.in_features)
         return out

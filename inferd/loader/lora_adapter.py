@@ -95,8 +95,10 @@ def read_adapter_config(path: str | Path, max_rank: int | None = None) -> Adapte
     return AdapterConfig(r, float(scale), tuple(t for t in SUPPORTED_TARGETS if t in targets))
 
 
-def load_adapter(path: str | Path, num_layers: int,
-                 shapes: dict[str, tuple[int, int]], max_rank: int | None = None) -> LoRAAdapter:  # fmt: skip
+def load_adapter(
+    path: str | Path, num_layers: int, shapes: dict[str, tuple[int, int]],
+    max_rank: int | None = None,
+) -> LoRAAdapter:  # fmt: skip
     """The adapter's tensors, checked against the model: `shapes` maps each projection name to
     its (out, in) features. Raises InvalidRequest on a tensor that does not fit."""
     config = read_adapter_config(path, max_rank)

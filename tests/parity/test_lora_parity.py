@@ -24,13 +24,18 @@ ADAPTERS = [  # (rank, alpha, targets, rslora)
 ]
 
 
-def greedy_with_adapters(model, prompts, slots, n, block_size=4):
-    """Every prompt prefilled in one step under its adapter slot, then decoded together."""
+def greedy_with_adapters(model, prompts, slots, n, block_size=4, backend=None):
+    """Every prompt prefilled in one step under its adapter slot, then decoded together
+    (`backend` "cpu": inferd's C attention, which the C decoder layer needs)."""
+    if backend == "cpu":
+        from inferd.attention.cpu_backend import CpuAttentionBackend
+
+        backend = CpuAttentionBackend(model.scheme.kernels)
     longest = max(len(p) for p in prompts) + n
     per_seq = longest // block_size + 1
     groups = len(model.config.kv_groups())
     runner = ModelRunner(model, [per_seq * len(prompts) + 1] * groups, block_size,
-                         torch.float32, torch.device("cpu"))  # fmt: skip
+                         torch.float32, torch.device("cpu"), backend)  # fmt: skip
     tables = [[list(range(1 + i * per_seq, 1 + (i + 1) * per_seq))] * groups
               for i in range(len(prompts))]  # fmt: skip
     seqs = [list(p) for p in prompts]
