@@ -212,7 +212,8 @@ def _decode_rows(s: SequenceStep) -> list[SequenceStep]:
     if not s.verify or len(s.token_ids) == 1:
         return [s]
     return [
-        SequenceStep([t], s.num_computed + j, s.block_tables, s.needs_logits,
-                     adapter_slot=s.adapter_slot)  # fmt: skip
+        SequenceStep(
+            [t], s.num_computed + j, s.block_tables, s.needs_logits, adapter_slot=s.adapter_slot
+        )  # fmt: skip
         for j, t in enumerate(s.token_ids)
     ]

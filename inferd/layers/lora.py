@@ -122,8 +122,14 @@ class LoRASlots:
         self.token_slots = torch.tensor(token_slots, dtype=torch.int64)
         present = sorted({s for s in token_slots if s})
         self.groups = [
-            (s, torch.tensor([i for i, t in enumerate(token_slots) if t == s],
-                             dtype=torch.int64, device=self.device))  # fmt: skip
+            (
+                s,
+                torch.tensor(
+                    [i for i, t in enumerate(token_slots) if t == s],
+                    dtype=torch.int64,
+                    device=self.device,
+                ),
+            )  # fmt: skip
             for s in present
         ]
 

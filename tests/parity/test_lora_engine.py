@@ -12,7 +12,6 @@ with the low-rank products beside the block kernels): on a tiny random Qwen3 GGU
 from __future__ import annotations
 
 import pytest
-import torch
 from lora_adapters import write_random_adapter
 from test_engine_invariance import _llm, _prompts
 from tiny_gguf import VOCAB, write_tiny_gguf

@@ -1,6 +1,6 @@
 """LoRA adapters agree with HF transformers + peft in float32: each family's tiny random model
-with random non-zero adapters (several ranks, targets and rslora), 8 prompts decoded together
-with a different adapter (or none) per row, 16 greedy tokens each; the reference is peft's own
+with random non-zero adapters (several ranks, targets and rslora), 4 prompts decoded together
+with a different adapter (or none) per row, 12 greedy tokens each; the reference is peft's own
 forward, unmerged and merged."""
 
 from __future__ import annotations
@@ -16,7 +16,8 @@ from inferd.layers.lora import attach_lora
 from inferd.loader import load_model, open_checkpoint
 from inferd.loader.lora_adapter import load_adapter
 
-NEW_TOKENS = 16
+NEW_TOKENS = 12
+PROMPTS = PROMPTS[:4]  # one row per adapter and the base model
 ADAPTERS = [  # (rank, alpha, targets, rslora)
     (4, 8, None, False),
     (8, 16, ["q_proj", "v_proj"], True),
