@@ -192,7 +192,14 @@ class Scheduler:
             generation_tokens=c.generation_tokens,
             steps=c.steps,
             **spec,
+            **self._adapter_stats(),
         )
+
+    def _adapter_stats(self) -> dict:
+        if self.adapters is None:
+            return {}
+        return {"lora_resident": tuple(self.adapters.resident()),
+                "lora_requests": dict(self.adapters.requests_served)}  # fmt: skip
 
     # ---- the step: what runs ------------------------------------------------------------------
     def schedule(self) -> StepRecord:

@@ -67,3 +67,16 @@ def test_the_model_field_picks_the_adapter(served):
     assert expected["a1"] != expected[None] and expected["a2"] != expected["a1"]
     reply = http.post("/v1/completions", json={"model": "a3", "prompt": PROMPT})
     assert reply.status_code == 404 and "a1" in reply.text
+
+
+def test_metrics_show_resident_adapters_and_requests_per_adapter(served):
+    http, _, _ = served
+    _tokens(http, "a2")
+    text = http.get("/metrics").text
+    lines = {line.rsplit(" ", 1)[0]: float(line.rsplit(" ", 1)[1])
+             for line in text.splitlines() if line.startswith("inferd:lora_")}  # fmt: skip
+    resident = {k: v for k, v in lines.items() if "lora_adapter_resident" in k}
+    assert sorted(resident.values()) == [0.0, 1.0]  # one slot: a2 in it, a1 evicted
+    assert next(v for k, v in resident.items() if 'lora_name="a2"' in k) == 1.0
+    served_a1 = next(v for k, v in lines.items() if "lora_requests_total" in k and '"a1"' in k)
+    assert served_a1 >= 2

@@ -92,3 +92,19 @@ def _params():
     from inferd.sampling_params import SamplingParams
 
     return SamplingParams(max_tokens=4)
+
+
+def test_memory_counts_what_the_slots_allocate(tmp_path):
+    from tiny_gguf import write_tiny_gguf
+
+    from inferd.layers.lora import attach_lora
+    from inferd.loader import load_model, open_checkpoint
+    from inferd.memory.lora import adapter_slot_memory
+
+    write_tiny_gguf(tmp_path / "t.gguf", "qwen3")
+    checkpoint = open_checkpoint(tmp_path / "t.gguf")
+    model = load_model(checkpoint, torch.float32, torch.device("cpu"))
+    slots = attach_lora(model, max_loras=3, max_rank=8)
+    memory = adapter_slot_memory(checkpoint.config, 3, 8)
+    assert memory.slot_bytes == slots.slot_bytes() > 0
+    assert memory.total_bytes == 3 * slots.slot_bytes()
