@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import pytest
 from lora_adapters import write_random_adapter
-from test_engine_invariance import _llm, _prompts
+from test_engine_invariance import _llm, _prompts, _repeating
 from tiny_gguf import VOCAB, write_tiny_gguf
 
 from inferd import LoRARequest, SamplingParams
@@ -101,3 +101,22 @@ def test_c_layer_agrees_with_the_pytorch_layers_under_an_adapter(tiny):
         model.cpu_decoder = decoder
         llm.engine.scheduler.adapters.release(slot)
     assert c_path == torch_path
+
+
+def test_speculation_and_forks_keep_the_adapter(tiny):
+    path, loras, prompts, llm = tiny
+    repeating = _repeating(6, 6, 3, VOCAB)
+    adapters = [loras[i % 3] if i % 4 else None for i in range(len(repeating))]
+    long = SamplingParams(temperature=0, max_tokens=40, ignore_eos=True)
+    expected = [_ids(llm.generate([p], long, use_tqdm=False, lora_request=a))[0]
+                for p, a in zip(repeating, adapters)]  # fmt: skip
+    spec = _llm(str(path), kv_cache_memory=64 << 20, enable_lora=True, max_loras=3,
+                speculative_config={"method": "ngram", "num_speculative_tokens": 3,
+                                    "prompt_lookup_max": 3, "prompt_lookup_min": 2})  # fmt: skip
+    spec.engine.speculation.adaptive = False  # verify every draft found
+    got = _ids(spec.generate(repeating, long, use_tqdm=False, lora_request=adapters))
+    assert got == expected
+    assert spec.engine.speculation.metrics.num_draft_tokens > 0
+    two = SamplingParams(temperature=0, max_tokens=40, ignore_eos=True, n=2)
+    outs = llm.generate(repeating, two, use_tqdm=False, lora_request=adapters)
+    assert [[c.token_ids for c in o.outputs] for o in outs] == [[e, e] for e in expected]
