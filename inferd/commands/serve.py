@@ -26,7 +26,7 @@ from inferd.commands.serve_features import (
     tool_settings,
     with_request_limits,
 )
-from inferd.commands.serve_lora import add_lora_arguments, lora_modules
+from inferd.commands.serve_lora import add_lora_arguments, lora_modules, runtime_updating
 from inferd.commands.serve_ray import add_ray_arguments, run_on_ray, uses_ray
 from inferd.commands.startup_gc import engine_started
 
@@ -274,6 +274,7 @@ def run(args: argparse.Namespace) -> int:
     check_tool_flags(args)
     cors = cors_settings(args)
     adapters = lora_modules(args)  # each adapter's config checked before the model loads
+    runtime_lora = runtime_updating(args)
     client, engine = _start_engine(with_request_limits(engine_config_from_args(args), args), args)
     engine_started()
     _set_chat_template(engine, template)
@@ -301,6 +302,7 @@ def run(args: argparse.Namespace) -> int:
         shutdown_timeout_s=args.shutdown_timeout,
         api=api_settings(args),
         lora_modules=adapters,
+        allow_runtime_lora_updating=runtime_lora,
     )
     app = create_app(client, settings)
     level = logging.getLogger().getEffectiveLevel()

@@ -6,6 +6,7 @@ so a bad folder stops the server before it listens."""
 from __future__ import annotations
 
 import argparse
+import os
 
 from inferd.loader.lora_adapter import read_adapter_config
 from inferd.lora_request import LoRARequest
@@ -15,6 +16,19 @@ def add_lora_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--lora-modules", nargs="+", default=None, metavar="NAME=PATH",
                         help="LoRA adapters (PEFT folders) served under NAME; needs "
                              "--enable-lora")  # fmt: skip
+    parser.add_argument("--allow-runtime-lora-updating", action="store_true",
+                        help="offer POST /v1/load_lora_adapter and /v1/unload_lora_adapter "
+                             "(vLLM: VLLM_ALLOW_RUNTIME_LORA_UPDATING=true, honoured too); "
+                             "needs --enable-lora")  # fmt: skip
+
+
+def runtime_updating(args: argparse.Namespace) -> bool:
+    """Whether the load/unload routes are offered; raises ValueError without --enable-lora."""
+    env = os.environ.get("VLLM_ALLOW_RUNTIME_LORA_UPDATING", "").lower() in ("1", "true")
+    wanted = args.allow_runtime_lora_updating or env
+    if wanted and not args.enable_lora:
+        raise ValueError("--allow-runtime-lora-updating needs --enable-lora")
+    return wanted
 
 
 def lora_modules(args: argparse.Namespace) -> list[LoRARequest]:

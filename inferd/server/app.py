@@ -71,6 +71,8 @@ class ServerSettings:
     shutdown_timeout_s: float = 20.0  # SIGTERM: how long requests in flight may still run
     api: APISettings = field(default_factory=APISettings)  # the APIs' own flags
     lora_modules: list[LoRARequest] = field(default_factory=list)  # --lora-modules
+    # --allow-runtime-lora-updating: POST /v1/load_lora_adapter, /v1/unload_lora_adapter
+    allow_runtime_lora_updating: bool = False
 
 
 def _adapters(modules: list[LoRARequest], names: list[str]) -> dict[str, LoRARequest]:
@@ -134,6 +136,10 @@ def create_app(client: EngineClient, settings: ServerSettings | None = None) -> 
     app.state.responses = ResponseStore(settings.api.max_stored_responses)
     if settings.dashboard:  # the pages at / and /dashboard (server/dashboard/)
         install_dashboard(app, client, settings.enable_request_timeline)
+    if settings.allow_runtime_lora_updating:  # as vLLM: only when asked for
+        from inferd.server.routes_lora import router as lora_router
+
+        app.include_router(lora_router)
     if settings.profiler_dir:  # as vLLM: the profiling routes exist only when asked for
         app.state.profiler_dir = settings.profiler_dir
         app.include_router(profile_router)

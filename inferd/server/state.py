@@ -41,6 +41,7 @@ class ServerState:
     api: APISettings = field(default_factory=APISettings)
     # LoRA adapters served by name (--lora-modules): a request's `model` picks one.
     adapters: dict[str, LoRARequest] = field(default_factory=dict)
+    next_lora_id: int = 1  # for adapters loaded at run time (routes_lora.py)
     _large_inputs: asyncio.Semaphore | None = None
 
     def token_texts(self, as_token_ids: bool) -> TokenText:

@@ -1,6 +1,8 @@
 """`inferd serve --enable-lora --lora-modules name=path` on a tiny random GGUF file (the core in
 its own process): `/v1/models` lists each adapter with its parent, a request's `model` picks
-the adapter, and its tokens are what the offline engine gives under the same adapter."""
+the adapter, and its tokens are what the offline engine gives under the same adapter; with
+`--allow-runtime-lora-updating`, adapters come and go by `/v1/load_lora_adapter` and
+`/v1/unload_lora_adapter`."""
 
 from __future__ import annotations
 
@@ -33,11 +35,11 @@ def served(tmp_path_factory, c_kernels):
         expected[f"a{i}"] = out[0].outputs[0].token_ids
     server = ServerProcess(str(path), "--kv-cache-memory", "32MiB", "--enable-lora",
                            "--max-loras", "1", "--lora-modules", f"a1={folders[0]}",
-                           f"a2={folders[1]}")  # fmt: skip
+                           f"a2={folders[1]}", "--allow-runtime-lora-updating")  # fmt: skip
     try:
         server.wait_ready()
         with httpx.Client(base_url=server.url, timeout=60) as http:
-            yield http, expected, str(path)
+            yield http, expected, str(path), folders
     finally:
         server.stop()
 
@@ -52,7 +54,7 @@ def _tokens(http, model):
 
 
 def test_models_lists_adapters_with_their_parent(served):
-    http, _, path = served
+    http, _, path, _ = served
     cards = {c["id"]: c for c in http.get("/v1/models").json()["data"]}
     assert cards["a1"]["parent"] == path and cards["a2"]["parent"] == path
     assert "parent" not in cards[path]
@@ -60,7 +62,7 @@ def test_models_lists_adapters_with_their_parent(served):
 
 
 def test_the_model_field_picks_the_adapter(served):
-    http, expected, path = served
+    http, expected, path, _ = served
     # a1, a2, a1 again: one slot, so each switch evicts the other adapter
     for model in ("a1", "a2", path, "a1"):
         assert _tokens(http, model) == expected[None if model == path else model]
@@ -70,7 +72,7 @@ def test_the_model_field_picks_the_adapter(served):
 
 
 def test_metrics_show_resident_adapters_and_requests_per_adapter(served):
-    http, _, _ = served
+    http, _, _, _ = served
     _tokens(http, "a2")
     text = http.get("/metrics").text
     lines = {line.rsplit(" ", 1)[0]: float(line.rsplit(" ", 1)[1])
@@ -80,3 +82,20 @@ def test_metrics_show_resident_adapters_and_requests_per_adapter(served):
     assert next(v for k, v in resident.items() if 'lora_name="a2"' in k) == 1.0
     served_a1 = next(v for k, v in lines.items() if "lora_requests_total" in k and '"a1"' in k)
     assert served_a1 >= 2
+
+
+def test_adapters_load_and_unload_at_run_time(served):
+    http, expected, _, folders = served
+    loaded = http.post("/v1/load_lora_adapter", json={"lora_name": "again",
+                                                      "lora_path": str(folders[1])})  # fmt: skip
+    assert loaded.status_code == 200, loaded.text
+    assert "again" in {c["id"] for c in http.get("/v1/models").json()["data"]}
+    assert _tokens(http, "again") == expected["a2"]
+    clash = http.post("/v1/load_lora_adapter", json={"lora_name": "a1", "lora_path": "/x"})
+    missing = http.post("/v1/load_lora_adapter", json={"lora_name": "b", "lora_path": "/nope"})
+    assert clash.status_code == 400 and missing.status_code == 400
+    assert "adapter_config.json" in missing.text
+    assert http.post("/v1/unload_lora_adapter", json={"lora_name": "again"}).status_code == 200
+    gone = http.post("/v1/completions", json={"model": "again", "prompt": PROMPT})
+    assert gone.status_code == 404
+    assert http.post("/v1/unload_lora_adapter", json={"lora_name": "again"}).status_code == 404
