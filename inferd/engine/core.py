@@ -95,7 +95,17 @@ class EngineCore:
             raise EngineDeadError(self.dead)
         if request.request_id in self.scheduler.requests:
             raise InvalidRequest(None, f"request_id {request.request_id!r} is already in use")
+        if request.lora_request is not None:
+            self._check_adapter(request.lora_request)
         self.scheduler.add_request(self._request(request))
+
+    def _check_adapter(self, lora) -> None:
+        """Read the adapter's tensors now (kept for its slot): one that does not fit the model
+        is this request's InvalidRequest, never a failed step of everyone it would share."""
+        if self.scheduler.adapters is None:
+            raise InvalidRequest("lora_request", "this engine serves no LoRA adapters: start it "
+                                 "with enable_lora=True (inferd serve --enable-lora)")  # fmt: skip
+        self.runner.adapter_cache.get(lora, self.runner.model.lora)
 
     def _request(self, r: CoreRequest) -> Request:
         params, ids = r.params, list(r.prompt_token_ids)

@@ -120,3 +120,15 @@ def test_speculation_and_forks_keep_the_adapter(tiny):
     two = SamplingParams(temperature=0, max_tokens=40, ignore_eos=True, n=2)
     outs = llm.generate(repeating, two, use_tqdm=False, lora_request=adapters)
     assert [[c.token_ids for c in o.outputs] for o in outs] == [[e, e] for e in expected]
+
+
+def test_an_adapter_that_does_not_fit_is_the_requests_error(tiny, tmp_path):
+    from inferd.errors import InvalidRequest
+
+    _, _, prompts, llm = tiny
+    wrong = {**llm.engine.runner.model.lora.shapes(), "q_proj": (8, 8)}
+    folder = write_random_adapter(tmp_path / "wrong", wrong, 2, seed=0, targets=["q_proj"])
+    with pytest.raises(InvalidRequest, match="q_proj"):
+        llm.generate([prompts[0]], GREEDY, use_tqdm=False,
+                     lora_request=LoRARequest("wrong", 9, str(folder)))  # fmt: skip
+    assert not llm.engine.scheduler.requests  # nothing was queued
