@@ -15,7 +15,7 @@ from inferd.lora_request import LoRARequest
 def add_lora_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--lora-modules", nargs="+", default=None, metavar="NAME=PATH",
                         help="LoRA adapters (PEFT folders) served under NAME; needs "
-                             "--enable-lora")  # fmt: skip
+                             "--enable-lora (default: none)")  # fmt: skip
     parser.add_argument("--allow-runtime-lora-updating", action="store_true",
                         help="offer POST /v1/load_lora_adapter and /v1/unload_lora_adapter "
                              "(vLLM: VLLM_ALLOW_RUNTIME_LORA_UPDATING=true, honoured too); "
