@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from hf_to_gguf import write_gguf
 from lora_adapters import make_adapter, merged
 from test_family_parity import PROMPTS
 from tiny_models import hf_greedy, make_tiny_model
@@ -53,13 +54,28 @@ def greedy_with_adapters(model, prompts, slots, n, block_size=4, backend=None):
     return out
 
 
+def _mixed_tokens(path, folders) -> tuple[list[int], list[list[int]]]:
+    """(each prompt's slot, inferd's greedy tokens) of the checkpoint at `path` with the adapter
+    folders in slots 1.. and the prompts spread over them and the base model."""
+    model = load_model(open_checkpoint(path), torch.float32, torch.device("cpu"))
+    lora = attach_lora(model, max_loras=len(folders), max_rank=8)
+    for slot, folder in enumerate(folders, start=1):
+        adapter = load_adapter(folder, model.config.num_layers, lora.shapes(), lora.max_rank)
+        lora.load(slot, slot, adapter.weights, adapter.config.scale)
+    slots = [i % (len(folders) + 1) for i in range(len(PROMPTS))]
+    return slots, greedy_with_adapters(model, PROMPTS, slots, NEW_TOKENS)
+
+
 @pytest.mark.parametrize("kind", ["llama", "qwen2", "qwen3", "gemma3"])
 def test_mixed_adapters_match_hf_peft(kind, tmp_path):
-    hf = make_tiny_model(kind, tmp_path / "base")
+    """From the save_pretrained folder, and for Llama also from a GGUF file (llama.cpp's q/k
+    row order undone: the adapter's q/k rows must land on the same rows; plain RoPE, which is
+    what tests/hf_to_gguf.py writes)."""
+    plain_rope = {"rope_parameters": {"rope_type": "default", "rope_theta": 10000.0}}
+    hf = make_tiny_model(kind, tmp_path / "base", **(plain_rope if kind == "llama" else {}))
     hf.save_pretrained(tmp_path / "base", safe_serialization=True)
-    model = load_model(open_checkpoint(tmp_path / "base"), torch.float32, torch.device("cpu"))
-    lora = attach_lora(model, max_loras=len(ADAPTERS), max_rank=8)
     references = [[hf_greedy(hf, p, NEW_TOKENS)[1] for p in PROMPTS]]
+    folders = []
     for slot, (r, alpha, targets, rslora) in enumerate(ADAPTERS, start=1):
         folder = tmp_path / f"adapter{slot}"
         peft_model = make_adapter(hf, folder, seed=slot, r=r, alpha=alpha, targets=targets,
@@ -68,9 +84,11 @@ def test_mixed_adapters_match_hf_peft(kind, tmp_path):
         merged_model = merged(peft_model)
         assert [hf_greedy(merged_model, p, NEW_TOKENS)[1] for p in PROMPTS] == unmerged
         references.append(unmerged)
-        adapter = load_adapter(folder, model.config.num_layers, lora.shapes(), lora.max_rank)
-        lora.load(slot, slot, adapter.weights, adapter.config.scale)
+        folders.append(folder)
     assert all(ref != references[0] for ref in references[1:]), "adapters change the output"
-    slots = [i % (len(ADAPTERS) + 1) for i in range(len(PROMPTS))]
-    got = greedy_with_adapters(model, PROMPTS, slots, NEW_TOKENS)
-    assert got == [references[s][i] for i, s in enumerate(slots)]
+    paths = [tmp_path / "base"]
+    if kind == "llama":
+        paths.append(write_gguf(hf, kind, tmp_path / "base.gguf"))
+    for path in paths:
+        slots, got = _mixed_tokens(path, folders)
+        assert got == [references[s][i] for i, s in enumerate(slots)], path
