@@ -132,3 +132,25 @@ def test_an_adapter_that_does_not_fit_is_the_requests_error(tiny, tmp_path):
         llm.generate([prompts[0]], GREEDY, use_tqdm=False,
                      lora_request=LoRARequest("wrong", 9, str(folder)))  # fmt: skip
     assert not llm.engine.scheduler.requests  # nothing was queued
+
+
+@pytest.mark.slow
+def test_embedded_gemma_mixed_adapters_match_each_alone(tmp_path, c_kernels):
+    """The same on the embedded Gemma 3 270M (sandwich norms, Q4_K/Q5_0/Q6_K blocks): two rank-16
+    adapters on every projection and the base model in one batch."""
+    llm = _llm(None, kv_cache_memory=128 << 20, enable_lora=True, max_loras=2)
+    model = llm.engine.runner.model
+    assert model.cpu_decoder is not None
+    shapes, layers = model.lora.shapes(), model.config.num_layers
+    loras = [LoRARequest(f"g{i}", i, str(write_random_adapter(tmp_path / f"g{i}", shapes, layers,
+                                                              i, r=16)))
+             for i in (1, 2)]  # fmt: skip
+    prompts = _prompts(3, seed=2)
+    adapters = [None, *loras]
+    params = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True)
+    alone = [_ids(llm.generate([p], params, use_tqdm=False, lora_request=a))[0]
+             for p, a in zip(prompts, adapters)]  # fmt: skip
+    base = [_ids(llm.generate([p], params, use_tqdm=False))[0] for p in prompts[1:]]
+    assert alone[1:] != base
+    llm.engine.kv.reset_prefix_cache()
+    assert _ids(llm.generate(prompts, params, use_tqdm=False, lora_request=adapters)) == alone
