@@ -19,6 +19,7 @@ _EXPORTS = {
     "CompletionOutput": "inferd.outputs",
     "PoolingParams": "inferd.pooling_params",
     "EmbeddingRequestOutput": "inferd.outputs",
+    "LoRARequest": "inferd.lora_request",
 }
 
 __all__ = ["__version__", *_EXPORTS]

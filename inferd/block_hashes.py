@@ -28,6 +28,14 @@ def salted_root(root: bytes, salt: str | None) -> bytes:
     return hashlib.sha256(root + b"cache_salt\0" + salt.encode("utf-8")).digest()
 
 
+def adapter_root(root: bytes, lora) -> bytes:
+    """The root of a request run under a LoRA adapter (a LoRARequest, or None: the base
+    model's root): keys and values computed under different weights never match."""
+    if lora is None:
+        return root
+    return hashlib.sha256(root + b"lora\0" + lora.identity.encode("utf-8")).digest()
+
+
 def prompt_block_hashes(token_ids: Sequence[int], block_size: int, root: bytes,
                         salt: str | None = None) -> list[bytes]:  # fmt: skip
     """The chained hashes of every full block of `token_ids`."""

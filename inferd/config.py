@@ -172,6 +172,13 @@ class EngineConfig:
     # Each row's result independent of the rest of its step for the dense modes too (CPU; the
     # default on GGUF blocks is so already): inferd/layers/row_tiles.py, docs/performance.md.
     deterministic: bool = False
+    # LoRA adapters (vLLM's names): served when enable_lora; max_loras resident in slots at
+    # once (a request for another waits for a free slot), each of rank <= max_lora_rank;
+    # max_cpu_loras parsed adapters kept in memory (None: max_loras).
+    enable_lora: bool = False
+    max_loras: int = 1
+    max_lora_rank: int = 16
+    max_cpu_loras: int | None = None
     # Fields a short-name model's catalog entry set (loader/catalog.py `with_engine_defaults`),
     # with why: the start-up lines then name the entry, not a flag nobody gave.
     defaults_from: tuple[tuple[str, str], ...] = ()

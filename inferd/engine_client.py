@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
 from inferd.engine_snapshot import EngineSnapshot
@@ -62,6 +62,9 @@ class EngineStats:
     spec_decode_num_draft_tokens: int = 0
     spec_decode_num_accepted_tokens: int = 0
     spec_decode_num_accepted_tokens_per_pos: tuple[int, ...] = ()
+    # LoRA: the adapters in slots now, and per adapter name the requests that ran under it.
+    lora_resident: tuple[str, ...] = ()
+    lora_requests: dict[str, int] = field(default_factory=dict)
 
 
 class TokenizerLike(Protocol):

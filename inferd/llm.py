@@ -14,7 +14,9 @@ from collections.abc import Sequence
 from inferd.config import EngineConfig
 from inferd.engine.engine import LLMEngine
 from inferd.engine_client import TraceFiles
+from inferd.errors import InvalidRequest
 from inferd.loader.catalog import with_engine_defaults
+from inferd.lora_request import LoRARequest
 from inferd.outputs import EmbeddingRequestOutput, RequestOutput
 from inferd.pooling_params import PoolingParams
 from inferd.sampling_params import SamplingParams
@@ -95,12 +97,17 @@ class LLM:
         prompts: PromptType | Sequence[PromptType],
         sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
         use_tqdm: bool = True,
+        lora_request: LoRARequest | Sequence[LoRARequest | None] | None = None,
     ) -> list[RequestOutput]:
         """Run every prompt to completion; outputs come back in the order of the prompts.
-        All prompts are validated before any is queued, so one bad prompt queues nothing."""
+        All prompts are validated before any is queued, so one bad prompt queues nothing.
+        `lora_request`: the LoRA adapter every prompt runs under, or one per prompt (None: the
+        base model); the engine needs enable_lora=True."""
         prompts = _prompt_list(prompts)
         params = _params_per_prompt(sampling_params or SamplingParams(), SamplingParams,
                                     len(prompts))  # fmt: skip
+        if lora_request is not None:
+            prompts = _with_adapters(prompts, lora_request)
         for p in params:  # a bad grammar fails here, before anything is queued
             self.engine.check_grammar(p)
         return self._run(self._queue(prompts, params), use_tqdm)
@@ -225,3 +232,24 @@ def _params_per_prompt(params, kind: type, n: int) -> list:
     if bad is not None:
         raise ValueError(f"expected {kind.__name__}, got {type(bad).__name__}")
     return params
+
+
+def _with_adapters(prompts: list, lora_request) -> list:
+    """Each prompt as a dict naming its adapter (what the input processor reads)."""
+    if isinstance(lora_request, LoRARequest):
+        adapters = [lora_request] * len(prompts)
+    else:
+        adapters = list(lora_request)
+        if len(adapters) != len(prompts):
+            message = f"got {len(adapters)} lora_requests for {len(prompts)} prompts"
+            raise InvalidRequest("lora_request", message + "; pass one, or one per prompt")
+    out = []
+    for prompt, lora in zip(prompts, adapters):
+        if isinstance(prompt, str):
+            prompt = {"prompt": prompt}
+        elif isinstance(prompt, list | tuple):
+            prompt = {"prompt_token_ids": list(prompt)}
+        elif isinstance(prompt, dict):
+            prompt = dict(prompt)
+        out.append(prompt if lora is None else {**prompt, "lora_request": lora})
+    return out

@@ -132,6 +132,26 @@ def add_engine_arguments(parser: argparse.ArgumentParser, model_positional: bool
                         help="the same tokens for a prompt whatever else runs, in the dense modes "
                              "too (CPU; dense layers in fixed 16-row tiles: slower). The default "
                              "on a GGUF file is so already")  # fmt: skip
+    parser.add_argument(
+        "--enable-lora",
+        action="store_true",
+        help="serve LoRA adapters (PEFT folders) over the model",
+    )
+    parser.add_argument("--max-loras", type=_positive_int, default=1,
+                        help="LoRA adapters resident at once (default 1); a request for "
+                             "another waits for a slot")  # fmt: skip
+    parser.add_argument(
+        "--max-lora-rank",
+        type=_positive_int,
+        default=16,
+        help="the largest adapter rank accepted (default 16)",
+    )
+    parser.add_argument(
+        "--max-cpu-loras",
+        type=_positive_int,
+        default=None,
+        help="parsed adapters kept in memory (default: --max-loras)",
+    )
     parser.add_argument("--speculative-config", type=speculative_config_arg, default=None,
                         metavar="JSON",
                         help='speculative decoding by n-gram prompt lookup, e.g. \'{"method": '
@@ -203,6 +223,10 @@ def engine_config_from_args(args: argparse.Namespace):
         speculative_config=args.speculative_config,
         pooler_config=args.pooler_config,
         deterministic=args.deterministic,
+        enable_lora=args.enable_lora,
+        max_loras=args.max_loras,
+        max_lora_rank=args.max_lora_rank,
+        max_cpu_loras=args.max_cpu_loras,
     )
     from inferd.loader.catalog import with_engine_defaults
 

@@ -26,6 +26,7 @@ from inferd.commands.serve_features import (
     tool_settings,
     with_request_limits,
 )
+from inferd.commands.serve_lora import add_lora_arguments, lora_modules, runtime_updating
 from inferd.commands.serve_ray import add_ray_arguments, run_on_ray, uses_ray
 from inferd.commands.startup_gc import engine_started
 
@@ -59,6 +60,7 @@ def _non_negative(text: str) -> float:
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_engine_arguments(parser, model_positional=True)
+    add_lora_arguments(parser)
     parser.add_argument("--host", default="127.0.0.1", help="address to bind (default: loopback)")
     parser.add_argument("--port", type=int, default=8000, help="TCP port to listen on")
     parser.add_argument(
@@ -249,6 +251,8 @@ def _set_chat_template(engine: ServedModel, template: str | None) -> None:
 
 def run(args: argparse.Namespace) -> int:
     if uses_ray(args):  # the same server on Ray Serve, in front of engine replicas
+        if args.enable_lora:
+            raise ValueError("--enable-lora: LoRA adapters are not served on Ray yet")
         return run_on_ray(args)
     _show_startup_logs()
     import uvicorn
@@ -269,6 +273,8 @@ def run(args: argparse.Namespace) -> int:
         ChatTemplate(template)  # compiles: syntax errors surface now, with their line
     check_tool_flags(args)
     cors = cors_settings(args)
+    adapters = lora_modules(args)  # each adapter's config checked before the model loads
+    runtime_lora = runtime_updating(args)
     client, engine = _start_engine(with_request_limits(engine_config_from_args(args), args), args)
     engine_started()
     _set_chat_template(engine, template)
@@ -295,6 +301,8 @@ def run(args: argparse.Namespace) -> int:
         max_bytes_per_token=max_bytes_per_token(engine.tokenizer.backend),
         shutdown_timeout_s=args.shutdown_timeout,
         api=api_settings(args),
+        lora_modules=adapters,
+        allow_runtime_lora_updating=runtime_lora,
     )
     app = create_app(client, settings)
     level = logging.getLogger().getEffectiveLevel()

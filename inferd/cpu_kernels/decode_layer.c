@@ -42,6 +42,7 @@ typedef struct {
     const float* pre_ffn_gain;   /* [hidden] (Gemma) */
     const float* post_ffn_gain;  /* [hidden] (Gemma) */
     const float* qk_gain;        /* [heads + kv_heads, head_dim] or NULL */
+    LoraLinear lora_qkv, lora_o, lora_gate_up, lora_down; /* slots 0: no adapters */
 } LayerSpec;
 
 typedef struct {
@@ -53,6 +54,7 @@ typedef struct {
     int64_t cache_bf16;    /* the pools hold bfloat16 (else float32) */
     const int64_t* slots;  /* [n] cache slot of each new token */
     const KeyPlan* keys;   /* which keys each row attends to (decode_attention.c) */
+    const int64_t* adapter; /* [n] each row's LoRA slot (0: base model), or NULL: none */
 } StepSpec;
 
 /* From this many rows, the per-row work between the products is spread over the threads (a
@@ -182,10 +184,12 @@ int inferd_decode_layer(const LayerSpec* L, const StepSpec* S, float* h) {
 
     inferd_rms_norm(h, L->input_gain, n, hid, L->eps, x);
     if ((rc = gemv(&L->qkv, x, n, qkv))) goto done;
+    if ((rc = inferd_lora_add(&L->lora_qkv, S->adapter, x, n, qkv))) goto done;
 #pragma omp parallel for if (n >= PARALLEL_ROWS) schedule(static)
     for (int64_t i = 0; i < n; i++) qkv_row(L, S, i, qkv + i * qkv_width, q);
     if ((rc = inferd_paged_attention(q, S->k_pool, S->v_pool, S->keys, &shape, att))) goto done;
     if ((rc = gemv(&L->o, att, n, y))) goto done;
+    if ((rc = inferd_lora_add(&L->lora_o, S->adapter, att, n, y))) goto done;
     if (L->sandwich) {
         inferd_rms_norm(y, L->post_attn_gain, n, hid, L->eps, y);
         add(h, y, n * hid);
@@ -195,9 +199,11 @@ int inferd_decode_layer(const LayerSpec* L, const StepSpec* S, float* h) {
         inferd_rms_norm(h, L->post_attn_gain, n, hid, L->eps, x);
     }
     if ((rc = gemv(&L->gate_up, x, n, mlp))) goto done;
+    if ((rc = inferd_lora_add(&L->lora_gate_up, S->adapter, x, n, mlp))) goto done;
 #pragma omp parallel for if (n >= PARALLEL_ROWS) schedule(static)
     for (int64_t i = 0; i < n; i++) gated_row(L, mlp + i * 2 * I, act + i * I);
     if ((rc = gemv(&L->down, act, n, y))) goto done;
+    if ((rc = inferd_lora_add(&L->lora_down, S->adapter, act, n, y))) goto done;
     if (L->sandwich) inferd_rms_norm(y, L->post_ffn_gain, n, hid, L->eps, y);
     add(h, y, n * hid);
     rc = 0;

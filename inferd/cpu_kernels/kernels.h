@@ -41,5 +41,19 @@ typedef struct {
 
 int inferd_paged_attention(const float* q, const void* k_pool, const void* v_pool,
                            const KeyPlan* plan, const AttentionShape* shape, float* out);
+/* The LoRA adapters resident in slots for one projection (inferd/layers/lora.py lays them out):
+ * part j of a fused projection has rank columns j*rank .. (j+1)*rank - 1 of A and B, and B's
+ * rows there reach only the part's output columns cols[j] .. cols[j+1] - 1. */
+#define INFERD_LORA_MAX_PARTS 4
+typedef struct {
+    int64_t slots; /* 0: the projection has no adapters */
+    int64_t in, out, rank, parts;
+    int64_t cols[INFERD_LORA_MAX_PARTS + 1];
+    const float* a; /* [slots, in, parts * rank] */
+    const float* b; /* [slots, parts * rank, out], the adapter's scale folded in */
+} LoraLinear;
+
+int inferd_lora_add(const LoraLinear* W, const int64_t* adapter, const float* x, int64_t n,
+                    float* y);
 void inferd_argmax_rows(const float* x, int64_t rows, int64_t cols, int64_t* out);
 #endif

@@ -21,6 +21,7 @@ import logging
 from dataclasses import replace
 
 from inferd.config import EngineConfig
+from inferd.engine.adapter_slots import AdapterSlots
 from inferd.engine.core_output import CoreOutput, CoreRequest
 from inferd.engine.executor import Executor
 from inferd.engine.grammar_mask import GrammarMasks
@@ -71,9 +72,10 @@ class EngineCore:
         self.speculation = None
         if spec_config is not None:
             self.speculation = Speculation(spec_config, self.max_model_len)
+        adapters = AdapterSlots(config.max_loras) if config.enable_lora else None
         self.scheduler = Scheduler(self.kv, setup.max_num_seqs, setup.max_num_batched_tokens,
                                    self.max_model_len, self.eos_token_ids, self.hash_root,
-                                   self.speculation)  # fmt: skip
+                                   self.speculation, adapters)  # fmt: skip
         # The phases of every step (inferd/step_timing.py); a trace, while one runs.
         self.step_timer = StepTimer()
         self.trace = None  # a profiling.trace.TraceSession while a trace runs
@@ -93,14 +95,25 @@ class EngineCore:
             raise EngineDeadError(self.dead)
         if request.request_id in self.scheduler.requests:
             raise InvalidRequest(None, f"request_id {request.request_id!r} is already in use")
+        if request.lora_request is not None:
+            self._check_adapter(request.lora_request)
         self.scheduler.add_request(self._request(request))
+
+    def _check_adapter(self, lora) -> None:
+        """Read the adapter's tensors now (kept for its slot): one that does not fit the model
+        is this request's InvalidRequest, never a failed step of everyone it would share."""
+        if self.scheduler.adapters is None:
+            raise InvalidRequest("lora_request", "this engine serves no LoRA adapters: start it "
+                                 "with enable_lora=True (inferd serve --enable-lora)")  # fmt: skip
+        self.runner.adapter_cache.get(lora, self.runner.model.lora)
 
     def _request(self, r: CoreRequest) -> Request:
         params, ids = r.params, list(r.prompt_token_ids)
         metrics = RequestMetrics(arrival_time=r.arrival_time, max_tokens_param=params.max_tokens)
         metrics.num_prompt_tokens = len(ids)
         req = Request(r.request_id, ids, params, metrics, r.max_tokens, forked=params.n == 1,
-                      cache_salt=r.cache_salt, pooling=r.pooling)  # fmt: skip
+                      cache_salt=r.cache_salt, pooling=r.pooling,
+                      lora=r.lora_request)  # fmt: skip
         samples = [Sequence(next(self._seq_ids), req, i, list(ids), len(ids))
                    for i in range(params.n)]  # fmt: skip
         req.sequences, req.forks = samples[:1], samples[1:]

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from inferd.engine.step import TokenLogprobs
+from inferd.lora_request import LoRARequest
 from inferd.pooling_params import PoolingParams
 from inferd.sampling_params import SamplingParams
 
@@ -34,6 +35,7 @@ class CoreRequest:
     cache_salt: str | None = None
     # An embedding request (resolved: every field set); `params` are then the defaults.
     pooling: PoolingParams | None = None
+    lora_request: LoRARequest | None = None  # the adapter it runs under; None: the base model
 
 
 @dataclass

@@ -41,6 +41,7 @@ class SequenceStep:
     # An embedding request's pooling type ("last", "mean", "cls"): the runner returns the part
     # of this row's hidden states it needs (engine/pooler.py); None: a generating row.
     pooling: str | None = None
+    adapter_slot: int = BASE_MODEL  # the LoRA slot its tokens run under (engine/step.py)
 
     @property
     def num_logits(self) -> int:
@@ -106,9 +107,6 @@ class DeviceSequences:
                 prompt, [], tables, new.params, new.seed, pooling=pooling
             )
         for row in record.rows:
-            if row.adapter_slot != BASE_MODEL:
-                raise ValueError(f"row of sequence {row.seq_id} asks for adapter slot "
-                                 f"{row.adapter_slot}, but no adapter is loaded")  # fmt: skip
             seq = self.sequences[row.seq_id]
             if row.new_token_ids:
                 seq.output_token_ids += row.new_token_ids
@@ -136,6 +134,7 @@ class DeviceSequences:
                     all_logits=row.prompt_logprobs,
                     verify=bool(row.draft_token_ids),
                     pooling=None if seq.pooling is None else seq.pooling.params.pooling_type,
+                    adapter_slot=row.adapter_slot,
                 )  # fmt: skip
             )
         return steps

@@ -12,6 +12,8 @@ from dataclasses import dataclass
 from inferd.engine.core_output import CoreRequest
 from inferd.engine_client import PromptInput
 from inferd.errors import ContextTooLong, InvalidRequest
+from inferd.loader.lora_adapter import read_adapter_config
+from inferd.lora_request import LoRARequest
 from inferd.pooling_params import PoolerConfig, PoolingParams
 from inferd.sampling_params import MAX_LOGPROBS, MAX_STOP_STRING_LENGTH, SamplingParams
 
@@ -26,11 +28,13 @@ class InputLimits:
     max_stop_strings: int = 16
     max_stop_string_length: int = MAX_STOP_STRING_LENGTH
     max_logprobs: int = MAX_LOGPROBS
+    max_lora_rank: int | None = None  # None: LoRA is not enabled
 
     @classmethod
     def of(cls, config, vocab_size: int, max_model_len: int) -> InputLimits:
+        rank = config.max_lora_rank if config.enable_lora else None
         return cls(vocab_size, max_model_len, config.max_n, config.max_stop_strings,
-                   config.max_stop_string_length, config.max_logprobs)  # fmt: skip
+                   config.max_stop_string_length, config.max_logprobs, rank)  # fmt: skip
 
 
 class InputProcessor:
@@ -100,9 +104,9 @@ class InputProcessor:
                 f"min_tokens ({params.min_tokens}) exceeds the {max_tokens} tokens the context "
                 f"leaves after the prompt ({len(ids)} tokens, max_model_len {self.max_model_len})",
             )
-        arrival = arrival_time or time.monotonic()
+        arrival, lora = arrival_time or time.monotonic(), self.lora_of(prompt)
         return CoreRequest(request_id, ids, _for_core(params, vocab), max_tokens, arrival,
-                           _cache_salt(prompt)), text  # fmt: skip
+                           _cache_salt(prompt), lora_request=lora), text  # fmt: skip
 
     def _prompt_ids(self, prompt: PromptInput) -> tuple[str | None, list[int]]:
         """The prompt's text and token ids, checked: not empty, every id in the vocabulary."""
@@ -132,8 +136,21 @@ class InputProcessor:
         # NOTE: SamplingParams' defaults (n = 1, no logprobs) are what the scheduler reads of a
         # request; an embedding request samples nothing, so they are never applied.
         return CoreRequest(request_id, ids, SamplingParams(), 0,
-                           arrival_time or time.monotonic(), _cache_salt(prompt),
-                           resolved)  # fmt: skip
+                           arrival_time or time.monotonic(), _cache_salt(prompt), resolved,
+                           self.lora_of(prompt))  # fmt: skip
+
+    def lora_of(self, prompt: PromptInput) -> LoRARequest | None:
+        """The prompt's adapter (a dict's "lora_request"), its config checked now so that a bad
+        adapter is the caller's error, not a failed step."""
+        value = prompt.get("lora_request") if isinstance(prompt, dict) else None
+        if value is None:
+            return None
+        lora = LoRARequest.of(value)
+        if self.limits.max_lora_rank is None:
+            raise InvalidRequest("lora_request", "this engine serves no LoRA adapters: start it "
+                                 "with enable_lora=True (inferd serve --enable-lora)")  # fmt: skip
+        read_adapter_config(lora.lora_path, self.limits.max_lora_rank)
+        return lora
 
 
 def _cache_salt(prompt: PromptInput) -> str | None:

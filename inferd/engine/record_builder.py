@@ -62,6 +62,7 @@ def build_record(
                 prompt_logprobs=req.wants_prompt_logprobs and start < seq.num_prompt_tokens,
                 draft_token_ids=drafts,
                 fork_seq_ids=[c.seq_id for c in forks],
+                adapter_slot=req.adapter_slot,
             )
         )
         if needs_logits and req.grammar is not None:

@@ -26,7 +26,8 @@ import enum
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from inferd.block_hashes import block_hash, salted_root
+from inferd.block_hashes import adapter_root, block_hash, salted_root
+from inferd.lora_request import LoRARequest
 
 if TYPE_CHECKING:
     from inferd.outputs import RequestMetrics
@@ -106,6 +107,10 @@ class Request:
     # defaults, which the scheduler reads (n = 1, no logprobs) and nothing else does.
     pooling: PoolingParams | None = None
     embedding: list[float] | None = None  # once the pooling finished
+    # LoRA: the adapter it runs under (None: the base model) and, once the scheduler gave it
+    # one, the slot holding that adapter (held until the request finishes).
+    lora: LoRARequest | None = None
+    adapter_slot: int = 0
 
     @property
     def finished(self) -> bool:
@@ -136,7 +141,9 @@ def update_block_hashes(seq: Sequence, block_size: int, root: bytes) -> None:
         if seq.block_hashes:
             parent = seq.block_hashes[-1]
         else:
-            parent = salted_root(root, seq.request.cache_salt)
+            # NOTE: the adapter is part of the root: no block is shared across adapters.
+            req = seq.request
+            parent = adapter_root(salted_root(root, req.cache_salt), req.lora)
         seq.block_hashes.append(
             block_hash(parent, seq.token_ids[i * block_size : (i + 1) * block_size])
         )

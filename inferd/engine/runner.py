@@ -24,8 +24,10 @@ from inferd.attention.backend import (
 )
 from inferd.attention.torch_backend import TorchAttentionBackend
 from inferd.engine.device_state import DeviceSequences, SequenceStep
+from inferd.engine.lora_cache import AdapterCache
 from inferd.engine.pooler import chunk_part
-from inferd.engine.step import StepRecord
+from inferd.engine.step import BASE_MODEL, StepRecord
+from inferd.lora_request import LoRARequest
 from inferd.models.base import CausalLM
 from inferd.profiling.step_timer import StepTimer
 
@@ -58,6 +60,7 @@ class ModelRunner:
         ]
         self.clear_blocks([[0]] * len(self.groups))  # the null block pads gathers: keep it 0
         self.sequences = DeviceSequences(len(self.groups))
+        self.adapter_cache = AdapterCache(1)  # parsed adapters, when LoRA is enabled
 
     @torch.inference_mode()
     def execute_step(
@@ -68,6 +71,7 @@ class ModelRunner:
         rows contribute to their embedding: engine/pooler.py `chunk_part`)."""
         self.clear_blocks(record.blocks_to_clear)  # before the copies: they may land there
         self.copy_blocks(record.block_copies)
+        self.load_adapters(record.adapter_loads)
         self.sequences.apply(record)
         rows = self.sequences.forward_rows(record)
         if not rows:
@@ -157,6 +161,7 @@ class ModelRunner:
         ctx = ForwardContext.for_step(batch, self.kv_caches, self.backend)
         if timer is not None:
             timer.begin("forward")
+        self._prepare_adapters(steps)
         hidden = self.model(input_ids, batch.positions, ctx)
         last, offset, every = [], 0, {}
         for i, s in enumerate(steps):
@@ -173,6 +178,23 @@ class ModelRunner:
             return hidden.new_empty((0, self.model.config.vocab_size), dtype=torch.float32), every
         index = torch.tensor(last, dtype=torch.int64, device=hidden.device)
         return self.model.compute_logits(hidden.index_select(0, index)), every
+
+    def _prepare_adapters(self, steps: list[SequenceStep]) -> None:
+        """Tell the model's LoRA slots which adapter each token of the step runs under; a
+        model without slots refuses any row asking for one."""
+        lora = getattr(self.model, "lora", None)
+        if lora is not None:
+            lora.prepare([s.adapter_slot for s in _flat(steps) for _ in s.token_ids])
+        elif any(s.adapter_slot != BASE_MODEL for s in steps):
+            slot = next(s.adapter_slot for s in steps if s.adapter_slot != BASE_MODEL)
+            raise ValueError(f"a row asks for adapter slot {slot}, but LoRA is not enabled")
+
+    def load_adapters(self, loads: list[tuple[int, LoRARequest]]) -> None:
+        """Put adapters into their slots (the step record's `adapter_loads`), before the step."""
+        for slot, request in loads:
+            lora = self.model.lora
+            adapter = self.adapter_cache.get(request, lora)
+            lora.load(slot, request.lora_int_id, adapter.weights, adapter.config.scale)
 
     def clear_blocks(self, blocks: list[list[int]]) -> None:
         """Zero blocks (per group) before their first use: the torch backend reads whole blocks,
@@ -193,11 +215,17 @@ class ModelRunner:
                 cache[:, dst].copy_(cache[:, src])
 
 
+def _flat(steps: list[SequenceStep]) -> list[SequenceStep]:
+    return [row for s in steps for row in _decode_rows(s)]
+
+
 def _decode_rows(s: SequenceStep) -> list[SequenceStep]:
     """A verification step as one-token steps (see `build_batch`); any other step as is."""
     if not s.verify or len(s.token_ids) == 1:
         return [s]
     return [
-        SequenceStep([t], s.num_computed + j, s.block_tables, s.needs_logits)
+        SequenceStep(
+            [t], s.num_computed + j, s.block_tables, s.needs_logits, adapter_slot=s.adapter_slot
+        )  # fmt: skip
         for j, t in enumerate(s.token_ids)
     ]

@@ -33,6 +33,7 @@ from collections import deque
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from inferd.engine.adapter_slots import AdapterSlots
 from inferd.engine.core_output import CoreOutput, SampleDelta, request_news
 from inferd.engine.kv_cache import KVCacheManager
 from inferd.engine.record_builder import build_record
@@ -73,6 +74,7 @@ class Scheduler:
         eos_token_ids: tuple[int, ...] = (),
         hash_root: bytes = b"",  # salt of the prefix-cache hashes (the model's identity)
         speculation: Speculation | None = None,  # drafts to verify (speculative decoding)
+        adapters: AdapterSlots | None = None,  # LoRA slots (None: LoRA is not enabled)
     ):
         self.kv = kv
         self.max_num_seqs = max_num_seqs
@@ -81,6 +83,7 @@ class Scheduler:
         self.eos_token_ids = eos_token_ids
         self.hash_root = hash_root
         self.speculation = speculation
+        self.adapters = adapters
         self.requests: dict[str, Request] = {}  # unfinished requests by id
         self.sequences: dict[int, Sequence] = {}  # their samples (forks not started included)
         self.waiting: deque[Sequence] = deque()
@@ -167,6 +170,9 @@ class Scheduler:
 
     def _retire(self, req: Request) -> None:
         self.requests.pop(req.request_id, None)
+        if req.adapter_slot:
+            self.adapters.release(req.adapter_slot)
+            req.adapter_slot = 0
         req.metrics.finished_time = time.monotonic()
 
     def stats(self) -> EngineStats:
@@ -186,7 +192,14 @@ class Scheduler:
             generation_tokens=c.generation_tokens,
             steps=c.steps,
             **spec,
+            **self._adapter_stats(),
         )
+
+    def _adapter_stats(self) -> dict:
+        if self.adapters is None:
+            return {}
+        return {"lora_resident": tuple(self.adapters.resident()),
+                "lora_requests": dict(self.adapters.requests_served)}  # fmt: skip
 
     # ---- the step: what runs ------------------------------------------------------------------
     def schedule(self) -> StepRecord:
@@ -221,10 +234,14 @@ class Scheduler:
                 chosen.append((seq, n, drafts))
                 budget -= n
 
-        while not preempted and self.waiting and budget > 0:
+        skipped = 0  # waiting sequences passed over: their adapter has no slot yet
+        while not preempted and len(self.waiting) > skipped and budget > 0:
             if len(self.running) >= self.max_num_seqs:
                 break
-            seq = self.waiting[0]
+            seq = self.waiting[skipped]
+            if not self._has_adapter_slot(seq.request):
+                skipped += 1  # NOTE: it keeps its place; the ones behind it may run now
+                continue
             prefix = None
             start = seq.num_computed  # nonzero only for a forked child waiting for a slot
             if start == 0 and not seq.request.needs_every_position:
@@ -235,7 +252,7 @@ class Scheduler:
             n = min(seq.num_tokens - start, budget)
             if not self.kv.allocate(seq, n, prefix):
                 break
-            self.waiting.popleft()
+            del self.waiting[skipped]
             if seq.num_computed == 0 and seq.request.metrics.first_scheduled_time is None:
                 self.counters.prefix_cache_queries += seq.num_tokens
                 self.counters.prefix_cache_hits += start
@@ -246,6 +263,17 @@ class Scheduler:
             chosen.append((seq, n, []))
             budget -= n
         return self._record(chosen, preempted)
+
+    def _has_adapter_slot(self, req: Request) -> bool:
+        """Whether the request runs under the base model or holds its adapter's slot (taken
+        now if one is free or can be evicted)."""
+        if req.lora is None or req.adapter_slot:
+            return True
+        slot = self.adapters.acquire(req.lora) if self.adapters is not None else None
+        if slot is None:
+            return False
+        req.adapter_slot = slot
+        return True
 
     def _plan_drafts(self, decodes: list[Sequence], prefills: list[Sequence], budget: int):
         """seq_id → drafts to verify (speculative decoding), within the step's budget: decodes
@@ -265,6 +293,8 @@ class Scheduler:
         record = build_record(chosen, len(self.kv.pools), time.monotonic())
         record.finished_seq_ids = forgotten
         record.preempted_seq_ids = [s.seq_id for s in preempted]
+        if self.adapters is not None:
+            record.adapter_loads = self.adapters.take_loads()
         fresh = self.kv.take_fresh_blocks()
         record.blocks_to_clear = [a + b for a, b in zip(self._clears, fresh, strict=True)]
         record.block_copies, self._copies = self._copies, []

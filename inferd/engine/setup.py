@@ -17,11 +17,13 @@ from inferd.cpu_kernels.startup import prepare_cpu_kernels
 from inferd.distributed.control import broadcast
 from inferd.distributed.state import SINGLE
 from inferd.engine.kv_budget import kv_budget
+from inferd.engine.lora_cache import AdapterCache
 from inferd.engine.model_setup import load_rank_model, resolve_dtypes
 from inferd.engine.runner import ModelRunner
 from inferd.engine.tp_runner import TPModelRunner
 from inferd.engine.tp_workers import start_ranks
 from inferd.engine_client import ModelInfo
+from inferd.layers.lora import attach_lora
 from inferd.loader import Checkpoint, open_checkpoint
 from inferd.loader.pooler_config import pooler_config
 from inferd.memory.kv import KVPoolPlan, plan_kv_pool
@@ -78,6 +80,15 @@ def _check_limits(config: EngineConfig) -> None:
                  "tensor_parallel_size", "max_n", "max_stop_strings",
                  "max_stop_string_length", "max_logprobs"):  # fmt: skip
         _positive(name, getattr(config, name))
+    if config.enable_lora:
+        for name in ("max_loras", "max_lora_rank", "max_cpu_loras"):
+            _positive(name, getattr(config, name))
+        if config.max_cpu_loras is not None and config.max_cpu_loras < config.max_loras:
+            raise ValueError(f"max_cpu_loras ({config.max_cpu_loras}) must be at least "
+                             f"max_loras ({config.max_loras})")  # fmt: skip
+        if config.tensor_parallel_size > 1:
+            raise ValueError("enable_lora: LoRA adapters with tensor_parallel_size > 1 are not "
+                             "supported")  # fmt: skip
     if config.kv_cache_memory is not None and config.kv_cache_memory <= 0:
         raise ValueError(
             f"kv_cache_memory must be a positive number of bytes, got {config.kv_cache_memory}"
@@ -135,10 +146,14 @@ def _set_up_rank0(config, device, checkpoint, tp, control, procs, t0) -> EngineS
     # each block on first use instead (StepRecord.blocks_to_clear).
     runner = ModelRunner(model, plan.num_blocks, config.block_size, kv_dtype, device, backend,
                          lazy_zero=True)  # fmt: skip
+    if config.enable_lora:
+        attach_lora(model, config.max_loras, config.max_lora_rank)
+        runner.adapter_cache = AdapterCache(config.max_cpu_loras or config.max_loras)
     if tp.enabled:
         broadcast(plan.num_blocks, control)
         runner = TPModelRunner(runner, control, procs)
-    elif device.type == "cuda" and not config.enforce_eager and backend.name == "triton":
+    elif (device.type == "cuda" and not config.enforce_eager and backend.name == "triton"
+          and not config.enable_lora):  # NOTE: the graphs have no adapter rows  # fmt: skip
         from inferd.engine.cuda_graphs import CUDAGraphDecoder
 
         graphs = CUDAGraphDecoder(runner, max_num_seqs, max_len)

@@ -27,4 +27,11 @@ def merge_stats(stats: list[EngineStats]) -> EngineStats:
             for s in stats if j < len(s.spec_decode_num_accepted_tokens_per_pos))
         for j in range(width)
     )  # fmt: skip
+    # LoRA: an adapter is resident if some replica holds it; requests add up per adapter.
+    merged["lora_resident"] = tuple(sorted({n for s in stats for n in s.lora_resident}))
+    requests: dict[str, int] = {}
+    for s in stats:
+        for name, count in s.lora_requests.items():
+            requests[name] = requests.get(name, 0) + count
+    merged["lora_requests"] = requests
     return EngineStats(**merged)  # NOTE: a field added to EngineStats needs its rule here

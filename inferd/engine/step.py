@@ -25,6 +25,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from inferd.engine.kv_cache import NULL_BLOCK
+from inferd.lora_request import LoRARequest
 from inferd.outputs import Logprob, PositionLogprobs
 from inferd.pooling_params import PoolingParams
 from inferd.sampling_params import SamplingParams
@@ -102,8 +103,7 @@ class ScheduledRow:
     # n > 1: samples 1..n-1 of the request, starting now, each drawing its first token from this
     # row's logits (their NewSequence comes in the same record).
     fork_seq_ids: list[int] = field(default_factory=list)
-    # Which adapter's weights the row runs under; BASE_MODEL: the model's own (no adapter is
-    # loaded yet, so the runner refuses any other slot).
+    # Which LoRA slot's adapter the row runs under; BASE_MODEL: the model's own weights only.
     adapter_slot: int = BASE_MODEL
 
     @property
@@ -128,6 +128,9 @@ class StepRecord:
     grammar_bitmasks: dict[int, bytes] = field(default_factory=dict)
     # Sequences this step preempted (their blocks are gone; the device side keeps their state).
     preempted_seq_ids: list[int] = field(default_factory=list)
+    # LoRA: (slot, adapter) to load into a slot before the step runs (it replaces what the slot
+    # held; the scheduler evicts only slots no unfinished request uses).
+    adapter_loads: list[tuple[int, LoRARequest]] = field(default_factory=list)
 
     @property
     def num_tokens(self) -> int:
@@ -142,7 +145,8 @@ class StepRecord:
     def for_workers(self) -> StepRecord:
         """What a tensor-parallel worker needs: everything but the sampling-only fields."""
         return StepRecord(self.rows, self.new_sequences, self.finished_seq_ids,
-                          self.blocks_to_clear, self.block_copies)  # fmt: skip
+                          self.blocks_to_clear, self.block_copies,
+                          adapter_loads=self.adapter_loads)  # fmt: skip
 
 
 @dataclass

@@ -37,11 +37,27 @@ from inferd.layers.rotary import kernel_cos_sin
 from inferd.models.base import CausalLM, DecoderLayerParts
 
 _P, _I, _F = ctypes.c_void_p, ctypes.c_int64, ctypes.c_float
+LORA_MAX_PARTS = 4  # INFERD_LORA_MAX_PARTS in cpu_kernels/kernels.h
 ACTIVATIONS = {"silu": 0, "gelu_pytorch_tanh": 1, "gelu_tanh": 1}
 
 
 class BlockLinear(ctypes.Structure):
     _fields_ = [("count", _I), ("parts", BlockMatrix * MAX_PARTS)]
+
+
+class LoraLinear(ctypes.Structure):
+    """Mirrors LoraLinear in cpu_kernels/kernels.h: one projection's resident adapters."""
+
+    _fields_ = [("slots", _I), ("in_features", _I), ("out_features", _I), ("rank", _I),
+                ("parts", _I), ("cols", _I * (LORA_MAX_PARTS + 1)),
+                ("a", _P), ("b", _P)]  # fmt: skip
+
+    @classmethod
+    def of(cls, w) -> LoraLinear:
+        """From a LoRASlotWeights (layers/lora.py), whose tensors outlive the decoder."""
+        cols = list(w.part_cols) + [w.part_cols[-1]] * (LORA_MAX_PARTS + 1 - len(w.part_cols))
+        return cls(w.a.shape[0], w.in_features, w.out_features, w.rank, len(w.parts),
+                   (_I * (LORA_MAX_PARTS + 1))(*cols), w.a.data_ptr(), w.b.data_ptr())  # fmt: skip
 
 
 class LayerSpec(ctypes.Structure):
@@ -52,7 +68,8 @@ class LayerSpec(ctypes.Structure):
         ("gelu", _I), ("sandwich", _I), ("window", _I), ("eps", _F), ("scale", _F),
         ("softcap", _F), ("qkv", BlockLinear), ("o", BlockLinear), ("gate_up", BlockLinear),
         ("down", BlockLinear), ("qkv_bias", _P), ("input_gain", _P), ("post_attn_gain", _P),
-        ("pre_ffn_gain", _P), ("post_ffn_gain", _P), ("qk_gain", _P),
+        ("pre_ffn_gain", _P), ("post_ffn_gain", _P), ("qk_gain", _P), ("lora_qkv", LoraLinear),
+        ("lora_o", LoraLinear), ("lora_gate_up", LoraLinear), ("lora_down", LoraLinear),
     ]  # fmt: skip
 
 
@@ -60,7 +77,7 @@ class StepSpec(ctypes.Structure):
     """Mirrors StepSpec in cpu_kernels/decode_layer.c."""
 
     _fields_ = [("n", _I), ("cos", _P), ("sin", _P), ("k_pool", _P), ("v_pool", _P),
-                ("cache_bf16", _I), ("slots", _P), ("keys", _P)]  # fmt: skip
+                ("cache_bf16", _I), ("slots", _P), ("keys", _P), ("adapter", _P)]  # fmt: skip
 
 
 def _blocks_of(linear: Linear) -> BlockLinear | None:
@@ -121,6 +138,7 @@ class CpuDecoder:
         self.layers, self.lib = layers, lib
         self.inv_freqs = [f.float().contiguous() for f in inv_freqs]
         self.rope_index = rope_index
+        self.lora = None  # the model's LoRASlots (layers/lora.py), once attached
 
     @classmethod
     def for_model(cls, model: CausalLM) -> CpuDecoder | None:
@@ -144,6 +162,16 @@ class CpuDecoder:
             layers.append(_CLayer(parts, matrices, model.config.hidden_size))
         return cls(layers, scheme.kernels, [r.inv_freq for r in model.rotaries],
                    model.rope_index)  # fmt: skip
+
+    def attach_lora(self, slots) -> None:
+        """Compute the adapters of `slots` (a LoRASlots) beside each block product."""
+        if any(len(w.parts) > LORA_MAX_PARTS for w in slots.weights.values()):
+            raise ValueError(f"the C layer takes at most {LORA_MAX_PARTS} parts per projection")
+        for index, layer in enumerate(self.layers):
+            for name in ("qkv_proj", "o_proj", "gate_up_proj", "down_proj"):
+                field = "lora_" + name.removesuffix("_proj")
+                setattr(layer.spec, field, LoraLinear.of(slots.weights[(index, name)]))
+        self.lora = slots
 
     def serves(self, ctx: ForwardContext) -> bool:
         backend = ctx.backend
@@ -173,9 +201,19 @@ class CpuDecoder:
         step = StepSpec(
             h.shape[0], cos.data_ptr(), sin.data_ptr(), cache[0].data_ptr(), cache[1].data_ptr(),
             int(cache.dtype == torch.bfloat16), meta.slot_mappings[s.group].data_ptr(),
-            ctypes.addressof(meta.rows[s.group].struct),
+            ctypes.addressof(meta.rows[s.group].struct), self._adapter_rows(h.shape[0]),
         )  # fmt: skip
         rc = self.lib.inferd_decode_layer(ctypes.byref(layer.spec), ctypes.byref(step),
                                           h.data_ptr())  # fmt: skip
         if rc != 0:
             raise RuntimeError(f"the C decoder layer failed ({rc})")
+
+    def _adapter_rows(self, rows: int) -> int | None:
+        """The step's per-row adapter slots for the kernel; None when no row has an adapter."""
+        lora = self.lora
+        if lora is None or not lora.groups:
+            return None
+        if lora.token_slots.shape[0] != rows:
+            raise ValueError(f"the step has {rows} rows but {lora.token_slots.shape[0]} "
+                             "adapter slots were prepared")  # fmt: skip
+        return lora.token_slots.data_ptr()

@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from fastapi import FastAPI
 
 from inferd.engine_client import EngineClient, ProfilingClient
+from inferd.lora_request import LoRARequest
 from inferd.server.access_log import AccessLogMiddleware
 from inferd.server.admission import Admission, AdmissionLimits
 from inferd.server.api_settings import APISettings
@@ -70,6 +71,18 @@ class ServerSettings:
     max_bytes_per_token: int | None = None  # a bound from the tokenizer; None: none known
     shutdown_timeout_s: float = 20.0  # SIGTERM: how long requests in flight may still run
     api: APISettings = field(default_factory=APISettings)  # the APIs' own flags
+    lora_modules: list[LoRARequest] = field(default_factory=list)  # --lora-modules
+    # --allow-runtime-lora-updating: POST /v1/load_lora_adapter, /v1/unload_lora_adapter
+    allow_runtime_lora_updating: bool = False
+
+
+def _adapters(modules: list[LoRARequest], names: list[str]) -> dict[str, LoRARequest]:
+    adapters = {}
+    for lora in modules:
+        if lora.lora_name in names or lora.lora_name in adapters:
+            raise ValueError(f"--lora-modules: the name {lora.lora_name!r} is already served")
+        adapters[lora.lora_name] = lora
+    return adapters
 
 
 def create_app(client: EngineClient, settings: ServerSettings | None = None) -> FastAPI:
@@ -91,7 +104,8 @@ def create_app(client: EngineClient, settings: ServerSettings | None = None) -> 
     admission = Admission(limits)
     state = ServerState(client, names, metrics, TokenText(client.tokenizer), admission,
                         tools=settings.tools, api=settings.api,
-                        request_timeline=settings.enable_request_timeline)  # fmt: skip
+                        request_timeline=settings.enable_request_timeline,
+                        adapters=_adapters(settings.lora_modules, names))  # fmt: skip
     if settings.profiler_dir and not isinstance(client, ProfilingClient):
         raise ValueError("--profiler-dir: this engine client cannot be profiled")
 
@@ -124,6 +138,10 @@ def create_app(client: EngineClient, settings: ServerSettings | None = None) -> 
     app.state.responses = ResponseStore(settings.api.max_stored_responses)
     if settings.dashboard:  # the pages at / and /dashboard (server/dashboard/)
         install_dashboard(app, client, settings.enable_request_timeline)
+    if settings.allow_runtime_lora_updating:  # as vLLM: only when asked for
+        from inferd.server.routes_lora import router as lora_router
+
+        app.include_router(lora_router)
     if settings.profiler_dir:  # as vLLM: the profiling routes exist only when asked for
         app.state.profiler_dir = settings.profiler_dir
         app.include_router(profile_router)

@@ -62,6 +62,7 @@ async def start_chat(body: ChatCompletionRequest, request: Request, id_prefix: s
     )
     prompt = await group.tokenize(render)
     [prompt] = salted(truncated([prompt], keep, state.info.max_model_len), body.cache_salt)
+    [prompt] = state.with_adapter([prompt], body.model)
     try:
         await group.submit(new_id(id_prefix), [prompt], params, arrival)
     except InvalidRequest as e:

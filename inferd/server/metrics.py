@@ -150,6 +150,12 @@ class ServerMetrics:
             ["model_name", "finished_reason"],
             registry=reg,
         )
+        self.lora_resident = Gauge(PREFIX + "lora_adapter_resident",
+                                   "1 while the LoRA adapter is in a slot, else 0.",
+                                   [*per_engine, "lora_name"], registry=reg)  # fmt: skip
+        self.lora_requests = Counter(PREFIX + "lora_requests",
+                                     "Requests that ran under the LoRA adapter.",
+                                     [*per_engine, "lora_name"], registry=reg)  # fmt: skip
         self.model_name = model_name
         self.ttft = histogram("time_to_first_token_seconds", "Time to first token.", _LATENCY)
         self.itl = histogram("inter_token_latency_seconds", "Time between output tokens.", _LATENCY)
@@ -199,6 +205,11 @@ class ServerMetrics:
         for pos, value in enumerate(stats.spec_decode_num_accepted_tokens_per_pos):
             counter = self.accepted_per_pos.labels(**labels, position=str(pos))
             self._advance(counter, (engine, f"spec_decode_pos{pos}"), value)
+        resident = set(getattr(stats, "lora_resident", ()))
+        for name, count in getattr(stats, "lora_requests", {}).items():
+            self.lora_resident.labels(**labels, lora_name=name).set(int(name in resident))
+            counter = self.lora_requests.labels(**labels, lora_name=name)
+            self._advance(counter, (engine, f"lora:{name}"), count)
 
     def _advance(self, counter, key: tuple[str, str], value: int) -> None:
         """Counters advance by what the engine's cumulative count grew since the last look."""

@@ -65,6 +65,7 @@ async def generate(body: GenerateRequest, request: Request) -> Any:
     group = state.admit(request, [body.prompt], params.n, keep=keep)  # 400/503 before tokenizing
     prompts = await group.tokenize(completion_prompts, state.tokenizer, [body.prompt])
     prompts = salted(truncated(prompts, keep, state.info.max_model_len), body.cache_salt)
+    prompts = state.with_adapter(prompts, body.model)
     await group.submit(new_id("gen"), prompts, params, arrival)
     out = (await collect(group))[group.request_ids[0]]
     sample = out.outputs[0]

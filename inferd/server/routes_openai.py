@@ -66,16 +66,26 @@ def _model_card(state: ServerState, name: str) -> dict[str, Any]:
 @router.get("/v1/models")
 async def list_models(request: Request) -> dict[str, Any]:
     state = get_state(request)
-    return {"object": "list", "data": [_model_card(state, n) for n in state.model_names]}
+    cards = [_model_card(state, n) for n in state.model_names]
+    cards += [_adapter_card(state, lora) for lora in state.adapters.values()]
+    return {"object": "list", "data": cards}
 
 
 @router.get("/v1/models/{model_id:path}")
 async def retrieve_model(model_id: str, request: Request) -> dict[str, Any]:
     state = get_state(request)
+    if model_id in state.adapters:
+        return _adapter_card(state, state.adapters[model_id])
     if model_id not in state.model_names:
         raise APIError(404, f"the model {model_id!r} does not exist", param="model",
                        code="model_not_found")  # fmt: skip
     return _model_card(state, model_id)
+
+
+def _adapter_card(state: ServerState, lora) -> dict[str, Any]:
+    """A LoRA adapter, as vLLM lists one: its root is its folder, its parent the base."""
+    card = _model_card(state, lora.lora_name)
+    return {**card, "root": lora.lora_path, "parent": state.model_name}
 
 
 @router.post("/v1/completions")
@@ -93,6 +103,7 @@ async def create_completion(body: CompletionRequest, request: Request) -> Respon
     add_special = body.add_special_tokens is not False
     prompts = await group.tokenize(completion_prompts, state.tokenizer, body.prompts(), add_special)
     prompts = salted(truncated(prompts, keep, state.info.max_model_len), body.cache_salt)
+    prompts = state.with_adapter(prompts, body.model)
     echo_texts: list[str] = []
     if body.echo:
         vocab = state.info.vocab_size

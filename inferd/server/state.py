@@ -12,6 +12,7 @@ from fastapi import Request
 
 from inferd.engine_client import EngineClient, ModelInfo, TokenizerLike
 from inferd.errors import InvalidRequest
+from inferd.lora_request import LoRARequest
 from inferd.server.admission import Admission, text_bytes
 from inferd.server.api_settings import APISettings
 from inferd.server.errors import APIError, ErrorLog
@@ -38,6 +39,9 @@ class ServerState:
     tools: ToolSettings = field(default_factory=ToolSettings)
     request_timeline: bool = False  # the server returns a request's timeline when asked
     api: APISettings = field(default_factory=APISettings)
+    # LoRA adapters served by name (--lora-modules): a request's `model` picks one.
+    adapters: dict[str, LoRARequest] = field(default_factory=dict)
+    next_lora_id: int = 1  # for adapters loaded at run time (routes_lora.py)
     _large_inputs: asyncio.Semaphore | None = None
 
     def token_texts(self, as_token_ids: bool) -> TokenText:
@@ -60,15 +64,22 @@ class ServerState:
 
     def check_model(self, name: str | None) -> str:
         """The model a request names must be one this server serves (404 otherwise)."""
-        if name and name not in self.model_names:
+        if name and name not in self.model_names and name not in self.adapters:
             raise APIError(
                 404,
                 f"the model {name!r} does not exist; this server serves "
-                f"{', '.join(map(repr, self.model_names))}",
+                f"{', '.join(map(repr, [*self.model_names, *self.adapters]))}",
                 param="model",
                 code="model_not_found",
             )
         return name or self.model_name
+
+    def with_adapter(self, prompts: list[dict[str, Any]], name: str | None) -> list[dict]:
+        """The prompts, each naming the LoRA adapter the request's `model` is (if it is one)."""
+        lora = self.adapters.get(name) if name else None
+        if lora is None:
+            return prompts
+        return [{**p, "lora_request": lora} for p in prompts]
 
     async def tokenize(self, function: Any, *args: Any, nbytes: int = 0) -> Any:
         """Tokenizer work runs in a worker thread (the tokenizer releases Python's lock for

@@ -85,18 +85,20 @@ def test_replicas_split_the_cores_and_refuse_oversubscription():
 
 
 def test_merged_stats_add_up_every_field():
-    a = EngineStats(1, 2, 0.25, 3, 40, 10, 100, 50, 7, None, 2, 8, 5, (3, 2))
-    b = EngineStats(4, 0, 0.75, 1, 60, 30, 10, 5, 3, None, 1, 4, 1, (1,))
+    a = EngineStats(1, 2, 0.25, 3, 40, 10, 100, 50, 7, None, 2, 8, 5, (3, 2), ("x",), {"x": 2})
+    b = EngineStats(4, 0, 0.75, 1, 60, 30, 10, 5, 3, None, 1, 4, 1, (1,), ("y",),
+                    {"x": 1, "y": 4})  # fmt: skip
     merged = merge_stats([a, b])
     expected = {f.name: getattr(a, f.name) + getattr(b, f.name)
                 for f in dataclasses.fields(EngineStats)
-                if f.name not in ("kv_cache_usage", "step_timing",
+                if f.name not in ("kv_cache_usage", "step_timing", "lora_resident", "lora_requests",
                                   "spec_decode_num_accepted_tokens_per_pos")}  # fmt: skip
     assert {k: getattr(merged, k) for k in expected} == expected
     assert merged.kv_cache_usage == 0.75 and merged.spec_decode_num_accepted_tokens_per_pos == (
         4,
         2,
     )
+    assert merged.lora_resident == ("x", "y") and merged.lora_requests == {"x": 3, "y": 4}
     assert merge_stats([a]) is a
 
 

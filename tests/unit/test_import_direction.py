@@ -28,6 +28,7 @@ BASE: dict[str, set[str]] = {
     "step_timing": set(),
     "engine_snapshot": set(),
     "block_hashes": set(),
+    "lora_request": {"errors"},  # which adapter a request runs under (plain data)
     "platform": {"cpu_info"},
     "structured_params": {"errors"},
     "sampling_params": {"errors", "structured_params"},

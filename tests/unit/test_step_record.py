@@ -28,6 +28,7 @@ from inferd.engine.step import (
     diff_table,
 )
 from inferd.engine_client import EngineStats, ModelInfo
+from inferd.lora_request import LoRARequest
 from inferd.pooling_params import PoolerConfig, PoolingParams
 from inferd.profiling.step_timer import StepTimer
 from inferd.sampling_params import SamplingParams
@@ -46,7 +47,7 @@ def record() -> StepRecord:
             ScheduledRow(
                 1, 40, 1, [17], [None, BlockUpdate(2, 3, [9])], True, draft_token_ids=[8, 8]
             ),
-            ScheduledRow(2, 16, 16, [], None, False),
+            ScheduledRow(2, 16, 16, [], None, False, adapter_slot=2),
         ],  # fmt: skip
         new_sequences=[
             NewSequence(3, list(range(12)), PARAMS, 3),
@@ -58,6 +59,7 @@ def record() -> StepRecord:
         block_copies=[(0, 6, 11)],
         grammar_bitmasks={3: b"\xff\x0f\x00\x01", 4: b"\x01\x00\x00\x80"},
         preempted_seq_ids=[7],
+        adapter_loads=[(2, LoRARequest("sql", 5, "/adapters/sql"))],
     )
 
 
@@ -68,6 +70,7 @@ def test_the_step_record_round_trips_unchanged():
     assert pickle.loads(pickle.dumps(original)) == original
     workers = original.for_workers()
     assert workers.grammar_bitmasks == {} and workers.rows == original.rows
+    assert workers.adapter_loads == original.adapter_loads  # every rank loads the adapter
     assert original.sample_ids == [3, 4, 1] and original.num_tokens == 12 + 3 + 16
 
 
@@ -85,6 +88,7 @@ def test_every_message_of_the_process_boundary_round_trips():
     messages = [
         ipc.Add(CoreRequest("r-0", [1, 2, 3], PARAMS, 9, 0.25, "salt")),
         ipc.Add(CoreRequest("r-2", [1, 2, 3], SamplingParams(), 0, 0.5, None, POOLING)),
+        ipc.Add(CoreRequest("r-1", [1], PARAMS, 9, 0.25, lora_request=LoRARequest("a", 1, "/a"))),
         ipc.Abort(["r-0", "r-1"]),
         ipc.Finish([SampleFinish("r-0", 1)]),
         ipc.Call(7, "start_profile", ["/tmp/x"]),
