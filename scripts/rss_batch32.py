@@ -34,6 +34,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--requests", type=int, default=32)
+    parser.add_argument("--kv-cache-dtype", default="auto")
     args = parser.parse_args()
     os.environ.setdefault("OMP_NUM_THREADS", str(args.threads))
     import torch
@@ -42,7 +43,7 @@ def main() -> None:
     show("after import torch")
     from inferd import LLM, SamplingParams
 
-    llm = LLM()
+    llm = LLM(kv_cache_dtype=args.kv_cache_dtype)
     show("after LLM()")
     words = "the quick brown fox jumps over the lazy dog and then some more words follow "
     prompts = [f"{i}: " + words * 9 for i in range(args.requests)]
