@@ -6,25 +6,29 @@
  *
  * The order: a row's visible keys (its own position and those before it, inside the sliding
  * window if any) are cut into chunks of KEY_CHUNK positions aligned to absolute positions
- * (0..63, 64..127, ...). Per chunk and query head, in a fixed order: the scores (each a dot
- * product over 16 lanes, combined by a fixed tree), their maximum, the sum of exp(score - max)
- * (16 lanes, the same tree) and the unnormalised output (keys in ascending order). The chunks
- * are then folded in ascending order into a running (max, sum, output), and the output divided
- * by the sum. Which thread computes a chunk, and whether the fold happens right after each chunk
- * or once all of a wave's chunks are stored, changes no operation.
+ * (0..63, 64..127, ...). Per chunk and query head, in a fixed order: the scores (each a chain
+ * of FMAs over 16 lanes of the head dimension, combined by a fixed tree: attention_tiles.h),
+ * their maximum, the weights e^(score - max) and their sum (16 lanes by key position, the same
+ * tree), and the unnormalised output (per value of d a chain of FMAs over the keys in
+ * ascending order). The chunks are then folded in ascending order into a running (max, sum,
+ * output), and the output divided by the sum. Which thread computes a chunk, and whether the
+ * fold happens right after each chunk or once all of a wave's chunks are stored, changes no
+ * operation; nor does the ISA variant (every one performs the same IEEE operations).
  *
  * Work: the rows of one sequence in a step form tiles of up to ROW_TILE consecutive rows; a unit
- * of work is a tile and one KV head (its query heads together), so a prefill chunk's rows read
- * each key and value once per tile instead of once per row. Many units (prefill, big batches):
- * the threads take whole units. Few (decode of a few sequences): the threads take the chunks of
- * the units, a wave at a time, store each chunk's partial results and fold them afterwards.
- * Products in float32; a bf16 cache row is widened once per key for the whole tile. */
+ * of work is a tile and one KV head (its query heads together). Within a chunk the products are
+ * shaped like a GEMM (attention_tiles.h): 4 query vectors (a row's heads, or several rows') x 4
+ * keys per block of scores, a query head's weights x 64 values of d per block of the output,
+ * each key and value row loaded once per block. Many units (prefill, big batches): the threads
+ * take whole units. Few (decode of a few sequences): the threads take the chunks of the units,
+ * a wave at a time, store each chunk's partial results and fold them afterwards. Products in
+ * float32; a bf16 cache's chunk is widened once per tile. */
 #include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include "fixed_order.h"
+#include "attention_tiles.h"
 #include "kernels.h"
 #include "vec_exp.h"
 
@@ -33,7 +37,7 @@
 #endif
 
 #define KEY_CHUNK 64 /* positions per chunk, aligned to absolute positions */
-#define ROW_TILE 8   /* query rows of one sequence per unit of work */
+#define ROW_TILE 16  /* query rows of one sequence per unit of work */
 
 typedef struct {
     const float* q; /* [rows, H, D] */
@@ -79,101 +83,98 @@ static inline const float* cache_row(const Problem* P, const void* pool, int64_t
  * [max, sum of exp, output[D]]. */
 #define PART(D) ((D) + 2)
 
-/* out[g] (the output slots of PART(D) partials, g < G) = the sum over keys t = lo .. hi-1, in
- * that order, of w[g][t] * value(t), w[g] at stride KEY_CHUNK from `first`. The values' columns
- * go VALUE_BLOCK at a time, so that four heads' sums stay in registers across the keys (as
- * `vec` values); each sum is the same chain of operations as a plain loop over t. */
-#define VALUE_BLOCK 32
-static void weigh_values(const Problem* P, const int64_t* at, int64_t lo, int64_t hi,
-                         const float* w, int64_t first, float* out, float* buf) {
-    const int64_t D = P->D, G = P->G;
-    for (int64_t g0 = 0; g0 < G; g0 += 4) {
-        const int64_t heads = G - g0 < 4 ? G - g0 : 4;
-        const float* x = w + g0 * KEY_CHUNK + first - lo;
-        for (int64_t d0 = 0; d0 < D; d0 += VALUE_BLOCK) {
-            const int64_t len = D - d0 < VALUE_BLOCK ? D - d0 : VALUE_BLOCK;
-            float* o = out + g0 * PART(D) + 2 + d0;
-            if (heads == 4 && len == VALUE_BLOCK) {
-                vec a[4][VALUE_BLOCK / VEC] = {{{0}}};
-                for (int64_t t = lo; t < hi; t++) {
-                    const float* v = cache_row(P, P->v_pool, at[t - lo] + d0, buf, len);
-                    for (int g = 0; g < 4; g++) {
-                        const float xg = x[g * KEY_CHUNK + t];
-                        for (int b = 0; b < VALUE_BLOCK / VEC; b++)
-                            a[g][b] += xg * load(v + b * VEC);
-                    }
-                }
-                for (int g = 0; g < 4; g++) memcpy(o + g * PART(D), a[g], sizeof a[g]);
-                continue;
-            }
-            for (int64_t g = 0; g < heads; g++) {
-                float a[VALUE_BLOCK] = {0};
-                for (int64_t t = lo; t < hi; t++) {
-                    const float* v = cache_row(P, P->v_pool, at[t - lo] + d0, buf, len);
-                    for (int64_t d = 0; d < len; d++) a[d] += x[g * KEY_CHUNK + t] * v[d];
-                }
-                memcpy(o + g * PART(D), a, sizeof(float) * (size_t)len);
-            }
-        }
+/* A thread's scratch: scores [rows * G, KEY_CHUNK] (then the softmax weights), and the chunk's
+ * keys and values widened to float32 [KEY_CHUNK, D] (a bfloat16 cache). */
+typedef struct {
+    float *scores, *keys, *values;
+} Scratch;
+
+static size_t scratch_floats(const Problem* P, int64_t rows) {
+    return (size_t)(rows * P->G * KEY_CHUNK + 2 * KEY_CHUNK * P->D);
+}
+
+static Scratch scratch_at(const Problem* P, int64_t rows, float* mem) {
+    const int64_t s = rows * P->G * KEY_CHUNK;
+    return (Scratch){mem, mem + s, mem + s + KEY_CHUNK * P->D};
+}
+
+/* Scores of query vector row s (KEY_CHUNK entries, key t of the chunk at t) -> the softmax's
+ * weights e^(x - max) on the keys lo .. hi-1 (chunk-relative), 0 elsewhere; returns
+ * (max, sum). The sum's lanes are key t mod 16, each in ascending t, then `tree`: a key the
+ * vector does not see adds 0 to a lane >= 0, which changes nothing. Plain loops over the whole
+ * chunk, which the compiler vectorises (selects, no reductions). */
+static void softmax_chunk(const Problem* P, float* restrict s, int64_t lo, int64_t hi,
+                          float* max_sum) {
+    for (int64_t t = 0; t < KEY_CHUNK; t++) s[t] *= P->scale;
+    if (P->softcap > 0.0f)
+        for (int64_t t = lo; t < hi; t++) s[t] = P->softcap * tanhf(s[t] / P->softcap);
+    float best = -INFINITY;
+    for (int64_t t = lo; t < hi; t++) best = s[t] > best ? s[t] : best;
+    for (int64_t t = 0; t < KEY_CHUNK; t++) { /* no arithmetic on lanes it does not see */
+        const int keep = t >= lo && t < hi;
+        const float e = inferd_exp((keep ? s[t] : best) - best);
+        s[t] = keep ? e : 0.0f;
     }
+    float lane[LANES] = {0};
+    for (int64_t t = 0; t < KEY_CHUNK; t += LANES)
+        for (int l = 0; l < LANES; l++) lane[l] += s[t + l];
+    max_sum[0] = best;
+    max_sum[1] = tree(lane);
 }
 
 /* Partial results of chunk c for every row of tile T with visible keys in it, KV head kvh:
- * part [rows of T, G, PART(D)] (rows without such keys are left as they are). `scores`:
- * [ROW_TILE * G * KEY_CHUNK] scratch, `buf` [D]. */
+ * part [rows of T, G, PART(D)] (rows without such keys are left as they are). Query vector
+ * i = j G + g is head kvh G + g of the tile's row j. */
 static void chunk_partials(const Problem* P, const Tile* T, int64_t kvh, int64_t c, float* part,
-                           float* scores, float* buf) {
+                           Scratch S) {
     const int64_t D = P->D, G = P->G, k0 = c * KEY_CHUNK, k1 = k0 + KEY_CHUNK;
-    int64_t lo[ROW_TILE], hi[ROW_TILE], ua = k1, ub = k0;
-    for (int64_t r = T->r0; r < T->r1; r++) {
-        const int64_t a = first_key(P, r), b = P->plan->lens[r], j = r - T->r0;
-        lo[j] = a > k0 ? a : k0;
-        hi[j] = b < k1 ? b : k1;
+    int64_t lo[ROW_TILE], hi[ROW_TILE], ua = KEY_CHUNK, ub = 0;
+    const int64_t rows = T->r1 - T->r0, nq = rows * G;
+    for (int64_t j = 0; j < rows; j++) {
+        const int64_t a = first_key(P, T->r0 + j), b = P->plan->lens[T->r0 + j];
+        lo[j] = (a > k0 ? a : k0) - k0; /* chunk-relative from here on */
+        hi[j] = (b < k1 ? b : k1) - k0;
         if (lo[j] < hi[j]) {
             ua = lo[j] < ua ? lo[j] : ua;
             ub = hi[j] > ub ? hi[j] : ub;
         }
     }
-    const int64_t rows = T->r1 - T->r0;
-    int64_t at[KEY_CHUNK];
-    for (int64_t t = ua; t < ub; t++) at[t - ua] = row_at(P, T->seq, t, kvh);
-    for (int64_t t = ua; t < ub; t++) { /* each key once for the tile */
-        const float* k = cache_row(P, P->k_pool, at[t - ua], buf, D);
-        for (int64_t j = 0; j < rows; j++) {
-            if (t < lo[j] || t >= hi[j]) continue;
-            const float* q = P->q + ((T->r0 + j) * P->H + kvh * G) * D;
-            float s[4];
-            for (int64_t g0 = 0; g0 < G; g0 += 4) {
-                const int64_t heads = G - g0 < 4 ? G - g0 : 4;
-                if (heads == 4)
-                    dot4(q + g0 * D, k, D, s);
-                else
-                    for (int64_t g = 0; g < heads; g++) s[g] = dot(q + (g0 + g) * D, k, D);
-                for (int64_t g = 0; g < heads; g++) {
-                    float x = s[g] * P->scale;
-                    if (P->softcap > 0.0f) x = P->softcap * tanhf(x / P->softcap);
-                    scores[(j * G + g0 + g) * KEY_CHUNK + (t - k0)] = x;
-                }
-            }
+    if (ua >= ub) return;
+    const float *key[KEY_CHUNK], *val[KEY_CHUNK];
+    for (int64_t t = ua; t < ub; t++) {
+        const int64_t at = row_at(P, T->seq, k0 + t, kvh);
+        key[t] = cache_row(P, P->k_pool, at, S.keys + t * D, D);
+        val[t] = cache_row(P, P->v_pool, at, S.values + t * D, D);
+    }
+    for (int64_t i0 = 0; i0 < nq; i0 += 4) { /* scores, 4 query vectors x 4 keys a block */
+        const int64_t n = nq - i0 < 4 ? nq - i0 : 4, ja = i0 / G, jb = (i0 + n - 1) / G;
+        int64_t a = KEY_CHUNK, b = 0;
+        for (int64_t j = ja; j <= jb; j++)
+            if (lo[j] < hi[j]) a = lo[j] < a ? lo[j] : a, b = hi[j] > b ? hi[j] : b;
+        const float* q[4];
+        for (int64_t i = 0; i < 4; i++) { /* a block short of vectors repeats its last */
+            const int64_t at = i0 + (i < n ? i : n - 1);
+            q[i] = P->q + ((T->r0 + at / G) * P->H + kvh * G + at % G) * D;
+        }
+        for (int64_t t = a; t < b; t += 4) {
+            const float* k[4];
+            float out[16];
+            for (int64_t j = 0; j < 4; j++) k[j] = key[t + j < b ? t + j : b - 1];
+            qk_block(q, k, D, out);
+            for (int64_t i = 0; i < n; i++)
+                for (int64_t j = 0; j < 4 && t + j < b; j++)
+                    S.scores[(i0 + i) * KEY_CHUNK + t + j] = out[4 * i + j];
         }
     }
     for (int64_t j = 0; j < rows; j++) {
         if (lo[j] >= hi[j]) continue;
         for (int64_t g = 0; g < G; g++) {
-            float* s = scores + (j * G + g) * KEY_CHUNK + (lo[j] - k0);
-            const int64_t n = hi[j] - lo[j];
-            float best = -INFINITY;
-            for (int64_t t = 0; t < n; t++) best = s[t] > best ? s[t] : best;
-            for (int64_t t = 0; t < n; t++) s[t] = inferd_exp(s[t] - best); /* vectorises */
             float* p = part + (j * G + g) * PART(D);
-            p[0] = best;
-            p[1] = sum(s, n);
+            softmax_chunk(P, S.scores + (j * G + g) * KEY_CHUNK, lo[j], hi[j], p);
+            memset(p + 2, 0, sizeof(float) * (size_t)D);
         }
     }
-    for (int64_t j = 0; j < rows; j++)
-        if (lo[j] < hi[j]) weigh_values(P, at + (lo[j] - ua), lo[j], hi[j],
-                                        scores + j * G * KEY_CHUNK, lo[j] - k0,
-                                        part + j * G * PART(D), buf);
+    weigh_values(rows, G, lo, hi, S.scores, KEY_CHUNK, val, D, part + 2, PART(D));
 }
 
 /* Whether row r of tile T sees any key of chunk c. */
@@ -215,8 +216,9 @@ static void finish(const Problem* P, const Tile* T, int64_t kvh, const float* st
         }
 }
 
-/* The tiles of the plan's sequences: consecutive rows of one sequence, ROW_TILE at most. */
-static Tile* make_tiles(const Problem* P, int64_t* count) {
+/* The tiles of the plan's sequences: consecutive rows of one sequence, ROW_TILE at most;
+ * `tallest`: the most rows a tile has. */
+static Tile* make_tiles(const Problem* P, int64_t* count, int64_t* tallest) {
     const KeyPlan* K = P->plan;
     int64_t n = 0;
     for (int64_t s = 0; s < K->seqs; s++)
@@ -224,6 +226,7 @@ static Tile* make_tiles(const Problem* P, int64_t* count) {
     Tile* tiles = malloc(sizeof(Tile) * (size_t)(n ? n : 1));
     if (!tiles) return NULL;
     int64_t i = 0;
+    *tallest = 1;
     for (int64_t s = 0; s < K->seqs; s++)
         for (int64_t r0 = K->seq_rows[s]; r0 < K->seq_rows[s + 1]; r0 += ROW_TILE) {
             Tile* T = &tiles[i++];
@@ -236,18 +239,20 @@ static Tile* make_tiles(const Problem* P, int64_t* count) {
                 b = l > b ? l : b;
             }
             T->c0 = a / KEY_CHUNK, T->c1 = (b - 1) / KEY_CHUNK;
+            *tallest = T->r1 - T->r0 > *tallest ? T->r1 - T->r0 : *tallest;
         }
     *count = n;
     return tiles;
 }
 
 /* Many units: each thread takes whole units and folds chunk by chunk. */
-static int by_units(const Problem* P, const Tile* tiles, int64_t units, float* out) {
-    const int64_t slab = ROW_TILE * P->G * PART(P->D);
+static int by_units(const Problem* P, const Tile* tiles, int64_t units, int64_t tall,
+                    float* out) {
+    const int64_t slab = tall * P->G * PART(P->D);
     int failed = 0;
 #pragma omp parallel
     {
-        float* mem = malloc(sizeof(float) * (size_t)(2 * slab + ROW_TILE * P->G * KEY_CHUNK + P->D));
+        float* mem = malloc(sizeof(float) * (2 * (size_t)slab + scratch_floats(P, tall)));
         if (!mem) {
 #pragma omp atomic write
             failed = 1;
@@ -257,9 +262,10 @@ static int by_units(const Problem* P, const Tile* tiles, int64_t units, float* o
             if (!mem) continue;
             const Tile* T = &tiles[u / P->KV];
             const int64_t kvh = u % P->KV;
-            float *part = mem, *state = mem + slab, *scores = mem + 2 * slab;
+            float *part = mem, *state = mem + slab;
+            const Scratch scratch = scratch_at(P, tall, mem + 2 * slab);
             for (int64_t c = T->c0; c <= T->c1; c++) {
-                chunk_partials(P, T, kvh, c, part, scores, scores + ROW_TILE * P->G * KEY_CHUNK);
+                chunk_partials(P, T, kvh, c, part, scratch);
                 fold(P, T, c, part, state);
             }
             finish(P, T, kvh, state, out);
@@ -271,9 +277,9 @@ static int by_units(const Problem* P, const Tile* tiles, int64_t units, float* o
 
 /* Few units: the threads share each unit's chunks, `wave` chunks per unit at a time, whose
  * partials are stored and then folded in order. */
-static int by_chunks(const Problem* P, const Tile* tiles, int64_t units, int64_t wave,
-                     float* out) {
-    const int64_t slab = ROW_TILE * P->G * PART(P->D);
+static int by_chunks(const Problem* P, const Tile* tiles, int64_t units, int64_t tall,
+                     int64_t wave, float* out) {
+    const int64_t slab = tall * P->G * PART(P->D);
     float* parts = malloc(sizeof(float) * (size_t)(units * (wave + 1) * slab));
     if (!parts) return -2;
     float* states = parts + units * wave * slab;
@@ -286,7 +292,7 @@ static int by_chunks(const Problem* P, const Tile* tiles, int64_t units, int64_t
     for (int64_t w0 = 0; w0 < longest && !failed; w0 += wave) {
 #pragma omp parallel
         {
-            float* scores = malloc(sizeof(float) * (size_t)(ROW_TILE * P->G * KEY_CHUNK + P->D));
+            float* scores = malloc(sizeof(float) * scratch_floats(P, tall));
             if (!scores) {
 #pragma omp atomic write
                 failed = 1;
@@ -296,7 +302,7 @@ static int by_chunks(const Problem* P, const Tile* tiles, int64_t units, int64_t
                 const int64_t u = task / wave, c = tiles[u / P->KV].c0 + w0 + task % wave;
                 if (scores && c <= tiles[u / P->KV].c1)
                     chunk_partials(P, &tiles[u / P->KV], u % P->KV, c, parts + task * slab,
-                                   scores, scores + ROW_TILE * P->G * KEY_CHUNK);
+                                   scratch_at(P, tall, scores));
             }
             free(scores);
         }
@@ -322,8 +328,8 @@ int inferd_paged_attention(const float* q, const void* k_pool, const void* v_poo
     if (KV < 1 || H % KV) return -1;
     const Problem P = {q, k_pool, v_pool, plan, H, KV, shape->head_dim, H / KV, shape->window,
                        shape->cache_bf16, shape->scale, shape->softcap};
-    int64_t count = 0;
-    Tile* tiles = make_tiles(&P, &count);
+    int64_t count = 0, tall = 1;
+    Tile* tiles = make_tiles(&P, &count, &tall);
     if (!tiles) return -2;
     int threads = 1;
 #ifdef _OPENMP
@@ -332,9 +338,9 @@ int inferd_paged_attention(const float* q, const void* k_pool, const void* v_poo
     const int64_t units = count * KV, target = 4 * (int64_t)threads;
     int rc = 0;
     if (units >= target)
-        rc = by_units(&P, tiles, units, out);
+        rc = by_units(&P, tiles, units, tall, out);
     else if (units > 0)
-        rc = by_chunks(&P, tiles, units, (target + units - 1) / units, out);
+        rc = by_chunks(&P, tiles, units, tall, (target + units - 1) / units, out);
     free(tiles);
     return rc;
 }

@@ -165,21 +165,56 @@ static void add(float* restrict h, const float* restrict y, int64_t count) {
     for (int64_t c = 0; c < count; c++) h[c] += y[c];
 }
 
+/* Rows of a step that take the second half of a layer (from the attention's output on)
+ * together: their intermediates (the MLP's 2 x inter values a row above all) stay in cache
+ * instead of making a round trip to memory, and a step of many rows needs that much scratch
+ * only once. A multiple of every variant's largest block-product tile (block_gemv.c). */
+#define ROW_BLOCK 96
+
+/* Rows r0 .. r0 + m - 1 from the attention's output `att` on: the output projection, the
+ * residuals, norms and the MLP, into h. `x`, `y`: [m, hidden]; `mlp` [m, 2 inter]; `act`
+ * [m, inter]. */
+static int layer_tail(const LayerSpec* L, const float* att, int64_t m, const int64_t* adapter,
+                      float* h, float* x, float* y, float* mlp, float* act) {
+    const int64_t hid = L->hidden, I = L->inter;
+    int rc;
+    if ((rc = gemv(&L->o, att, m, y))) return rc;
+    if ((rc = inferd_lora_add(&L->lora_o, adapter, att, m, y))) return rc;
+    if (L->sandwich) {
+        inferd_rms_norm(y, L->post_attn_gain, m, hid, L->eps, y);
+        add(h, y, m * hid);
+        inferd_rms_norm(h, L->pre_ffn_gain, m, hid, L->eps, x);
+    } else {
+        add(h, y, m * hid);
+        inferd_rms_norm(h, L->post_attn_gain, m, hid, L->eps, x);
+    }
+    if ((rc = gemv(&L->gate_up, x, m, mlp))) return rc;
+    if ((rc = inferd_lora_add(&L->lora_gate_up, adapter, x, m, mlp))) return rc;
+#pragma omp parallel for if (m >= PARALLEL_ROWS) schedule(static)
+    for (int64_t i = 0; i < m; i++) gated_row(L, mlp + i * 2 * I, act + i * I);
+    if ((rc = gemv(&L->down, act, m, y))) return rc;
+    if ((rc = inferd_lora_add(&L->lora_down, adapter, act, m, y))) return rc;
+    if (L->sandwich) inferd_rms_norm(y, L->post_ffn_gain, m, hid, L->eps, y);
+    add(h, y, m * hid);
+    return 0;
+}
+
 /* h [n, hidden] in place. Returns 0, or the first failing kernel's code. NOTE: every row's keys
  * and values are in the cache before any row attends, so row j of a prefill chunk finds rows
- * before it (causal attention over the chunk). */
+ * before it (causal attention over the chunk). Every row's result is the same whichever block
+ * of ROW_BLOCK rows it falls in. */
 int inferd_decode_layer(const LayerSpec* L, const StepSpec* S, float* h) {
     const int64_t n = S->n, H = L->heads, KV = L->kv_heads, D = L->head_dim;
     const int64_t qkv_width = (H + 2 * KV) * D, hid = L->hidden, I = L->inter;
+    const int64_t block = n < ROW_BLOCK ? n : ROW_BLOCK;
     float* x = malloc(sizeof(float) * (size_t)(n * hid));
-    float* qkv = malloc(sizeof(float) * (size_t)(n * qkv_width));
-    float* att = malloc(sizeof(float) * (size_t)(n * H * D));
+    float* qkv = malloc(sizeof(float) * (size_t)(n * qkv_width)); /* then the attention's out */
     float* q = malloc(sizeof(float) * (size_t)(n * H * D));
-    float* y = malloc(sizeof(float) * (size_t)(n * hid));
-    float* mlp = malloc(sizeof(float) * (size_t)(n * 2 * I));
-    float* act = malloc(sizeof(float) * (size_t)(n * I));
+    float* y = malloc(sizeof(float) * (size_t)(block * hid));
+    float* mlp = malloc(sizeof(float) * (size_t)(block * 2 * I));
+    float* act = malloc(sizeof(float) * (size_t)(block * I));
     int rc = -2;
-    if (!x || !qkv || !att || !q || !y || !mlp || !act) goto done;
+    if (!x || !qkv || !q || !y || !mlp || !act) goto done;
     const AttentionShape shape = {H, KV, D, L->window, S->cache_bf16, L->scale, L->softcap};
 
     inferd_rms_norm(h, L->input_gain, n, hid, L->eps, x);
@@ -187,27 +222,16 @@ int inferd_decode_layer(const LayerSpec* L, const StepSpec* S, float* h) {
     if ((rc = inferd_lora_add(&L->lora_qkv, S->adapter, x, n, qkv))) goto done;
 #pragma omp parallel for if (n >= PARALLEL_ROWS) schedule(static)
     for (int64_t i = 0; i < n; i++) qkv_row(L, S, i, qkv + i * qkv_width, q);
+    float* att = qkv; /* q, k and v are out of it: the rows' attention takes its place */
     if ((rc = inferd_paged_attention(q, S->k_pool, S->v_pool, S->keys, &shape, att))) goto done;
-    if ((rc = gemv(&L->o, att, n, y))) goto done;
-    if ((rc = inferd_lora_add(&L->lora_o, S->adapter, att, n, y))) goto done;
-    if (L->sandwich) {
-        inferd_rms_norm(y, L->post_attn_gain, n, hid, L->eps, y);
-        add(h, y, n * hid);
-        inferd_rms_norm(h, L->pre_ffn_gain, n, hid, L->eps, x);
-    } else {
-        add(h, y, n * hid);
-        inferd_rms_norm(h, L->post_attn_gain, n, hid, L->eps, x);
+    for (int64_t r0 = 0; r0 < n; r0 += block) {
+        const int64_t m = n - r0 < block ? n - r0 : block;
+        const int64_t* adapter = S->adapter ? S->adapter + r0 : NULL;
+        rc = layer_tail(L, att + r0 * H * D, m, adapter, h + r0 * hid, x, y, mlp, act);
+        if (rc) goto done;
     }
-    if ((rc = gemv(&L->gate_up, x, n, mlp))) goto done;
-    if ((rc = inferd_lora_add(&L->lora_gate_up, S->adapter, x, n, mlp))) goto done;
-#pragma omp parallel for if (n >= PARALLEL_ROWS) schedule(static)
-    for (int64_t i = 0; i < n; i++) gated_row(L, mlp + i * 2 * I, act + i * I);
-    if ((rc = gemv(&L->down, act, n, y))) goto done;
-    if ((rc = inferd_lora_add(&L->lora_down, S->adapter, act, n, y))) goto done;
-    if (L->sandwich) inferd_rms_norm(y, L->post_ffn_gain, n, hid, L->eps, y);
-    add(h, y, n * hid);
     rc = 0;
 done:
-    free(x); free(qkv); free(att); free(q); free(y); free(mlp); free(act);
+    free(x); free(qkv); free(q); free(y); free(mlp); free(act);
     return rc;
 }

@@ -2,9 +2,9 @@
 
 The format (little-endian): magic "GGUF", version, tensor count, metadata count, then
 `key → typed value` pairs, then one record per tensor (name, dims, ggml type, offset), then the
-aligned tensor data. Vocabularies are 100k+ string arrays, so strings are sliced straight out of
-the map instead of going through a generic per-value reader: the whole header of the embedded
-model parses in a fraction of a second.
+aligned tensor data. Vocabularies are 100k+ string arrays, so an array of strings is only located
+in the map (gguf_strings.py decodes a string when it is read): the whole header of the embedded
+model parses in a fraction of a second, and its vocabulary costs no Python strings.
 
 A model file is untrusted input. Every count, length, nesting level, alignment, tensor shape,
 type and offset is checked against the format's rules and the file's length before it is used,
@@ -24,6 +24,7 @@ import numpy as np
 
 from inferd.errors import ModelLoadError
 from inferd.loader.gguf_metadata import check_metadata
+from inferd.loader.gguf_strings import StringArray
 
 GGUF_MAGIC = b"GGUF"
 DEFAULT_ALIGNMENT = 32
@@ -134,12 +135,13 @@ class _Cursor:
         self.pos += count * dtype.itemsize
         return arr
 
-    def _string_array(self, count: int) -> list[str]:
-        # NOTE: hot loop for vocabularies (262k entries for Gemma); keep it to slicing and decode.
+    def _string_array(self, count: int) -> StringArray:
+        # NOTE: hot loop for vocabularies (262k entries for Gemma): it only finds where each
+        # string lies (gguf_strings.py decodes them when read).
         buf, pos, end = self.buf, self.pos, len(self.buf)
         unpack = struct.Struct("<Q").unpack_from
-        out = []
-        append = out.append
+        starts = []
+        append = starts.append
         for _ in range(count):
             if pos + 8 > end:
                 self.pos = pos
@@ -149,10 +151,13 @@ class _Cursor:
             if pos + n > end:
                 self.pos = pos
                 self.need(n)
-            append(str(buf[pos : pos + n], "utf-8", "replace"))
+            append(pos)
             pos += n
-        self.pos = pos
-        return out
+        first, self.pos = self.pos, pos
+        begin = np.array(starts, dtype=np.int64)
+        # each string ends 8 bytes (the next one's length) before the next one starts
+        ends = np.append(begin[1:] - 8, pos) if count else begin
+        return StringArray(buf, begin, ends, slice(first, pos))
 
 
 class GGUFFile:

@@ -16,6 +16,7 @@ from typing import Any
 import numpy as np
 
 from inferd.errors import ModelLoadError
+from inferd.loader.gguf_strings import StringArray
 
 # Upper bound for sizes (widths, context): far above any real model, low enough that a product
 # of a few of them cannot overflow a tensor size computation.
@@ -107,6 +108,8 @@ def _conforms(value: Any, kind: str) -> bool:
     if kind == BOOL:
         return isinstance(value, bool | np.bool_)
     if kind == STRING_LIST:
+        if isinstance(value, StringArray):
+            return True  # its items are strings by construction
         return isinstance(value, list) and all(isinstance(v, str) for v in value)
     if kind == INT_ARRAY:
         return isinstance(value, np.ndarray) and value.dtype.kind in "iu"

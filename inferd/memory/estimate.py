@@ -248,8 +248,8 @@ def estimate_memory(
 
     `dtype`: the precision the weights are held in ("auto": the engine's default for
     `device`: on a CPU where inferd's C kernels run (`block_kernels`), a GGUF checkpoint keeps
-    its blocks, weight_plan.py); `kv_cache_dtype` ("auto": the compute dtype, float32 with
-    blocks); `concurrency` requests of
+    its blocks, weight_plan.py); `kv_cache_dtype` ("auto": the compute dtype, bfloat16 with
+    blocks, as WeightScheme.kv_cache_dtype); `concurrency` requests of
     `max_model_len` tokens (default: the model's limit); `max_num_batched_tokens` is the step's
     token budget, which sizes the activations. `attention_backend` defaults to the reference
     "torch" backend on CPU and a "fused" kernel on GPU.
@@ -274,7 +274,7 @@ def estimate_memory(
     if keeps_blocks(dtype, device, checkpoint, tp, block_kernels):
         blocks = block_plan(checkpoint)  # type: ignore[arg-type]
         wdtype = blocks.compute_dtype
-    kv_dtype = "fp32" if blocks is not None else compute_dtype(wdtype)
+    kv_dtype = "bf16" if blocks is not None else compute_dtype(wdtype)
     if kv_cache_dtype != "auto":
         kv_dtype = canonical_precision(kv_cache_dtype)
     if kv_dtype not in KV_DTYPES:

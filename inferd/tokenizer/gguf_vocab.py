@@ -23,7 +23,7 @@ import hashlib
 import json
 import logging
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -32,6 +32,7 @@ from tokenizers import Regex, Tokenizer, decoders, normalizers, pre_tokenizers
 from tokenizers import models as tk_models
 
 from inferd.errors import ModelLoadError
+from inferd.loader.gguf_strings import StringArray, encode_strings
 from inferd.tokenizer.bpe_merges import derive_merges, prune_dead_merges
 
 log = logging.getLogger(__name__)
@@ -98,10 +99,12 @@ class GGUFVocab:
     model: str
     pre: str
     architecture: str
-    tokens: list[str]
+    # NOTE: as the GGUF file gives them (StringArray: decoded when read), so that a warm start,
+    # which only hashes them, keeps no Python string of them (load_gguf_backend)
+    tokens: Sequence[str]
     token_types: np.ndarray | None
     scores: np.ndarray | None
-    merges: list[str] | None
+    merges: Sequence[str] | None
 
     @classmethod
     def from_metadata(cls, metadata: dict[str, Any], architecture: str) -> GGUFVocab:
@@ -120,10 +123,10 @@ class GGUFVocab:
             model=str(metadata.get("tokenizer.ggml.model", "")),
             pre=str(metadata.get("tokenizer.ggml.pre", "")),
             architecture=architecture,
-            tokens=list(tokens),
+            tokens=tokens,
             token_types=array("tokenizer.ggml.token_type"),
             scores=array("tokenizer.ggml.scores"),
-            merges=list(merges) if merges is not None else None,
+            merges=merges,
         )
 
     def cache_key(self) -> str:
@@ -140,9 +143,12 @@ class GGUFVocab:
 
 
 def _hash_strings(digest: Any, strings: Sequence[str]) -> None:
-    # The lengths make the joined form unambiguous even if a string contains the separator.
-    digest.update(np.fromiter(map(len, strings), dtype=np.int64, count=len(strings)).tobytes())
-    digest.update("\x00".join(strings).encode("utf-8", "surrogatepass"))
+    # The GGUF encoding (each string's length, then its bytes): unambiguous, and for a file's
+    # array its own bytes, hashed without decoding a string.
+    if isinstance(strings, StringArray):
+        digest.update(strings.encoded())
+    else:
+        digest.update(encode_strings(strings))
 
 
 def _state(component: Any) -> Any:
@@ -310,7 +316,8 @@ def load_gguf_backend(v: GGUFVocab, cache_folder: Path | None) -> Tokenizer:
     from inferd.progress import status
 
     with status(f"building the tokenizer from the GGUF vocabulary ({len(v.tokens)} tokens)"):
-        text = build_tokenizer_json(v)
+        merges = None if v.merges is None else list(v.merges)
+        text = build_tokenizer_json(replace(v, tokens=list(v.tokens), merges=merges))
         backend = Tokenizer.from_str(text)
     if path is not None:
         _write_atomically(path, text)

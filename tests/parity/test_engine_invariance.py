@@ -44,9 +44,9 @@ def _ids(outs):
 
 
 def _tight_kv(llm: LLM, blocks: int) -> int:
-    """Bytes of `blocks` KV blocks of 16 tokens in every KV group (float32)."""
-    cfg = llm.engine.model_config
-    return blocks * sum(block_bytes(cfg, len(layers), 16, 4) for _, layers in cfg.kv_groups())
+    """Bytes of `blocks` KV blocks of 16 tokens in every KV group (in `llm`'s cache dtype)."""
+    cfg, width = llm.engine.model_config, llm.engine.runner.kv_caches[0][0].element_size()
+    return blocks * sum(block_bytes(cfg, len(layers), 16, width) for _, layers in cfg.kv_groups())
 
 
 def _llm(model: str | None, **flags) -> LLM:

@@ -127,10 +127,10 @@ def test_the_default_modes_weights_are_what_the_plan_says(gemma_gguf, c_kernels)
     # about the file's size: blocks store q in 4, 5 or 8 bits and scales as the file does, or fp32
     assert 0.9 < plan.held / os.path.getsize(gemma_gguf) < 1.1
     # the estimate counts these in the engine's conditions only: the default dtype, a CPU,
-    # no tensor parallelism, the kernels available; its KV cache is then float32, as the engine's
+    # no tensor parallelism, the kernels available; its KV cache is then bfloat16, as the engine's
     on_disk = checkpoint_weights(ckpt)
     est = estimate_memory(ckpt.config, checkpoint=on_disk, block_kernels=True, max_model_len=512)
-    assert est.per_device.weights == plan.total and est.kv_cache_dtype == "fp32"
+    assert est.per_device.weights == plan.total and est.kv_cache_dtype == "bf16"
     for other in (dict(block_kernels=False), dict(block_kernels=True, dtype="fp32"),
                   dict(block_kernels=True, device="cuda")):  # fmt: skip
         dense = estimate_memory(ckpt.config, checkpoint=on_disk, max_model_len=512, **other)

@@ -42,6 +42,8 @@ N_TOKENS = 256
 CASES = [
     ("auto", None, "auto", N_TOKENS, 1, 0.99, 1.01),
     ("auto", None, "auto", N_TOKENS, N_TOKENS, 0.99, 1.01),
+    # the default mode with the float32 KV cache it had before bf16 (twice the memory)
+    ("auto", None, "float32", N_TOKENS, 16, 0.99, 1.01),
     ("bfloat16", None, "auto", N_TOKENS, N_TOKENS, 0.95, 1.02),
     ("bfloat16", "gguf", "auto", N_TOKENS, 16, 0.97, 1.01),
     ("bfloat16", "int8", "auto", N_TOKENS, N_TOKENS, 0.75, 1.10),

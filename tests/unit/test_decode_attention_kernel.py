@@ -93,20 +93,22 @@ def test_attention_matches_pytorch(lib, heads, kv_heads, window, softcap, cache_
 
 
 @pytest.mark.parametrize("window", [None, 50])
-def test_a_row_gets_the_same_bits_however_the_step_is_made(lib, window):
+@pytest.mark.parametrize("heads, kv_heads", [(4, 1), (2, 2)])
+def test_a_row_gets_the_same_bits_however_the_step_is_made(lib, window, heads, kv_heads):
     """One prompt's 140 query rows (three 64-key chunks), computed as one prefill chunk, as
     chunks of 16 and of 64 rows, row by row as decode rows, and inside a batch with other
-    sequences: the same bits for every row; and with one thread or several."""
-    pool = Pool(3, 1, torch.float32)
-    spec = spec_of(4, 1, window)
+    sequences: the same bits for every row; and with one thread or several. One query head
+    per KV head (2, 2): the weighted values of several rows share blocks."""
+    pool = Pool(3, kv_heads, torch.float32)
+    spec = spec_of(heads, kv_heads, window)
     positions = list(range(140))
-    q = torch.randn(140, 4, DIM, generator=torch.Generator().manual_seed(1))
+    q = torch.randn(140, heads, DIM, generator=torch.Generator().manual_seed(1))
     whole = attend(lib, pool, q, [(0, positions)], spec)
     for chunk in (16, 64, 1):
         parts = [attend(lib, pool, q[a : a + chunk], [(0, positions[a : a + chunk])], spec)
                  for a in range(0, 140, chunk)]  # fmt: skip
         assert torch.equal(torch.cat(parts), whole), chunk
-    others = torch.randn(9, 4, DIM)
+    others = torch.randn(9, heads, DIM)
     batch = [(1, [30]), (0, positions[70:]), (2, list(range(100, 108)))]
     mixed = attend(lib, pool, torch.cat([others[:1], q[70:], others[1:]]), batch, spec)
     assert torch.equal(mixed[1:71], whole[70:])
@@ -124,3 +126,20 @@ def test_shapes_it_cannot_take_are_refused(lib):
     pool = Pool(1, 2, torch.float32)
     with pytest.raises(RuntimeError, match="attention kernel failed"):
         attend(lib, pool, torch.randn(1, 3, DIM), [(0, [3])], spec_of(3, 2))
+
+
+@pytest.mark.parametrize("cache_dtype", [torch.float32, torch.bfloat16])
+def test_every_variant_gives_the_portable_bits(lib, cache_dtype):
+    """Each variant performs the same IEEE operations (FMAs included: portable's are libm's
+    fmaf), its vector code in another shape: the same bits as the plain C, for a head size that
+    fills no register (40) and one that fills several (256), prefill and decode rows mixed."""
+    portable = variant_library("portable")
+    for dim in (DIM, 256):
+        gen = torch.Generator().manual_seed(dim)
+        cache = torch.randn(2, 97, BS, 2, dim, generator=gen).to(cache_dtype)
+        pool = Pool(2, 2, cache_dtype)
+        pool.cache = cache
+        rows = [(0, list(range(60, 131))), (1, [170])]
+        q = torch.randn(72, 4, dim, generator=gen)
+        spec = LayerAttentionSpec(4, 2, dim, 1 / math.sqrt(dim), 100, None, 0, 0)
+        assert torch.equal(attend(lib, pool, q, rows, spec), attend(portable, pool, q, rows, spec))

@@ -39,7 +39,7 @@ def test_default_on_a_gguf_file_keeps_its_blocks(machine, fast_bf16):
     machine(fast_bf16=fast_bf16)
     scheme = ws.choose_scheme(None, "auto", "gguf", CPU)
     assert (scheme.name, scheme.dtype, scheme.blocks) == ("gguf", torch.float32, True)
-    assert scheme.kv_cache_dtype == torch.float32 and scheme.activations == torch.float32
+    assert scheme.kv_cache_dtype == torch.bfloat16 and scheme.activations == torch.float32
     forced = ws.choose_scheme("gguf", "auto", "gguf", CPU)
     assert forced == scheme and forced.reason != scheme.reason
     assert ws.choose_scheme("gguf", "bfloat16", "gguf", CPU).dtype == torch.bfloat16
