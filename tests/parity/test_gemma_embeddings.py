@@ -32,6 +32,8 @@ def test_embeddings_match_hf(gemma_llm, default_llm, hf_gemma_model, pooling_typ
         ref = hidden[-1] if pooling_type == "last" else hidden.mean(0)
         got = torch.tensor(a.outputs.embedding)
         torch.testing.assert_close(got, ref, rtol=1e-4, atol=2e-4 * ref.abs().max().item())
-        # NOTE: measured 0.9e-4 to 1.7e-4 (relative L2 error) on an AMD EPYC, last and mean
+        # NOTE: the default mode's KV cache is bfloat16 (8 bits of mantissa: keys and values
+        # rounded to ~4e-3 of their size), which dominates its error: ~2e-3 (relative L2) where
+        # a float32 cache gives ~1e-4.
         error = (torch.tensor(b.outputs.embedding) - ref).norm() / ref.norm()
-        assert error < 1e-3, f"default mode: relative error {error:.2e} to HF"
+        assert error < 1e-2, f"default mode: relative error {error:.2e} to HF"
