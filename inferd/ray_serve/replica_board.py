@@ -44,10 +44,14 @@ def add_stats(total: EngineStats, part: EngineStats, gauges: bool = True) -> Eng
     changes = {}
     for f in dataclasses.fields(EngineStats):
         a, b = getattr(total, f.name), getattr(part, f.name)
-        if f.name in _GAUGES and not gauges:
+        if (f.name in _GAUGES or f.name == "lora_resident") and not gauges:
             continue
         if f.name == "step_timing":
             changes[f.name] = b if a is None else (a if b is None else a.plus(b))
+        elif f.name == "lora_resident":  # adapter names: resident on any replica
+            changes[f.name] = tuple(sorted({*a, *b}))
+        elif f.name == "lora_requests":  # adapter name -> requests
+            changes[f.name] = {n: a.get(n, 0) + b.get(n, 0) for n in {*a, *b}}
         elif isinstance(a, tuple):
             n = max(len(a), len(b))
             changes[f.name] = tuple((a[i] if i < len(a) else 0) + (b[i] if i < len(b) else 0)

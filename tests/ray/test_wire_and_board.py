@@ -4,6 +4,7 @@ reports: health, summed stats that never go back, per-replica series (no cluster
 
 from __future__ import annotations
 
+import dataclasses
 import pickle
 
 import pytest
@@ -142,6 +143,19 @@ def test_board_stats_sum_replicas_and_keep_the_counts_of_departed_ones():
     assert after.prompt_tokens == 150 and after.num_running == 1  # counters stay, gauges go
     board.report(ReplicaReport("b", "n2", None, _stats(0, 60), stopping=True))
     assert board.stats().prompt_tokens == 160 and board.health() is not None
+
+
+def test_board_stats_merge_the_replicas_adapters():
+    board = ReplicaBoard("m", clock=_Clock())
+    a = dataclasses.replace(_stats(1, 10), lora_resident=("x", "y"), lora_requests={"x": 2, "y": 1})
+    b = dataclasses.replace(_stats(1, 10), lora_resident=("y",), lora_requests={"y": 4})
+    board.report(ReplicaReport("a", "n1", None, a))
+    board.report(ReplicaReport("b", "n2", None, b))
+    total = board.stats()
+    assert total.lora_resident == ("x", "y") and total.lora_requests == {"x": 2, "y": 5}
+    board.lost("a", "its actor died")
+    after = board.stats()  # a departed replica's requests still count; its adapters are gone
+    assert after.lora_resident == ("y",) and after.lora_requests == {"x": 2, "y": 5}
 
 
 def test_board_exports_each_replica_and_the_routing_decisions():
