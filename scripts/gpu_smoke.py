@@ -6,7 +6,8 @@
      CPU's float32;
   3. `inferd serve --data-parallel-size 2` on one GPU: both replicas answer, each request the
      tokens its prompt gets alone in (1);
-  4. LoRA adapters, when this tree has them (inferd.lora): its GPU tests.
+  4. LoRA (two adapters and the base model in one batch, a tiny Llama): the same greedy tokens as
+     the CPU's float32.
 
     python scripts/gpu_smoke.py [--out DIR] [--device cpu]   (cpu: a dry run of the script)
 """
@@ -116,21 +117,36 @@ def data_parallel(report: dict, reference: list[list[int]], device: str) -> None
         server.wait(60)
 
 
-def lora(report: dict) -> None:
-    try:
-        import inferd.lora  # noqa: F401
-    except ImportError:
-        report["lora"] = {"ok": None, "detail": "this tree has no LoRA (inferd.lora)"}
-        print("skip lora: this tree has no inferd.lora", flush=True)
-        return
-    cmd = [sys.executable, "-m", "pytest", "-q", "-x", "tests", "-k", "lora and gpu"]
-    out = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
-    last = out.stdout.strip().splitlines()[-1] if out.stdout.strip() else out.stderr[-300:]
-    if out.returncode == 5:  # pytest: no test selected
-        report["lora"] = {"ok": None, "detail": f"no LoRA GPU test in this tree ({last})"}
-        print(f"skip lora: no LoRA GPU test in this tree ({last})", flush=True)
-        return
-    check("lora", out.returncode == 0, last, report)
+def lora(report: dict, device: str) -> None:
+    from lora_adapters import make_adapter
+    from tiny_models import make_tiny_checkpoint
+
+    from inferd import LLM, LoRARequest
+
+    root = Path(tempfile.mkdtemp())
+    folder = make_tiny_checkpoint("llama", root / "base")
+    from transformers import AutoModelForCausalLM
+
+    hf = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32)
+    adapters = [LoRARequest(f"a{i}", i + 1, str(root / f"a{i}")) for i in range(2)]
+    for i, a in enumerate(adapters):
+        make_adapter(hf, Path(a.lora_path), seed=i, gain=4.0)
+    prompts = [{"prompt_token_ids": [1, *range(20 + i, 40 + i)]} for i in range(3)]
+    mix = [adapters[0], adapters[1], None]  # two adapters and the base model in one batch
+    kw = dict(model=str(folder), dtype="float32", max_model_len=128, kv_cache_memory=16 << 20,
+              enable_lora=True, max_loras=2)  # fmt: skip
+
+    def run(dev: str) -> list[list[int]]:
+        from inferd import SamplingParams
+
+        params = SamplingParams(temperature=0, max_tokens=MAX_TOKENS, ignore_eos=True)
+        outs = LLM(device=dev, **kw).generate(prompts, params, lora_request=mix, use_tqdm=False)
+        return [o.outputs[0].token_ids for o in outs]
+
+    cpu, gpu = run("cpu"), run(device)
+    differ = len({tuple(t) for t in cpu}) == len(cpu)  # the adapters change the tokens
+    check("lora", cpu == gpu and differ, f"device = cpu {cpu == gpu}, adapters change the "
+          f"tokens {differ}", report)  # fmt: skip
 
 
 def main() -> int:
@@ -146,7 +162,7 @@ def main() -> int:
         reference = core_process(report, args.device)
         moe(report, args.device)
         data_parallel(report, reference, args.device)
-        lora(report)
+        lora(report, args.device)
     finally:
         Path(args.out).mkdir(parents=True, exist_ok=True)
         (Path(args.out) / "smoke.json").write_text(json.dumps(report, indent=2))
