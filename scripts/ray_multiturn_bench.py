@@ -5,8 +5,8 @@ machine are provisional: run it on a quiet one).
         [--conversations 8] [--turns 4] [--system-words 300] [--user-words 30]
         [--output-tokens 24] [--kill-at SECONDS] [--model MODEL] [--json FILE]
 
-`inferd bench serve` has no multi-turn preset yet, so this script is its own: each conversation
-has a long system prompt of its own and alternates user turns with the model's replies; a turn's
+Its workload is its own (`inferd bench serve --preset multiturn` has no system prompts): each
+conversation has a long system prompt of its own and alternates user turns with the model's replies; a turn's
 prompt is the previous turn's prompt, its reply and a new user message, so the replica that
 served the last turn holds most of the next one in its prefix cache. The conversations run at
 once, each turn after the previous reply (streamed chat completions, greedy, `ignore_eos`, so
