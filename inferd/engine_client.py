@@ -10,6 +10,7 @@ the typed errors (`inferd/errors.py`), never the engine itself: anything that im
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
@@ -179,3 +180,13 @@ class SnapshotClient(Protocol):
     async def snapshot(self) -> EngineSnapshot:
         """The engine's state now (inferd/engine_snapshot.py), built between two steps; the
         engine does no work for it unless asked. Raises EngineDeadError when the engine died."""
+
+
+def notify_observers(observers: list[Callable[[RequestOutput], None]], out: RequestOutput) -> None:
+    """Hand `out` to every `observe_outputs` callback; one that raises is logged and skipped,
+    since metrics and the dashboard must never break the delivery of outputs."""
+    for observe in observers:
+        try:
+            observe(out)
+        except Exception:  # noqa: BLE001 - see the docstring
+            logging.getLogger(__name__).exception("output observer failed")

@@ -32,7 +32,14 @@ from typing import TYPE_CHECKING, Any
 from inferd.engine.memory_trim import malloc_trim
 from inferd.engine.progress import StallBound
 from inferd.engine.snapshot import SnapshotBuilder
-from inferd.engine_client import EngineStats, ModelInfo, PromptInput, TokenizerLike, TraceFiles
+from inferd.engine_client import (
+    EngineStats,
+    ModelInfo,
+    PromptInput,
+    TokenizerLike,
+    TraceFiles,
+    notify_observers,
+)
 from inferd.engine_snapshot import EngineSnapshot
 from inferd.errors import EngineDeadError, RequestFailed
 from inferd.outputs import RequestOutput
@@ -364,11 +371,7 @@ class AsyncEngine:
             if not future.done():
                 future.set_result(None) if error is None else future.set_exception(error)
         for out in outputs:
-            for observe in self._observers:
-                try:
-                    observe(out)
-                except Exception:  # noqa: BLE001 - metrics must never break delivery
-                    log.exception("output observer failed")
+            notify_observers(self._observers, out)
             q = self._queues.get(out.request_id)
             if q is not None:
                 q.put_nowait(out)

@@ -35,7 +35,14 @@ from inferd.engine.dp_router import NoReplica, Router
 from inferd.engine.input_processor import InputLimits, InputProcessor
 from inferd.engine.output_processor import OutputProcessor
 from inferd.engine.stats import merge_stats
-from inferd.engine_client import EngineStats, ModelInfo, PromptInput, TokenizerLike, TraceFiles
+from inferd.engine_client import (
+    EngineStats,
+    ModelInfo,
+    PromptInput,
+    TokenizerLike,
+    TraceFiles,
+    notify_observers,
+)
 from inferd.engine_snapshot import EngineSnapshot
 from inferd.errors import EngineDeadError, InvalidRequest
 from inferd.outputs import RequestOutput
@@ -322,11 +329,7 @@ class AsyncCoreClient:
 
     def _deliver(self, results: list[RequestOutput]) -> None:
         for out in results:
-            for observe in self._observers:
-                try:
-                    observe(out)
-                except Exception:  # noqa: BLE001 - metrics must never break delivery
-                    log.exception("output observer failed")
+            notify_observers(self._observers, out)
             queue = self._queues.get(out.request_id)
             if queue is not None:
                 queue.put_nowait(out)
