@@ -39,11 +39,10 @@ def cache_dir() -> Path:
 
 def checksum_of_buffer(data: bytes | bytearray | memoryview) -> str:
     """The checksum of bytes in memory (or of a mapped file), as `checksum_of` writes it."""
-    view = memoryview(data).cast("B")
-    crc = 0
-    for start in range(0, len(view), _CHUNK):
-        crc = zlib.crc32(view[start : start + _CHUNK], crc)  # releases the GIL per chunk
-    return f"crc32:{len(view)}:{crc:08x}"
+    # NOTE: one call over all of it: zlib releases Python's lock for the whole call, so other
+    # threads run meanwhile (weight_cache.start_checking relies on it).
+    with memoryview(data) as view, view.cast("B") as flat:
+        return f"crc32:{len(flat)}:{zlib.crc32(flat):08x}"
 
 
 def checksum_of(path: Path) -> str:

@@ -3,9 +3,11 @@ policy, a fresh `inferd serve --data-parallel-size 2 --data-parallel-routing POL
 `bench serve --preset multiturn` against it; prints prefix-cache hit rate, TTFT p50/p99 and
 output tok/s per policy, in one run.
 
-    python scripts/dp_routing.py [--policies prefix,round-robin] [--json out.json] [-- SERVE FLAGS]
+    python scripts/dp_routing.py [--policies prefix,round-robin] [--request-rate R]
+                                 [--json out.json] [-- SERVE FLAGS]
 
-Each policy gets its own server (a fresh prefix cache); the same conversations every time.
+Each policy gets its own server (a fresh prefix cache); the same conversations every time, all
+at once or (`--request-rate`) starting at R conversations a second, as `bench serve` sends them.
 """
 
 from __future__ import annotations
@@ -24,6 +26,8 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--policies", default="prefix,round-robin")
     parser.add_argument("--replicas", type=int, default=2)
+    parser.add_argument("--request-rate", type=float, default=float("inf"),
+                        help="conversations started a second (default: all at once)")
     parser.add_argument("--json", help="write the figures here")
     parser.add_argument("serve_flags", nargs=argparse.REMAINDER, help="after --: serve flags")
     args = parser.parse_args()
@@ -39,25 +43,26 @@ def main() -> int:
                             num_prompts=None, seed=0, default_prompts=16)  # fmt: skip
     tokenizer = checkpoint_tokenizer(open_checkpoint(None))
     talks = conversations(spec, workload_vocab(tokenizer))
-    figures = {}
+    figures = []
     for policy in args.policies.split(","):
         proc, url, log = _start_server([*flags, "--data-parallel-size", str(args.replicas),
                                         "--data-parallel-routing", policy])  # fmt: skip
         try:
-            result = run_conversations(url, talks)
+            result = run_conversations(url, talks, request_rate=args.request_rate)
         finally:
             proc.terminate()
             proc.wait(60)
             os.unlink(log)
         m = result.metrics
-        figures[policy] = {
+        got = {
+            "policy": policy,
             "prefix_cache_hit_rate": result.info["prefix cache hit rate"],
             "ttft_p50_ms": 1000 * m.ttft.median,
             "ttft_p99_ms": 1000 * m.ttft.percentiles[99.0],
             "output_tok_s": m.output_throughput,
             "failed": m.failed,
         }
-        got = figures[policy]
+        figures.append(got)
         print(
             f"{policy:13s} hit rate {got['prefix_cache_hit_rate']}, TTFT p50 "
             f"{got['ttft_p50_ms']:.0f} ms p99 {got['ttft_p99_ms']:.0f} ms, "
@@ -66,7 +71,8 @@ def main() -> int:
         )
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"figures": figures, "serve_flags": flags}, f, indent=1)
+            json.dump({"figures": figures, "serve_flags": flags,
+                       "request_rate": args.request_rate}, f, indent=1)  # fmt: skip
     return 0
 
 

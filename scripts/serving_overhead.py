@@ -1,7 +1,7 @@
 """Serving overhead (issue 24's "Must show"): output tok/s of the same requests over HTTP and
 through `LLM.generate`, in one run, and their ratio.
 
-    python scripts/serving_overhead.py [--rounds 1] [--json out.json] [-- SERVE FLAGS...]
+    python scripts/serving_overhead.py [--rounds 3] [--json out.json] [-- SERVE FLAGS...]
 
 The workload is the `throughput32` preset (32 token-id prompts of 16-256 tokens, outputs of
 16-128, EOS ignored, greedy). Four measurements, alternating between the two systems so that a
@@ -75,7 +75,8 @@ def _offline(system, requests, one_by_one: bool):
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--rounds", type=int, default=1, help="repeat the four measurements")
+    parser.add_argument("--rounds", type=int, default=3,
+                        help="repeat the four measurements (medians are reported)")
     parser.add_argument("--json", help="write the figures here")
     parser.add_argument("serve_flags", nargs=argparse.REMAINDER, help="after --: serve flags")
     args = parser.parse_args()
@@ -95,10 +96,15 @@ def main() -> int:
     proc, url, log = _start_server(flags)
     try:
         system = InferdSystem(config)
-        spec = resolve_workload("throughput32", input_len=None, output_len=None,
-                                range_ratio=0.0, num_prompts=None, seed=0,
-                                default_prompts=32)  # fmt: skip
-        requests = make_requests(spec, workload_vocab(system.tokenizer), system.tokenizer)
+        vocab = workload_vocab(system.tokenizer)
+
+        def workload(seed: int) -> list[BenchRequest]:
+            spec = resolve_workload("throughput32", input_len=None, output_len=None,
+                                    range_ratio=0.0, num_prompts=None, seed=seed,
+                                    default_prompts=32)  # fmt: skip
+            return make_requests(spec, vocab, system.tokenizer)
+
+        requests = workload(0)
         warm_up(system, requests[0].prompt_token_ids[0])
         run_serve(url, [BenchRequest(requests[0].prompt_token_ids[:8], 4)])  # warm the server
         figures: dict[str, list[float]] = {}
@@ -110,11 +116,11 @@ def main() -> int:
             print(f"{name:22s} {rate:7.1f} tok/s ({tokens} tokens, {seconds:.1f} s)", flush=True)
 
         env = environment()
-        for _ in range(args.rounds):
-            # Different prompts each time would change the work; the same ones would hit the
-            # prefix cache in the second system. NOTE: the server and the offline engine are
-            # separate engines, so each sees each prompt for the first time once per round;
-            # later rounds are served from their prefix caches alike.
+        for round_ in range(args.rounds):
+            # NOTE: new prompts each round (same lengths distribution, another seed), so no
+            # round is served from a prefix cache that an earlier round filled. The server
+            # and the offline engine are separate engines: each sees each prompt once.
+            requests = workload(round_)
             note("http, 32 clients", run_serve(url, requests).metrics)
             note("offline, batch", _offline(system, requests, one_by_one=False))
             note("http, 1 client", run_serve(url, requests, max_concurrency=1).metrics)

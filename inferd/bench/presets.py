@@ -34,9 +34,13 @@ PRESETS: dict[str, dict] = {
     ),
 }
 # Multi-turn chat, 16 conversations at once of 6 turns each, every turn resending the history
-# (a 256-token start, then 64 answer + 32 question tokens a turn; 64-token answers): serve it
-# with `bench serve` against `serve --data-parallel-size 2` to compare --data-parallel-routing.
-PRESETS["multiturn"] = dict(num_prompts=16, input_len=(256, 256), output_len=(64, 64),
+# (a start of 128-384 tokens, then the answer + 32 question tokens a turn; answers of 32-96
+# tokens): serve it with `bench serve` against `serve --data-parallel-size 2` to compare
+# --data-parallel-routing. NOTE: lengths vary as in real chats. With fixed ones, every
+# conversation a replica holds finishes its turn in the same step, so their next turns all
+# arrive at once and share one prefill: a lock step no real traffic has, which makes
+# affinity look worse on TTFT than it is.
+PRESETS["multiturn"] = dict(num_prompts=16, input_len=(128, 384), output_len=(32, 96),
                             dataset="multiturn", turns=6)  # fmt: skip
 DEFAULT_LEN = 128
 

@@ -205,7 +205,8 @@ async def _prefix_counts(client, base_url: str) -> tuple[float, float] | None:
     return (totals["hits"], totals["queries"]) if found else None
 
 
-async def _run_conversations(base_url: str, model: str | None, conversations, timeout: float):
+async def _run_conversations(base_url: str, model: str | None, conversations, timeout: float,
+                             request_rate: float, seed: int):  # fmt: skip
     import httpx
 
     base_url = base_url.rstrip("/")
@@ -218,11 +219,14 @@ async def _run_conversations(base_url: str, model: str | None, conversations, ti
             raise ValueError(f"cannot reach the server at {base_url}: {e}") from e
         before = await _prefix_counts(client, base_url)
 
-        async def converse(turns) -> list[RequestTiming]:
+        async def converse(start: float, turns) -> list[RequestTiming]:
+            await asyncio.sleep(start)
             return [await _send(client, url, model, r) for r in turns]
 
+        starts = np.cumsum(arrival_gaps(len(conversations), request_rate, seed)).tolist()
         t0 = time.perf_counter()
-        timings = await asyncio.gather(*(converse(turns) for turns in conversations))
+        timings = await asyncio.gather(*(converse(start, turns)
+                                         for start, turns in zip(starts, conversations)))  # fmt: skip
         duration = time.perf_counter() - t0
         after = await _prefix_counts(client, base_url)
     rate = None
@@ -236,12 +240,15 @@ def run_conversations(
     conversations,
     *,
     model: str | None = None,
+    request_rate: float = math.inf,
+    seed: int = 0,
     timeout: float = 600.0,
     percentiles: Sequence[float] = DEFAULT_PERCENTILES,
 ) -> SystemResult:
-    """A multi-turn workload: every conversation at once, its turns one after another."""
+    """A multi-turn workload: conversations starting at `request_rate` a second (Poisson
+    arrivals; inf: all at once), each sending its turns one after another."""
     timings, duration, model, rate = asyncio.run(
-        _run_conversations(base_url, model, conversations, timeout)
+        _run_conversations(base_url, model, conversations, timeout, request_rate, seed)
     )
     turns = max(len(c) for c in conversations)
     result = SystemResult(
@@ -250,7 +257,8 @@ def run_conversations(
         info={
             "base_url": base_url,
             "model": model,
-            "conversations": f"{len(conversations)} of {turns} turns, at once",
+            "conversations": f"{len(conversations)} of {turns} turns, "
+            + ("at once" if math.isinf(request_rate) else f"starting at {request_rate:g}/s"),
             "prefix cache hit rate": "n/a" if rate is None else f"{rate:.3f}",
         },
         notes=count_mismatches(timings, [r.output_len for c in conversations for r in c]),

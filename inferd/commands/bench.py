@@ -357,15 +357,16 @@ def _run_serve(args: argparse.Namespace) -> int:
     tokenizer = checkpoint_tokenizer(open_checkpoint(args.tokenizer))
     env_start = report.environment()
     trace = server_trace(args.base_url) if args.profile else nullcontext({})
-    if spec.dataset == "multiturn" and (args.max_concurrency or args.request_rate != math.inf):
+    if spec.dataset == "multiturn" and args.max_concurrency:
         raise ValueError(
-            "a multi-turn workload sends its conversations at once, each turn "
-            "after the previous one: drop --max-concurrency and --request-rate"
+            "a multi-turn workload sends each turn after the previous one, its conversations "
+            "at once or starting at --request-rate: drop --max-concurrency"
         )
     with trace as files:
         if spec.dataset == "multiturn":
             talks = conversations(spec, workload_vocab(tokenizer))
             result = run_conversations(args.base_url, talks, model=args.served_model_name,
+                                       request_rate=args.request_rate, seed=args.seed,
                                        timeout=args.timeout,
                                        percentiles=args.percentiles)  # fmt: skip
         else:

@@ -18,13 +18,13 @@ from inferd.distributed.control import broadcast
 from inferd.distributed.state import SINGLE
 from inferd.engine.kv_budget import kv_budget
 from inferd.engine.lora_cache import AdapterCache
-from inferd.engine.model_setup import load_rank_model, resolve_dtypes
+from inferd.engine.model_setup import load_rank_model, resolve_dtypes, weight_scheme
 from inferd.engine.runner import ModelRunner
 from inferd.engine.tp_runner import TPModelRunner
 from inferd.engine.tp_workers import start_ranks
 from inferd.engine_client import ModelInfo
 from inferd.layers.lora import attach_lora
-from inferd.loader import Checkpoint, open_checkpoint
+from inferd.loader import Checkpoint, gguf_cache, open_checkpoint
 from inferd.loader.pooler_config import pooler_config
 from inferd.memory.kv import KVPoolPlan, plan_kv_pool
 from inferd.memory.weights import tp_shard
@@ -117,6 +117,10 @@ def set_up_engine(config: EngineConfig) -> EngineSetup:
 
 def _set_up_rank0(config, device, checkpoint, tp, control, procs, t0) -> EngineSetup:
     mc = checkpoint.config
+    if weight_scheme(config, device, checkpoint, tp.world_size).blocks:
+        # NOTE: the cached blocks' checksum (a few tenths of a second) runs in a thread while
+        # the tokenizer loads: zlib releases Python's lock, `tokenizers` holds it.
+        gguf_cache.start_checking(checkpoint, tp)
     tokenizer = checkpoint_tokenizer(checkpoint)
     model, dtype, kv_dtype, backend = load_rank_model(config, device, tp, checkpoint)
     defaults = ENGINE_DEFAULTS["cuda" if device.type == "cuda" else "cpu"]

@@ -42,6 +42,15 @@ def _block_modules(model: torch.nn.Module) -> dict[str, BlockWeight]:
     return out
 
 
+def start_checking(checkpoint: Checkpoint, tp: TPGroup) -> None:
+    """Start verifying this rank's cache entry now, in a thread (weight_cache.start_checking);
+    `load_weights` then waits for the verdict."""
+    if weight_cache.enabled():
+        weight_cache.start_checking(
+            weight_cache.entry_path(checkpoint.path, MODE, tp.rank, tp.world_size)
+        )
+
+
 def load_weights(model, checkpoint: Checkpoint, tp: TPGroup) -> None:
     """Fill a model whose scheme keeps blocks: blocks from the cache entry when there is one
     that fits, the rest from the file; else everything from the file, then write the entry."""

@@ -11,7 +11,8 @@ Layout: one entry per (source model file, mode of conversion, tensor-parallel ra
 `<key>` hashes everything the tensors depend on: the source file (path, size, mtime), the mode
 and its layout version, the rank, inferd's and torch's versions; an entry that no longer fits
 is never read again. `checksum` (inferd/cache.py: size and CRC-32 of the .safetensors file) is
-checked every time the entry is mapped: a damaged entry (random bytes, truncation, a broken
+checked every time the entry is mapped (`start_checking` lets that run in a thread beside other
+start-up work, such as the tokenizer's loading): a damaged entry (random bytes, truncation, a broken
 header, a missing or unreadable description) is logged with its path, deleted and rebuilt, never
 loaded. Writing an entry removes the other entries of the same model, mode and
 rank (one copy per model and mode) and the oldest entries beyond `KEEP`.
@@ -29,6 +30,7 @@ import mmap
 import os
 import struct
 import tempfile
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -135,20 +137,56 @@ def evict_old(where: Path) -> None:
         remove(stale)
 
 
+class _Check:
+    """An entry mapped, and its checksum being computed by a thread."""
+
+    def __init__(self, mapped: mmap.mmap):
+        self.mapped, self._result = mapped, ""
+        self._thread = threading.Thread(target=self._run, name="inferd-cache-check", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        self._result = checksum_of_buffer(self.mapped)  # without Python's lock (cache.py)
+
+    def result(self) -> str:
+        self._thread.join()
+        return self._result
+
+
+_checks: dict[Path, _Check] = {}
+
+
+def start_checking(path: Path) -> None:
+    """Map the entry at `path` and start computing its checksum in a thread; `map_entry` then
+    takes the mapping and waits for the result. Nothing happens without an entry, and any error
+    is left for `map_entry` to report."""
+    if path in _checks or not path.is_file():
+        return
+    try:
+        _checks[path] = _Check(_map(path))
+    except (OSError, ValueError):
+        pass
+
+
+def _map(path: Path) -> mmap.mmap:
+    with open(path, "rb") as f:
+        return mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_COPY)
+
+
 def map_entry(path: Path) -> tuple[mmap.mmap, dict, int] | None:
     """(copy-on-write mapping, safetensors header, offset of the data), or None when there is
     no entry or it is damaged (then logged, deleted: the caller rebuilds it)."""
+    check = _checks.pop(path, None)
     if not path.is_file():
         return None
     description = path.with_suffix(".json")
     try:
         expected = json.loads(description.read_text())["checksum"]
-        with open(path, "rb") as f:
-            mapped = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_COPY)
+        mapped = check.mapped if check is not None else _map(path)
     except (OSError, ValueError, KeyError, TypeError) as e:
         discard(path, f"unreadable or without a checksum: {e}", also=(description,))
         return None
-    actual = checksum_of_buffer(mapped)
+    actual = check.result() if check is not None else checksum_of_buffer(mapped)
     if actual != expected:
         mapped.close()
         discard(path, f"checksum {actual}, expected {expected}", also=(description,))

@@ -76,9 +76,12 @@ def _weight_entry(tmp_path, monkeypatch):
     return path
 
 
+@pytest.mark.parametrize("early", [False, True], ids=["checked-at-map", "checked-in-thread"])
 @pytest.mark.parametrize("how", ["random", "truncate", "header"])
-def test_a_damaged_weight_entry_is_never_mapped(tmp_path, monkeypatch, caplog, how):
+def test_a_damaged_weight_entry_is_never_mapped(tmp_path, monkeypatch, caplog, how, early):
     path = _weight_entry(tmp_path, monkeypatch)
+    if early:  # the checksum computed beside other work (setup.py), then taken by map_entry
+        weight_cache.start_checking(path)
     mapped, header, base = weight_cache.map_entry(path)
     assert torch.equal(
         torch.frombuffer(mapped, dtype=torch.float32, count=4096, offset=base),
@@ -86,6 +89,8 @@ def test_a_damaged_weight_entry_is_never_mapped(tmp_path, monkeypatch, caplog, h
     )
     mapped.close()
     damage(path, how)
+    if early:
+        weight_cache.start_checking(path)
     with caplog.at_level(logging.WARNING):
         assert weight_cache.map_entry(path) is None
     assert warned_about(caplog, path)

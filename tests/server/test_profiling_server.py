@@ -127,3 +127,16 @@ def test_bench_serve_profile_traces_the_run_on_the_server(http, traces, capsys):
     (new,) = set(traces.glob("*.trace.json")) - before
     names = {e.get("name") for e in json.loads(new.read_text())["traceEvents"]}
     assert "inferd.step" in names
+
+
+def test_bench_serve_multiturn_starts_conversations_at_the_request_rate(http, capsys):
+    from inferd import cli
+
+    base = ["bench", "serve", "--base-url", str(http.base_url).rstrip("/"), "--preset",
+            "multiturn", "--num-prompts", "2", "--input-len", "8", "--output-len", "2"]  # fmt: skip
+    assert cli.main([*base, "--request-rate", "20"]) == 0
+    out = capsys.readouterr().out
+    assert "2 of 6 turns, starting at 20/s" in out
+    assert "12" in out.split("Successful requests", 1)[1].splitlines()[0]
+    assert cli.main([*base, "--max-concurrency", "1"]) == 2
+    assert "drop --max-concurrency" in capsys.readouterr().err

@@ -251,10 +251,13 @@ def test_the_multiturn_preset_resends_each_conversations_history():
     talks = conversations(spec, VOCAB)
     assert len(talks) == 16 and all(len(turns) == 6 for turns in talks)
     for turns in talks:
-        assert turns[0].prompt_len == 256 and all(t.output_len == 64 for t in turns)
+        assert 128 <= turns[0].prompt_len <= 384 and all(32 <= t.output_len <= 96 for t in turns)
         for before, after in zip(turns, turns[1:]):  # the history, then answer and question
             assert after.prompt_token_ids[: before.prompt_len] == before.prompt_token_ids
-            assert after.prompt_len == before.prompt_len + 64 + USER_TURN_TOKENS
+            assert after.prompt_len == before.prompt_len + before.output_len + USER_TURN_TOKENS
+    # Lengths vary (presets.py: fixed ones put a replica's conversations in lock step).
+    assert len({t.output_len for turns in talks for t in turns}) > 10
+    assert len({turns[0].prompt_len for turns in talks}) > 10
     assert talks[0][0].prompt_token_ids != talks[1][0].prompt_token_ids
     assert conversations(spec, VOCAB)[5][4] == talks[5][4]  # deterministic
     assert len(make_requests(spec, VOCAB, None)) == 16 * 6
