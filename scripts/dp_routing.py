@@ -26,8 +26,12 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--policies", default="prefix,round-robin")
     parser.add_argument("--replicas", type=int, default=2)
-    parser.add_argument("--request-rate", type=float, default=float("inf"),
-                        help="conversations started a second (default: all at once)")
+    parser.add_argument(
+        "--request-rate",
+        type=float,
+        default=float("inf"),
+        help="conversations started a second (default: all at once)",
+    )
     parser.add_argument("--json", help="write the figures here")
     parser.add_argument("serve_flags", nargs=argparse.REMAINDER, help="after --: serve flags")
     args = parser.parse_args()

@@ -6,11 +6,11 @@ machine are provisional: run it on a quiet one).
         [--output-tokens 24] [--kill-at SECONDS] [--model MODEL] [--json FILE]
 
 Its workload is its own (`inferd bench serve --preset multiturn` has no system prompts): each
-conversation has a long system prompt of its own and alternates user turns with the model's replies; a turn's
-prompt is the previous turn's prompt, its reply and a new user message, so the replica that
-served the last turn holds most of the next one in its prefix cache. The conversations run at
-once, each turn after the previous reply (streamed chat completions, greedy, `ignore_eos`, so
-every reply has exactly --output-tokens tokens).
+conversation has a long system prompt of its own and alternates user turns with the model's
+replies; a turn's prompt is the previous turn's prompt, its reply and a new user message, so
+the replica that served the last turn holds most of the next one in its prefix cache. The
+conversations run at once, each turn after the previous reply (streamed chat completions,
+greedy, `ignore_eos`, so every reply has exactly --output-tokens tokens).
 
 For each router it starts a fresh application (cold caches) on a local Ray cluster (or the one
 at --ray-address), then reports the prefix-cache hit rate (the replicas' hits over queries,

@@ -75,8 +75,12 @@ def _offline(system, requests, one_by_one: bool):
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--rounds", type=int, default=3,
-                        help="repeat the four measurements (medians are reported)")
+    parser.add_argument(
+        "--rounds",
+        type=int,
+        default=3,
+        help="repeat the four measurements (the median round is reported)",
+    )
     parser.add_argument("--json", help="write the figures here")
     parser.add_argument("serve_flags", nargs=argparse.REMAINDER, help="after --: serve flags")
     args = parser.parse_args()
@@ -125,13 +129,15 @@ def main() -> int:
             note("offline, batch", _offline(system, requests, one_by_one=False))
             note("http, 1 client", run_serve(url, requests, max_concurrency=1).metrics)
             note("offline, one by one", _offline(system, requests, one_by_one=True))
-        med = {k: sorted(v)[len(v) // 2] for k, v in figures.items()}
-        ratios = {
-            "32 clients": med["http, 32 clients"] / med["offline, batch"],
-            "1 client": med["http, 1 client"] / med["offline, one by one"],
-        }
+        # NOTE: a ratio per round (both systems ran that round's prompts), then the median.
+        pairs = {"32 clients": ("http, 32 clients", "offline, batch"),
+                 "1 client": ("http, 1 client", "offline, one by one")}  # fmt: skip
+        per_round = {name: sorted(h / o for h, o in zip(figures[a], figures[b], strict=True))
+                     for name, (a, b) in pairs.items()}  # fmt: skip
+        ratios = {name: r[len(r) // 2] for name, r in per_round.items()}
         for name, ratio in ratios.items():
-            print(f"serving overhead ratio, {name}: {ratio:.3f}")
+            rounds = ", ".join(f"{r:.3f}" for r in per_round[name])
+            print(f"serving overhead ratio, {name}: {ratio:.3f} (median of rounds: {rounds})")
         if args.json:
             with open(args.json, "w") as f:
                 json.dump({"figures": figures, "ratios": ratios, "serve_flags": flags,

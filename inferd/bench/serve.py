@@ -18,7 +18,7 @@ import json
 import math
 import time
 from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import asynccontextmanager, contextmanager
 
 import numpy as np
 
@@ -55,29 +55,29 @@ def _payload(model: str, r: BenchRequest) -> dict:
     }
 
 
-async def _send(client, url: str, model: str, r: BenchRequest) -> RequestTiming:
-    import httpx
+async def _send(session, url: str, model: str, r: BenchRequest) -> RequestTiming:
+    import aiohttp
 
     start = time.perf_counter()
     chunks: list[float] = []
     usage_tokens = finish = None
     try:
-        async with client.stream("POST", url, json=_payload(model, r)) as resp:
-            if resp.status_code != 200:
-                body = (await resp.aread()).decode(errors="replace")[:300]
+        async with session.post(url, json=_payload(model, r)) as resp:
+            if resp.status != 200:
+                body = (await resp.read()).decode(errors="replace")[:300]
                 return RequestTiming(
                     start,
                     None,
                     time.perf_counter(),
                     r.prompt_len,
                     0,
-                    error=f"HTTP {resp.status_code}: {body}",
+                    error=f"HTTP {resp.status}: {body}",
                 )
-            async for line in resp.aiter_lines():
-                if not line.startswith("data:"):
+            async for raw in resp.content:  # one SSE line at a time
+                if not raw.startswith(b"data:"):
                     continue
-                data = line[5:].strip()
-                if data == "[DONE]":
+                data = raw[5:].strip()
+                if data == b"[DONE]":
                     break
                 now = time.perf_counter()
                 event = json.loads(data)
@@ -87,7 +87,7 @@ async def _send(client, url: str, model: str, r: BenchRequest) -> RequestTiming:
                     if choice.get("text"):
                         chunks.append(now)
                     finish = choice.get("finish_reason") or finish
-    except (httpx.HTTPError, json.JSONDecodeError) as e:
+    except (TimeoutError, aiohttp.ClientError, ValueError) as e:  # ValueError: bad JSON
         return RequestTiming(
             start, None, time.perf_counter(), r.prompt_len, 0, error=f"{type(e).__name__}: {e}"
         )
@@ -101,10 +101,41 @@ async def _send(client, url: str, model: str, r: BenchRequest) -> RequestTiming:
     return RequestTiming(start, first, end, r.prompt_len, n, tuple(chunks), error)
 
 
-async def _model_name(client, base_url: str) -> str:
-    resp = await client.get(f"{base_url}/v1/models")
-    resp.raise_for_status()
-    models = resp.json().get("data") or []
+@asynccontextmanager
+async def _session(timeout: float):
+    """The client every benchmark request goes through. NOTE: aiohttp, as vLLM's benchmark
+    uses: the client shares the machine with the server, and per streamed event it costs
+    about half the CPU time of httpx's async client. No connection limit: a request waiting
+    for a pooled connection would have its queueing counted as server latency;
+    --max-concurrency is the only limit."""
+    import aiohttp
+
+    connector = aiohttp.TCPConnector(limit=0)
+    limit = aiohttp.ClientTimeout(total=timeout)
+    async with aiohttp.ClientSession(connector=connector, timeout=limit) as session:
+        yield session
+
+
+async def _reach(session, base_url: str) -> str:
+    import aiohttp
+
+    try:
+        return await _model_name(session, base_url)
+    except (TimeoutError, aiohttp.ClientError) as e:
+        raise ValueError(f"cannot reach the server at {base_url}: {e}") from e
+
+
+def _need_aiohttp() -> None:
+    try:
+        import aiohttp  # noqa: F401
+    except ImportError as e:
+        raise ValueError("bench serve needs aiohttp: pip install 'inferd[bench]'") from e
+
+
+async def _model_name(session, base_url: str) -> str:
+    async with session.get(f"{base_url}/v1/models") as resp:
+        resp.raise_for_status()
+        models = (await resp.json()).get("data") or []
     if not models:
         raise ValueError(f"{base_url}/v1/models lists no model; pass --served-model-name")
     return models[0]["id"]
@@ -119,18 +150,10 @@ async def _run(
     seed: int,
     timeout: float,
 ) -> tuple[list[RequestTiming], float, str]:
-    import httpx
-
     base_url = base_url.rstrip("/")
     url = f"{base_url}/v1/completions"
-    # No connection limit: a request waiting for a pooled connection would have its queueing
-    # counted as server latency; --max-concurrency is the only limit.
-    limits = httpx.Limits(max_connections=None, max_keepalive_connections=None)
-    async with httpx.AsyncClient(timeout=httpx.Timeout(timeout), limits=limits) as client:
-        try:
-            model = model or await _model_name(client, base_url)
-        except httpx.HTTPError as e:
-            raise ValueError(f"cannot reach the server at {base_url}: {e}") from e
+    async with _session(timeout) as client:
+        model = model or await _reach(client, base_url)
         probe = await _send(client, url, model, BenchRequest(requests[0].prompt_token_ids, 2))
         if probe.error:
             raise ValueError(f"the test request to {url} failed: {probe.error}")
@@ -164,10 +187,7 @@ def run_serve(
     timeout: float = 600.0,
     percentiles: Sequence[float] = DEFAULT_PERCENTILES,
 ) -> SystemResult:
-    try:
-        import httpx  # noqa: F401
-    except ImportError as e:
-        raise ValueError("bench serve needs httpx: pip install 'inferd[bench]'") from e
+    _need_aiohttp()
     timings, duration, model = asyncio.run(
         _run(base_url, model, requests, request_rate, max_concurrency, seed, timeout)
     )
@@ -192,12 +212,13 @@ def run_serve(
 async def _prefix_counts(client, base_url: str) -> tuple[float, float] | None:
     """(prefix-cache hits, queries) summed over the server's engines, or None when its /metrics
     has no such counters."""
-    resp = await client.get(f"{base_url}/metrics")
-    if resp.status_code != 200:
-        return None
+    async with client.get(f"{base_url}/metrics") as resp:
+        if resp.status != 200:
+            return None
+        text = await resp.text()
     totals = {"hits": 0.0, "queries": 0.0}
     found = False
-    for line in resp.text.splitlines():
+    for line in text.splitlines():
         for key in totals:
             if line.startswith(f"inferd:prefix_cache_{key}_total"):
                 totals[key] += float(line.rsplit(" ", 1)[1])
@@ -207,16 +228,10 @@ async def _prefix_counts(client, base_url: str) -> tuple[float, float] | None:
 
 async def _run_conversations(base_url: str, model: str | None, conversations, timeout: float,
                              request_rate: float, seed: int):  # fmt: skip
-    import httpx
-
     base_url = base_url.rstrip("/")
     url = f"{base_url}/v1/completions"
-    limits = httpx.Limits(max_connections=None, max_keepalive_connections=None)
-    async with httpx.AsyncClient(timeout=httpx.Timeout(timeout), limits=limits) as client:
-        try:
-            model = model or await _model_name(client, base_url)
-        except httpx.HTTPError as e:
-            raise ValueError(f"cannot reach the server at {base_url}: {e}") from e
+    async with _session(timeout) as client:
+        model = model or await _reach(client, base_url)
         before = await _prefix_counts(client, base_url)
 
         async def converse(start: float, turns) -> list[RequestTiming]:
@@ -225,8 +240,8 @@ async def _run_conversations(base_url: str, model: str | None, conversations, ti
 
         starts = np.cumsum(arrival_gaps(len(conversations), request_rate, seed)).tolist()
         t0 = time.perf_counter()
-        timings = await asyncio.gather(*(converse(start, turns)
-                                         for start, turns in zip(starts, conversations)))  # fmt: skip
+        talks = zip(starts, conversations, strict=True)
+        timings = await asyncio.gather(*(converse(start, turns) for start, turns in talks))
         duration = time.perf_counter() - t0
         after = await _prefix_counts(client, base_url)
     rate = None
@@ -247,6 +262,7 @@ def run_conversations(
 ) -> SystemResult:
     """A multi-turn workload: conversations starting at `request_rate` a second (Poisson
     arrivals; inf: all at once), each sending its turns one after another."""
+    _need_aiohttp()
     timings, duration, model, rate = asyncio.run(
         _run_conversations(base_url, model, conversations, timeout, request_rate, seed)
     )
