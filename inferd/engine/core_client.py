@@ -2,11 +2,11 @@
 default), or N cores with data parallelism (`--data-parallel-size N`).
 
     event loop: route ─add_request─▶ InputProcessor ─▶ router ─Add─▶ core i (its own process)
-    event loop: ◀── queue ◀── OutputProcessor ◀── Outputs ◀── reader thread i ◀── core i
+    event loop: ◀── queue ◀── OutputProcessor ◀── Outputs ◀──────────────────── core i
 
 The front end (this process) tokenizes, checks, routes, detokenizes, finds stop strings and
-builds `RequestOutput`s on the event loop; each core only steps. Messages from a core arrive in a
-reader thread (core_process.py) and are handled on the event loop. An add returns once the core
+builds `RequestOutput`s on the event loop; each core only steps. The event loop itself watches
+each core's socket (core_process.py `read_on`), so a message is handled where it arrives. An add returns once the core
 acknowledged it (so a refusal is still a 400 before anything streams); an abort is sent at once
 and the core applies it before its next step; a stop string found here ends its sample in the
 core the same way.
@@ -146,16 +146,10 @@ class AsyncCoreClient:
         self._observers.append(callback)
 
     def start(self) -> None:
+        """Read the cores' messages on the running event loop (and stop() on that loop too)."""
         self._loop = loop = asyncio.get_running_loop()
         for replica in self.replicas:
-
-            def post(message, replica=replica) -> None:  # in the reader thread
-                try:
-                    loop.call_soon_threadsafe(self._on_message, replica, message)
-                except RuntimeError:  # the event loop closed: the server is shutting down
-                    pass
-
-            replica.process.start_reader(post)
+            replica.process.read_on(loop, lambda message, r=replica: self._on_message(r, message))
 
     def stop(self, timeout: float = 30.0) -> None:
         for replica in self.replicas:
