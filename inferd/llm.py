@@ -8,12 +8,12 @@ vecs = llm.embed(["Hello"])                   # vecs[0].outputs.embedding: unit-
 
 from __future__ import annotations
 
-import ctypes
 import itertools
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 
 from inferd.config import EngineConfig
 from inferd.engine.engine import LLMEngine
+from inferd.engine.memory_trim import malloc_trim
 from inferd.engine_client import TraceFiles
 from inferd.errors import InvalidRequest
 from inferd.loader.catalog import with_engine_defaults
@@ -27,19 +27,11 @@ from inferd.tools.templates import prepare_messages
 PromptType = str | list[int] | dict
 
 
-def _glibc_malloc_trim() -> Callable[[int], int] | None:
-    """glibc's malloc_trim, or None elsewhere (musl, macOS, Windows)."""
-    try:
-        return ctypes.CDLL("libc.so.6").malloc_trim
-    except (OSError, AttributeError):
-        return None
-
-
 # NOTE: the offline twin of AsyncEngine's trim on going idle. Loading (the tokenizer's JSON,
 # the weights' load buffers) and a big batch (its steps' activations, logits, the C layer's
 # scratch) free far more than they keep, but glibc holds freed pages in its arenas; handing
 # them back after each is a few milliseconds and tens of MiB of RSS (scripts/rss_batch32.py).
-_TRIM = _glibc_malloc_trim()
+_TRIM = malloc_trim()
 
 
 def _return_free_memory() -> None:

@@ -6,10 +6,10 @@ default), or N cores with data parallelism (`--data-parallel-size N`).
 
 The front end (this process) tokenizes, checks, routes, detokenizes, finds stop strings and
 builds `RequestOutput`s on the event loop; each core only steps. The event loop itself watches
-each core's socket (core_process.py `read_on`), so a message is handled where it arrives. An add returns once the core
-acknowledged it (so a refusal is still a 400 before anything streams); an abort is sent at once
-and the core applies it before its next step; a stop string found here ends its sample in the
-core the same way.
+each core's socket (core_process.py `read_on`), so a message is handled where it arrives. An
+add returns once the core acknowledged it (so a refusal is still a 400 before anything
+streams); an abort is sent at once and the core applies it before its next step; a stop string
+found here ends its sample in the core the same way.
 
 A core that dies fails its own requests (in flight: an error in their stream; adds awaiting an
 answer: EngineDeadError, a 503) and is routed around; the client is dead, and /health fails,
