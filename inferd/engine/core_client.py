@@ -97,6 +97,7 @@ class AsyncCoreClient:
         self.checkpoint = open_checkpoint(config.model)
         self.model_config = self.checkpoint.config
         self._tokenizer = checkpoint_tokenizer(self.checkpoint)
+        self.checkpoint.release_file_pages()  # the front end reads no weights
         self.replicas = [_Replica(CoreProcess(i)) for i in range(data_parallel_size)]
         self.on_dead: Callable[[], None] | None = None
         self._loop: asyncio.AbstractEventLoop | None = None

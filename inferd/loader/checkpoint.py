@@ -32,6 +32,12 @@ class Checkpoint:
         """The family's record (inferd/models/): names, shapes, chat and tool defaults."""
         return architecture(self.config.architecture)
 
+    def release_file_pages(self) -> None:
+        """After loading: a GGUF file's mapped pages leave this process's RSS (GGUFFile
+        `release_pages`). An HF folder's files are not kept mapped by the checkpoint."""
+        if self.gguf is not None:
+            self.gguf.release_pages()
+
     def weights(self) -> Iterator[tuple[str, object]]:
         """(HF name, lazy weight) pairs, one 2-D matrix per projection and per expert
         (tensor_layout.py); `weight.load(dtype, rows=, cols=)` reads a tensor or just the slice

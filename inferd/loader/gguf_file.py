@@ -204,6 +204,16 @@ class GGUFFile:
         self.tensors = self._place_tensors(records, data_start, len(buf))
         self._buf = buf
 
+    def release_pages(self) -> None:
+        """Drop the file's pages from this process's resident memory once what needed them is
+        loaded: the header's vocabulary (parsed, and the tokenizer built) and the tensors read
+        from the file (the dense ones, or all of them on a first load), about 45 MiB for the
+        embedded model in a process whose blocks come from the weight cache. The mapping is
+        read-only, so a later read faults its pages back from the page cache, unchanged."""
+        dontneed = getattr(mmap, "MADV_DONTNEED", None)  # Linux and most Unixes
+        if dontneed is not None:
+            self._mmap.madvise(dontneed)
+
     def _tensor_record(self, cur: _Cursor) -> tuple[str, tuple[int, ...], int, int]:
         name = cur.string()
         n_dims = cur.u32()
