@@ -4,8 +4,8 @@ server, ...) with streaming `/v1/completions` requests and time them on the clie
 Requests leave with Poisson arrivals at `request_rate` per second (inf: all at once), at most
 `max_concurrency` in flight. A multi-turn workload (bench/workload.py `conversations`) starts its
 conversations the same way (Poisson at `request_rate`, or all at once), each turn sent when the
-previous one finished, and reports the server's
-prefix-cache hit rate over the run (its /metrics counters, every engine's).
+previous one finished, and reports the server's prefix-cache hit rate over the run (its /metrics
+counters, every engine's).
 
 TTFT is the first chunk carrying text, ITL the gaps between such chunks, E2EL the last such chunk,
 as vLLM's `benchmark_serving` measures them. Prompts go as token id lists with `ignore_eos`, so
