@@ -107,10 +107,13 @@ class CoreProcess:
         until the socket says nothing is left."""
         import zmq
 
+        # NOTE: plain ints: pyzmq's flags are enum members, and their `&` builds new ones.
+        events, pollin, noblock = int(zmq.EVENTS), int(zmq.POLLIN), int(zmq.NOBLOCK)
+
         def drain() -> None:
             sock = self._recv_socket
-            while sock is not None and sock.getsockopt(zmq.EVENTS) & zmq.POLLIN:
-                callback(ipc.decode_from_core(sock.recv(zmq.NOBLOCK)))
+            while sock is not None and sock.getsockopt(events) & pollin:
+                callback(ipc.decode_from_core(sock.recv(noblock)))
                 sock = self._recv_socket  # the callback may have stopped this core
 
         def ended() -> None:

@@ -20,7 +20,6 @@ loop.
 
 from __future__ import annotations
 
-import copy
 from dataclasses import dataclass, field
 
 from inferd.engine.core_output import CoreOutput, RequestEvents, SampleDelta, SampleFinish
@@ -217,7 +216,7 @@ def _streamable_end(sample: _Sample, params: SamplingParams) -> int:
 def _embedding_output(req: _Request, out: CoreOutput) -> EmbeddingRequestOutput:
     req.metrics.finished_time = out.time
     return EmbeddingRequestOutput(req.request_id, EmbeddingOutput(out.embedding or []),
-                                  req.prompt_token_ids, True, copy.copy(req.metrics),
+                                  req.prompt_token_ids, True, req.metrics.snapshot(),
                                   req.metrics.num_cached_tokens, out.error, req.prompt)  # fmt: skip
 
 
@@ -236,7 +235,7 @@ def _request_output(req: _Request) -> RequestOutput:
     ]
     prompt_logprobs = None if req.prompt_logprobs is None else list(req.prompt_logprobs)
     # NOTE: a snapshot: this request's metrics go on changing while a consumer reads the output.
-    metrics = copy.copy(req.metrics)
+    metrics = req.metrics.snapshot()
     return RequestOutput(req.request_id, req.prompt, req.prompt_token_ids, completions,
                          req.finished, prompt_logprobs, metrics, metrics.num_cached_tokens,
                          req.error)  # fmt: skip

@@ -25,6 +25,11 @@ CONTEXT_TOKENS = 5
 # is at most 4 bytes, and byte-fallback runs are short. Only a degenerate stream (dozens of
 # tokens without a complete character) is released early, as decoded so far.
 MAX_PENDING_TOKENS = 32
+# After emitting, the window goes on as the next step's context (its text is already decoded,
+# so one decode per step, not two) until it holds this many ids; then it starts afresh from
+# the last emitted ones. NOTE: a decode costs tens of microseconds on the server's event loop,
+# where each token arrives just after a forward pass evicted the caches.
+MAX_WINDOW_TOKENS = 12
 
 
 class IncrementalDetokenizer:
@@ -56,15 +61,16 @@ class IncrementalDetokenizer:
         self._ids.extend(new_token_ids)
         pending = len(self._ids) - self._read_offset
         text = self._decode(self._ids)
-        if pending <= MAX_PENDING_TOKENS and not self._is_final(text):
+        final = self._is_final(text)
+        if pending <= MAX_PENDING_TOKENS and not final:
             return ""
-        return self._advance(text)
+        return self._advance(text, final)
 
     def flush(self) -> str:
         """Release whatever is held back (call once the request finishes)."""
         if len(self._ids) == self._read_offset:
             return ""
-        return self._advance(self._decode(self._ids))
+        return self._advance(self._decode(self._ids), final=False)
 
     @property
     def text(self) -> str:
@@ -87,11 +93,16 @@ class IncrementalDetokenizer:
         # A trailing U+FFFD is most likely a character whose other bytes are still to come.
         return not text.endswith(REPLACEMENT_CHAR)
 
-    def _advance(self, text: str) -> str:
+    def _advance(self, text: str, final: bool) -> str:
+        """Emit what `text` (the window's) holds beyond the context. `final`: it ends cleanly,
+        so the whole window can be the next context as it is."""
         delta = text[len(self._prefix_text) :]
         if delta:
             self._chunks.append(delta)
-        self._start_window(self._ids[self._read_offset :])
+        if final and len(self._ids) < MAX_WINDOW_TOKENS:
+            self._read_offset, self._prefix_text = len(self._ids), text
+        else:
+            self._start_window(self._ids[self._read_offset :])
         return delta
 
     def _start_window(self, emitted: list[int]) -> None:

@@ -169,8 +169,15 @@ def test_sse_framing():
     payload = json.loads(error_event("boom", code="engine_error")[6:])
     assert payload == {"error": {"message": "boom", "type": "server_error", "param": None,
                                  "code": "engine_error"}}  # fmt: skip
-    with pytest.raises(ValueError):
-        encode_event({"x": math.inf})  # never emit JSON that strict parsers reject
+
+    # Never JSON that strict parsers reject: no Infinity or NaN tokens (logprobs are floored
+    # before they get here; anything else non-finite becomes null).
+    def strict(constant):
+        raise ValueError(constant)
+
+    for value in (math.inf, -math.inf, math.nan):
+        event = encode_event({"x": value})
+        assert json.loads(event[6:], parse_constant=strict) == {"x": None}
 
 
 # ---- logprobs, usage, deltas --------------------------------------------------------------------

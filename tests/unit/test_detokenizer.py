@@ -9,7 +9,7 @@ import pytest
 
 from inferd.loader.gguf_file import GGUFFile
 from inferd.tokenizer import IncrementalDetokenizer, Tokenizer
-from inferd.tokenizer.detokenizer import CONTEXT_TOKENS, MAX_PENDING_TOKENS
+from inferd.tokenizer.detokenizer import CONTEXT_TOKENS, MAX_PENDING_TOKENS, MAX_WINDOW_TOKENS
 
 FFFD = "\ufffd"
 TEXTS = [
@@ -107,7 +107,10 @@ def test_step_cost_does_not_grow_with_length(tok, monkeypatch):
     assert len(output) > 1000
     deltas, detok = _stream(tok, tok.encode("p"), output)
     assert detok.text == text
-    assert max(widths) <= 16  # a few tokens of context plus what is pending, never the history
+    # A bounded window (some tokens of context plus what is pending), never the history.
+    assert max(widths) <= MAX_WINDOW_TOKENS + 8
+    # About one decode per token: an emitted window is the next one's context, its text known.
+    assert len(widths) < 1.2 * len(output)
     # Hundreds of invisible (skipped) tokens still keep the window bounded.
     widths.clear()
     detok = IncrementalDetokenizer(tok, [])
