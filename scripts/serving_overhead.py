@@ -11,6 +11,7 @@ busy spell on a shared machine spreads over both:
     offline, batch      one `LLM.generate` call with all 32 requests
     http, 1 client      the same requests one after another, streaming
     offline, one by one one `LLM.generate` call per request, one after another
+                        (these two interleaved: each request over HTTP, then offline)
 
 The server is `inferd serve` started by this script with the flags after `--` (default: none
 but the port); the offline engine gets the same engine flags. Both stay loaded for the whole
@@ -73,6 +74,20 @@ def _offline(system, requests, one_by_one: bool):
     return compute_metrics(timings, time.perf_counter() - t0, (50.0, 99.0))
 
 
+def _one_by_one(url: str, system, requests) -> tuple[float, float]:
+    """Seconds each system spent on the requests sent one after another, summed over requests
+    (a request's own time, first byte sent to last token). NOTE: interleaved, each request over
+    HTTP then offline, so that a slow spell of a shared machine (they last seconds to minutes)
+    falls on both alike, as a whole block of each would not."""
+    from inferd.bench.serve import run_serve
+
+    http_s = offline_s = 0.0
+    for r in requests:
+        http_s += run_serve(url, [r]).metrics.e2el.mean
+        offline_s += _offline(system, [r], one_by_one=True).e2el.mean
+    return http_s, offline_s
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument(
@@ -113,11 +128,13 @@ def main() -> int:
         run_serve(url, [BenchRequest(requests[0].prompt_token_ids[:8], 4)])  # warm the server
         figures: dict[str, list[float]] = {}
 
-        def note(name: str, metrics) -> None:
-            figures.setdefault(name, []).append(metrics.output_throughput)
-            tokens, seconds = metrics.total_output_tokens, metrics.duration
-            rate = metrics.output_throughput
+        def note(name: str, tokens: int, seconds: float) -> None:
+            figures.setdefault(name, []).append(tokens / seconds)
+            rate = tokens / seconds
             print(f"{name:22s} {rate:7.1f} tok/s ({tokens} tokens, {seconds:.1f} s)", flush=True)
+
+        def note_run(name: str, metrics) -> None:
+            note(name, metrics.total_output_tokens, metrics.duration)
 
         env = environment()
         for round_ in range(args.rounds):
@@ -125,10 +142,12 @@ def main() -> int:
             # round is served from a prefix cache that an earlier round filled. The server
             # and the offline engine are separate engines: each sees each prompt once.
             requests = workload(round_)
-            note("http, 32 clients", run_serve(url, requests).metrics)
-            note("offline, batch", _offline(system, requests, one_by_one=False))
-            note("http, 1 client", run_serve(url, requests, max_concurrency=1).metrics)
-            note("offline, one by one", _offline(system, requests, one_by_one=True))
+            note_run("http, 32 clients", run_serve(url, requests).metrics)
+            note_run("offline, batch", _offline(system, requests, one_by_one=False))
+            http_s, offline_s = _one_by_one(url, system, requests)
+            tokens = sum(r.output_len for r in requests)
+            note("http, 1 client", tokens, http_s)
+            note("offline, one by one", tokens, offline_s)
         # NOTE: a ratio per round (both systems ran that round's prompts), then the median.
         pairs = {"32 clients": ("http, 32 clients", "offline, batch"),
                  "1 client": ("http, 1 client", "offline, one by one")}  # fmt: skip

@@ -128,6 +128,10 @@ def add_engine_arguments(parser: argparse.ArgumentParser, model_positional: bool
         default=None,
         help="seconds a tensor-parallel collective may wait (default 60)",
     )
+    parser.add_argument("--stream-interval", type=_positive_int, default=1,
+                        help="a streaming request's output after its first token, then every N "
+                             "tokens, and when it ends (default 1: every token); larger N, "
+                             "fewer events and less CPU spent per token")  # fmt: skip
     parser.add_argument("--deterministic", action="store_true",
                         help="the same tokens for a prompt whatever else runs, in the dense modes "
                              "too (CPU; dense layers in fixed 16-row tiles: slower). The default "
@@ -223,6 +227,7 @@ def engine_config_from_args(args: argparse.Namespace):
         speculative_config=args.speculative_config,
         pooler_config=args.pooler_config,
         deterministic=args.deterministic,
+        stream_interval=args.stream_interval,
         enable_lora=args.enable_lora,
         max_loras=args.max_loras,
         max_lora_rank=args.max_lora_rank,

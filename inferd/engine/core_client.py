@@ -128,7 +128,7 @@ class AsyncCoreClient:
         self.max_num_batched_tokens = first.max_num_batched_tokens
         limits = InputLimits.of(self.config, self.model_config.vocab_size, self.max_model_len)
         self.inputs = InputProcessor(self._tokenizer, limits, self._model_info.pooling)
-        self.outputs = OutputProcessor(self._tokenizer)
+        self.outputs = OutputProcessor(self._tokenizer, self.config.stream_interval)
         self.router = Router(self.routing, first.block_size, first.hash_root,
                              sum(r.num_blocks for r in readies),
                              slack=max(4, self.max_num_seqs // 8))  # fmt: skip

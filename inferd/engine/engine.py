@@ -50,7 +50,7 @@ class LLMEngine:
         self.max_model_len, self.model_info = core.max_model_len, core.model_info
         limits = InputLimits.of(config, self.model_config.vocab_size, self.max_model_len)
         self.inputs = InputProcessor(self.tokenizer, limits, self.model_info.pooling)
-        self.outputs = OutputProcessor(self.tokenizer)
+        self.outputs = OutputProcessor(self.tokenizer, config.stream_interval)
 
     # The core's parts, for tests, benchmarks and commands that look inside.
     runner = property(lambda self: self.core.runner)

@@ -63,11 +63,17 @@ class _Request:
     error: str | None = None
     finished: bool = False
     pooling: PoolingParams | None = None  # an embedding request: one output, when it ends
+    streamed: int = -1  # tokens (of its longest sample) at its last streamed output; -1: none
 
 
 class OutputProcessor:
-    def __init__(self, tokenizer):
+    def __init__(self, tokenizer, stream_interval: int = 1):
+        """`stream_interval`: a streaming request's output comes with its first news, then
+        once this many tokens more arrived, and when it ends (EngineConfig.stream_interval)."""
+        if stream_interval < 1:
+            raise ValueError(f"stream_interval must be at least 1, got {stream_interval}")
         self.tokenizer = tokenizer
+        self.stream_interval = stream_interval
         self.requests: dict[str, _Request] = {}
         self._texts: dict[int, str] = {}
 
@@ -126,9 +132,18 @@ class OutputProcessor:
                 req.finished = True
                 req.metrics.finished_time = out.time if out.finished else (now or out.time)
                 del self.requests[req.request_id]
-            if req.stream or req.finished:
+            if req.finished or (req.stream and self._stream_due(req)):
                 results.append(_request_output(req))
         return results, finishes
+
+    def _stream_due(self, req: _Request) -> bool:
+        if self.stream_interval == 1:
+            return True
+        tokens = max(len(s.token_ids) for s in req.samples)
+        if req.streamed >= 0 and tokens - req.streamed < self.stream_interval:
+            return False
+        req.streamed = tokens
+        return True
 
     def _take_events(self, req: _Request, e: RequestEvents) -> None:
         m = req.metrics

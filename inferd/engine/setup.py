@@ -78,7 +78,7 @@ def _positive(name: str, value: int | None) -> None:
 def _check_limits(config: EngineConfig) -> None:
     for name in ("max_model_len", "max_num_seqs", "max_num_batched_tokens", "block_size",
                  "tensor_parallel_size", "max_n", "max_stop_strings",
-                 "max_stop_string_length", "max_logprobs"):  # fmt: skip
+                 "max_stop_string_length", "max_logprobs", "stream_interval"):  # fmt: skip
         _positive(name, getattr(config, name))
     if config.enable_lora:
         for name in ("max_loras", "max_lora_rank", "max_cpu_loras"):

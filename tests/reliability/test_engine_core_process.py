@@ -2,7 +2,8 @@
 requests are served by both, /metrics has a series per replica, a replica killed mid-stream fails
 only its own requests (an error event, then [DONE]) while /health stays green, and when the last
 one dies the streams in flight get their error and the server exits with status 1, leaving no
-process behind. Plus the in-process engine (`--no-engine-core-process`) still serving."""
+process behind. Plus the in-process engine (`--no-engine-core-process`) still serving, and
+`--stream-interval` honoured on both paths."""
 
 from __future__ import annotations
 
@@ -89,15 +90,40 @@ def test_replicas_serve_and_one_that_dies_fails_alone_then_the_last_ends_the_ser
         server.stop()
 
 
+def check_stream_interval(http, url: str) -> None:
+    """Served with --stream-interval 4: 10 tokens stream as the first one, then 4 at a time
+    (the last event with the finish), and add up to the plain completion's text."""
+    prompt = [2, 100, 7]
+    body = {"prompt": prompt, "max_tokens": 10, "temperature": 0, "ignore_eos": True}
+    plain = http.post("/v1/completions", json=body)
+    assert plain.status_code == 200, plain.text
+    events: list = []
+    stream(url, prompt, 10, events)
+    choices = [json.loads(e)["choices"] for e in events[:-1]]
+    texts = [c[0]["text"] for c in choices if c]
+    assert events[-1] == "[DONE]" and 2 <= len(texts) <= 4  # tokens 1, 5, 9 and 10
+    assert "".join(texts) == plain.json()["choices"][0]["text"]
+
+
 def test_the_in_process_engine_still_serves():
-    server = start_server(*FLAGS, "--no-engine-core-process")
+    server = start_server(*FLAGS, "--no-engine-core-process", "--stream-interval", "4")
     try:
         with httpx.Client(base_url=server.url, timeout=120) as http:
             r = http.post("/v1/completions", json={"prompt": "The capital of France is",
                                                    "max_tokens": 4, "temperature": 0})  # fmt: skip
             assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 4
             assert metric(http, "inferd:generation_tokens_total", engine="0") == 4
+            check_stream_interval(http, server.url)
         assert "engine core processes" not in server.log.read_text()
+    finally:
+        server.stop()
+
+
+def test_the_core_process_streams_at_its_interval():
+    server = start_server(*FLAGS, "--stream-interval", "4")
+    try:
+        with httpx.Client(base_url=server.url, timeout=120) as http:
+            check_stream_interval(http, server.url)
     finally:
         server.stop()
     time.sleep(0.1)

@@ -143,3 +143,41 @@ def test_an_abort_or_an_error_from_the_core_ends_the_request(tok):
                                      error="RuntimeError: device lost")])  # fmt: skip
     assert result.finished and result.error == "RuntimeError: device lost"
     assert result.outputs[0].finish_reason == "error" and not out.has_unfinished()
+
+
+def test_a_stream_interval_sends_the_first_token_then_every_nth_and_the_end(tok):
+    ids = words(tok, "The quick brown fox jumps over the lazy dog")
+    assert len(ids) >= 8
+    out = OutputProcessor(tok, stream_interval=3)
+    out.add_request("r", None, PROMPT, SamplingParams(max_tokens=len(ids)), 0.0, len(ids), True)
+    counts = []
+    for i, t in enumerate(ids):
+        last = i == len(ids) - 1
+        delta = SampleDelta(0, [t], finish_reason="length" if last else None)
+        results, _ = out.process([news("r", delta, finished=last)])
+        counts += [len(r.outputs[0].token_ids) for r in results]
+    expected = [1, *range(4, len(ids), 3)]
+    assert counts == (expected if expected[-1] == len(ids) else [*expected, len(ids)])
+    assert results[-1].finished and results[-1].outputs[0].text == tok.decode(ids)
+
+
+def test_a_stream_interval_still_ends_a_stop_string_at_once(tok):
+    ids = words(tok, "The quick brown fox jumps over")
+    stop = tok.decode(ids[:3]).split()[-1]  # the third word: ends the sample at token 3
+    out = OutputProcessor(tok, stream_interval=16)
+    out.add_request("r", None, PROMPT, SamplingParams(stop=[stop], max_tokens=50), 0.0, 50, True)
+    seen, finishes = [], []
+    for t in ids:
+        results, ends = out.process([news("r", SampleDelta(0, [t]))])
+        seen += results
+        finishes += ends
+        if finishes:
+            break
+    assert finishes == [SampleFinish("r", 0)] and seen[-1].finished
+    assert len(seen) == 2  # the first token's output, then the stop's: none between them
+    assert not seen[-1].outputs[0].text.endswith(stop)
+
+
+def test_a_stream_interval_below_one_is_refused(tok):
+    with pytest.raises(ValueError, match="stream_interval"):
+        OutputProcessor(tok, stream_interval=0)
