@@ -1,19 +1,22 @@
-"""The process boundary's cost per message (docs/engine.md), for the choice in engine/ipc.py:
-ZeroMQ (ipc:// sockets) with msgspec against multiprocessing's Pipe with pickle.
+"""The process boundary's cost per message (docs/engine.md), for the choices in engine/ipc.py:
+msgspec against pickle, and the core's messages back over ZeroMQ or over a pipe.
 
     python scripts/ipc_bench.py [--requests 32] [--rounds 2000]
 
-Two figures per transport, for one step's `Outputs` of `--requests` decoding requests (one new
-token each, stats attached):
-  encode+decode   CPU microseconds per message (one thread, in this process: repeatable)
-  round trip      wall microseconds of a ping-pong with a child process (median; noisy on a
-                  shared machine, where a descheduled process dominates)
+For one step's `Outputs` of `--requests` decoding requests (one new token each, stats attached):
+  encode+decode   CPU microseconds per message, msgspec and pickle (one thread, in this process:
+                  repeatable)
+  round trip      a ping-pong with a child process, commands over ZeroMQ as inferd sends them and
+                  answers back over ZeroMQ or over the frame pipe: wall microseconds (median;
+                  noisy on a shared machine, where a descheduled process dominates), and CPU
+                  microseconds and context switches a trip of both processes, all threads
 """
 
 from __future__ import annotations
 
 import argparse
 import multiprocessing
+import os
 import pickle
 import statistics
 import sys
@@ -36,8 +39,8 @@ def codec_seconds(message, rounds: int) -> dict[str, float]:
     from inferd.engine import ipc
 
     out = {}
-    for name, enc, dec in (("zeromq+msgspec", ipc.encode, ipc.decode_from_core),
-                           ("pipe+pickle", pickle.dumps, pickle.loads)):  # fmt: skip
+    for name, enc, dec in (("msgspec", ipc.encode, ipc.decode_from_core),
+                           ("pickle", pickle.dumps, pickle.loads)):  # fmt: skip
         start = time.process_time()
         for _ in range(rounds):
             dec(enc(message))
@@ -45,60 +48,94 @@ def codec_seconds(message, rounds: int) -> dict[str, float]:
     return out
 
 
-def _zmq_echo(to_child: str, from_child: str) -> None:
+def _echo(to_child: str, back, use_pipe: bool) -> None:
+    """Answer every message with itself: over ZeroMQ, or over the frame pipe (as the core)."""
     import zmq
 
+    from inferd.engine.frame_pipe import FrameWriter
+
     ctx = zmq.Context()
-    pull, push = ctx.socket(zmq.PULL), ctx.socket(zmq.PUSH)
+    pull = ctx.socket(zmq.PULL)
     pull.connect(to_child)
-    push.connect(from_child)
+    if use_pipe:
+        writer = FrameWriter(os.dup(back.fileno()))
+        send = writer.send
+    else:
+        push = ctx.socket(zmq.PUSH)
+        push.connect(back)
+        send = push.send
+    base = (0.0, 0)
     while (data := pull.recv()) != b"stop":
-        push.send(data)
+        if data == b"mark":  # the measured trips begin
+            base = _usage()
+        send(data)
+    cpu, switches = _usage()
+    send(pickle.dumps((cpu - base[0], switches - base[1])))
 
 
-def _pipe_echo(conn) -> None:
-    while (data := conn.recv_bytes()) != b"stop":
-        conn.send_bytes(data)
+def _usage() -> tuple[float, int]:
+    import resource
+
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime, usage.ru_nvcsw + usage.ru_nivcsw
 
 
-def round_trips(message, rounds: int) -> dict[str, float]:
+def round_trip(message, rounds: int, use_pipe: bool) -> dict[str, float]:
+    """A ping-pong with a child: commands over ZeroMQ as inferd sends them, answers back over
+    ZeroMQ or over the frame pipe. Wall time per trip (median), and CPU seconds and context
+    switches per trip of both processes with all their threads (ZeroMQ's I/O threads too)."""
+    from multiprocessing.connection import Connection
+
     import zmq
 
     from inferd.engine import ipc
+    from inferd.engine.frame_pipe import FrameReader, open_frame_pipe
 
     ctx = multiprocessing.get_context("spawn")
-    out = {}
     sockets = ipc.SocketDir()
     zctx = zmq.Context()
-    push, pull = zctx.socket(zmq.PUSH), zctx.socket(zmq.PULL)
+    push = zctx.socket(zmq.PUSH)
     push.bind(sockets.to_core)
-    pull.bind(sockets.from_core)
-    child = ctx.Process(target=_zmq_echo, args=(sockets.to_core, sockets.from_core))
+    if use_pipe:
+        read_fd, write_fd = open_frame_pipe()
+        reader, back = FrameReader(read_fd), Connection(write_fd, readable=False)
+        pending: list = []
+
+        def receive():
+            while not pending:
+                reader.wait(None)
+                pending.extend(reader.read())
+            return pending.pop(0)
+    else:
+        pull = zctx.socket(zmq.PULL)
+        back = f"ipc://{sockets.path / 'out'}"
+        pull.bind(back)
+        receive = pull.recv
+    child = ctx.Process(target=_echo, args=(sockets.to_core, back, use_pipe))
     child.start()
+    if use_pipe:
+        back.close()
+    for _ in range(50):  # warm-up: the child's imports and connects are not measured
+        push.send(ipc.encode(message))
+        receive()
+    push.send(b"mark")
+    receive()
     times = []
+    cpu, switches = _usage()
     for _ in range(rounds):
         start = time.perf_counter()
         push.send(ipc.encode(message))
-        ipc.decode_from_core(pull.recv())
+        ipc.decode_from_core(receive())
         times.append(time.perf_counter() - start)
+    cpu_after, switches_after = _usage()
     push.send(b"stop")
+    child_cpu, child_switches = pickle.loads(bytes(receive()))
     child.join()
     zctx.destroy(0)
     sockets.close()
-    out["zeromq+msgspec"] = statistics.median(times)
-    parent, child_end = ctx.Pipe()
-    child = ctx.Process(target=_pipe_echo, args=(child_end,))
-    child.start()
-    times = []
-    for _ in range(rounds):
-        start = time.perf_counter()
-        parent.send_bytes(pickle.dumps(message))
-        pickle.loads(parent.recv_bytes())
-        times.append(time.perf_counter() - start)
-    parent.send_bytes(b"stop")
-    child.join()
-    out["pipe+pickle"] = statistics.median(times)
-    return out
+    return {"wall": statistics.median(times),
+            "cpu": (cpu_after - cpu + child_cpu) / rounds,
+            "switches": (switches_after - switches + child_switches) / rounds}  # fmt: skip
 
 
 def main() -> int:
@@ -108,14 +145,17 @@ def main() -> int:
     args = parser.parse_args()
     message = step_message(args.requests)
     codec = codec_seconds(message, args.rounds)
-    trips = round_trips(message, args.rounds)
     from inferd.engine import ipc
 
     print(f"one step's Outputs, {args.requests} requests: {len(ipc.encode(message))} bytes "
           f"(msgspec), {len(pickle.dumps(message))} bytes (pickle)")  # fmt: skip
     for name in codec:
-        print(f"{name:15s} encode+decode {1e6 * codec[name]:7.1f} us CPU, round trip "
-              f"{1e6 * trips[name]:7.1f} us wall (median of {args.rounds})")  # fmt: skip
+        print(f"{name:9s} encode+decode {1e6 * codec[name]:6.1f} us CPU")
+    for name, use_pipe in (("zeromq both ways", False), ("zeromq in, pipe back", True)):
+        trip = round_trip(message, args.rounds, use_pipe)
+        print(f"{name:21s} round trip {1e6 * trip['wall']:6.1f} us wall (median of "
+              f"{args.rounds}), {1e6 * trip['cpu']:6.1f} us CPU and "
+              f"{trip['switches']:4.1f} context switches a trip (both processes, all threads)")  # fmt: skip
     return 0
 
 

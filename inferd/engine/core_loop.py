@@ -4,8 +4,9 @@
     front end ◀──────────── Outputs (news, add acks, stats) ◀───────────────┘
 
 The loop takes messages only between steps and never waits on the front end: with work it only
-looks at what already arrived, sends its outputs without blocking (ZeroMQ queues them), and steps
-again; without work it sleeps on its socket. An add is acknowledged once queued, or refused
+looks at what already arrived, writes its outputs to the pipe without blocking (what the pipe
+cannot take yet waits in the writer's buffer: frame_pipe.py), and steps again; without work it
+sleeps on its socket. An add is acknowledged once queued, or refused
 (InvalidRequest) with nothing queued; a constrained request is queued once its grammar compiled,
 so a bad spec is refused before anything streams, and the other requests step meanwhile.
 
@@ -22,9 +23,11 @@ import os
 import signal
 import time
 from dataclasses import dataclass
+from multiprocessing.connection import Connection
 
 from inferd.engine import ipc
 from inferd.engine.core_output import CoreRequest
+from inferd.engine.frame_pipe import FrameWriter
 from inferd.engine.memory_trim import malloc_trim
 from inferd.engine.progress import StallBound
 
@@ -33,6 +36,7 @@ log = logging.getLogger(__name__)
 IDLE_POLL_MS = 1000  # while idle: how often the loop looks at its parent
 STUCK_POLL_MS = 5  # steps scheduled nothing although requests exist: wait before trying again
 STATS_EVERY_S = 0.05  # stats ride on outputs at most this often (and with every finish)
+DRAIN_AT_EXIT_S = 2.0  # how long an ending core waits for the front end to read what it sent
 
 
 def _die_with_parent() -> None:
@@ -44,10 +48,11 @@ def _die_with_parent() -> None:
         pass  # not Linux: the idle check of the parent remains
 
 
-def core_main(config, to_core: str, from_core: str, parent_pid: int, stall_timeout: float,
-              log_levels: dict[str, int]) -> None:  # fmt: skip
-    """The process's entry (multiprocessing, spawn). `log_levels`: logger name → level, as the
-    front end has them (the root's, inferd's, its progress lines': `--quiet` reaches here)."""
+def core_main(config, to_core: str, from_core: Connection, parent_pid: int,
+              stall_timeout: float, log_levels: dict[str, int]) -> None:  # fmt: skip
+    """The process's entry (multiprocessing, spawn). `from_core`: the write end of the pipe to
+    the front end (frame_pipe.py). `log_levels`: logger name → level, as the front end has them
+    (the root's, inferd's, its progress lines': `--quiet` reaches here)."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     _die_with_parent()
@@ -59,10 +64,8 @@ def core_main(config, to_core: str, from_core: str, parent_pid: int, stall_timeo
     context = zmq.Context()
     inbox = context.socket(zmq.PULL)
     inbox.connect(to_core)
-    outbox = context.socket(zmq.PUSH)
-    outbox.setsockopt(zmq.SNDHWM, 0)  # never block the loop on a slow reader
-    outbox.setsockopt(zmq.LINGER, 2000)
-    outbox.connect(from_core)
+    outbox = FrameWriter(os.dup(from_core.fileno()))  # never blocks the loop on a slow reader
+    from_core.close()
     # NOTE: as the commands do (commands/startup_gc.py): no cyclic collections while start-up
     # makes millions of long-lived objects, then those frozen out of the collector's sight.
     gc.disable()
@@ -74,7 +77,9 @@ def core_main(config, to_core: str, from_core: str, parent_pid: int, stall_timeo
         kind, _, message = ipc.describe_error(e)
         log.debug("engine core failed to start", exc_info=True)
         outbox.send(ipc.encode(ipc.StartFailed(kind, message)))
+        outbox.drain(DRAIN_AT_EXIT_S)
         outbox.close()
+        inbox.close()
         context.term()
         return
     gc.freeze()
@@ -88,8 +93,9 @@ def core_main(config, to_core: str, from_core: str, parent_pid: int, stall_timeo
         CoreLoop(core, inbox, outbox, parent_pid, stall_timeout).run()
     finally:
         core.shutdown()
-        inbox.close()
+        outbox.drain(DRAIN_AT_EXIT_S)
         outbox.close()
+        inbox.close()
         context.term()
 
 
@@ -128,9 +134,9 @@ class CoreLoop:
                 if self._worked and self._trim is not None:  # going idle: hand pages back
                     self._trim(0)
                     self._worked = False
-            if self.inbox.poll(timeout, zmq.POLLIN):
+            if self._wait(zmq, timeout):
                 self._take_messages(zmq)
-            elif not busy and os.getppid() != self.parent_pid:
+            elif self.outbox.broken or (not busy and os.getppid() != self.parent_pid):
                 log.warning("the front end is gone: the engine core stops")
                 return
             self._admit_compiled()
@@ -140,6 +146,18 @@ class CoreLoop:
             elif self.acks:
                 self._send(ipc.Outputs([], self._take_acks(), self.core.stats(),
                                        self.stall.bound()))  # fmt: skip
+
+    def _wait(self, zmq, timeout: int) -> bool:
+        """Wait up to `timeout` ms for a command (True once one is there). While the pipe to
+        the front end holds back part of what was sent, also wake when it can take more."""
+        if not self.outbox.pending:
+            return bool(self.inbox.poll(timeout, zmq.POLLIN))
+        poller = zmq.Poller()
+        poller.register(self.inbox, zmq.POLLIN)
+        poller.register(self.outbox.fd, zmq.POLLOUT)
+        ready = dict(poller.poll(timeout))
+        self.outbox.flush()
+        return self.inbox in ready
 
     def _take_messages(self, zmq) -> None:
         while not self.stopping:
@@ -234,4 +252,4 @@ class CoreLoop:
         return acks
 
     def _send(self, message) -> None:
-        self.outbox.send(ipc.encode(message), copy=False)
+        self.outbox.send(ipc.encode(message))

@@ -1,6 +1,7 @@
 """The front end's handle on one engine core process: start it, talk to it, stop it.
 
-    CoreProcess.start(config)  spawn the process (core_loop.py), bind its two sockets
+    CoreProcess.start(config)  spawn the process (core_loop.py): a ZeroMQ socket carries
+                               commands to it, a pipe its messages back (ipc.py says why)
     wait_ready()               block until the model is loaded: the core's `Ready` (what the
                                front end needs to know of it), or its start-up error, raised
     send(message)              never blocks (ZeroMQ queues it)
@@ -21,9 +22,12 @@ import logging
 import multiprocessing
 import os
 import time
+from collections import deque
 from collections.abc import Callable
+from multiprocessing.connection import Connection
 
 from inferd.engine import ipc
+from inferd.engine.frame_pipe import FrameReader, open_frame_pipe
 
 log = logging.getLogger(__name__)
 
@@ -48,7 +52,9 @@ class CoreProcess:
         self.process: multiprocessing.Process | None = None
         self.ready: ipc.Ready | None = None
         self._dir: ipc.SocketDir | None = None
-        self._context = self._send_socket = self._recv_socket = None
+        self._context = self._send_socket = None
+        self._reader: FrameReader | None = None  # the core's messages (frame_pipe.py)
+        self._received: deque = deque()  # decoded, not yet taken by recv
         self._loop: asyncio.AbstractEventLoop | None = None  # read_on's loop
 
     def start(self, config, stall_timeout: float = 60.0) -> None:
@@ -62,14 +68,18 @@ class CoreProcess:
         self._send_socket.setsockopt(zmq.SNDHWM, 0)
         self._send_socket.setsockopt(zmq.LINGER, 0)
         self._send_socket.bind(self._dir.to_core)
-        self._recv_socket = self._context.socket(zmq.PULL)
-        self._recv_socket.setsockopt(zmq.LINGER, 0)
-        self._recv_socket.bind(self._dir.from_core)
-        args = (config, self._dir.to_core, self._dir.from_core, os.getpid(), stall_timeout,
+        read_fd, write_fd = open_frame_pipe()
+        self._reader = FrameReader(read_fd)
+        # NOTE: a Connection so that spawn passes the descriptor to the child (and only there).
+        write_end = Connection(write_fd, readable=False)
+        args = (config, self._dir.to_core, write_end, os.getpid(), stall_timeout,
                 _log_levels())  # fmt: skip
         ctx = multiprocessing.get_context("spawn")
         self.process = ctx.Process(target=core_main, args=args, name=f"inferd-core-{self.index}")
-        self.process.start()
+        try:
+            self.process.start()
+        finally:
+            write_end.close()  # the child's copy is the only one: its exit is the pipe's end
 
     def wait_ready(self, timeout: float | None = None) -> ipc.Ready:
         """Block until the core has loaded its model: its Ready, or its start-up error raised
@@ -87,12 +97,17 @@ class CoreProcess:
 
     def recv(self, timeout: float | None = None):
         """The core's next message, or None after `timeout` seconds (None: wait for one)."""
-        import zmq
-
-        wait = -1 if timeout is None else int(timeout * 1000)
-        if not self._recv_socket.poll(wait, zmq.POLLIN):
-            return None
-        return ipc.decode_from_core(self._recv_socket.recv())
+        if not self._received:
+            reader = self._reader
+            if reader is None or reader.eof:
+                self.process.join(timeout)  # nothing more will come: wait for the exit itself
+                return None
+            if not reader.wait(timeout):
+                return None
+            self._received.extend(ipc.decode_from_core(f) for f in reader.read())
+            if not self._received:
+                return None
+        return self._received.popleft()
 
     def read_on(self, loop: asyncio.AbstractEventLoop,
                 callback: Callable[[object | None], None]) -> None:  # fmt: skip
@@ -102,45 +117,37 @@ class CoreProcess:
 
         Why on the loop and not in a thread: a reader thread must take the GIL back after each
         wait and then wake the loop through its self-pipe (`call_soon_threadsafe`), two hand-offs
-        per step that showed up in profiles of the served process under load. The socket's file
-        descriptor is edge-triggered (ZeroMQ signals a change, not a level), so each wake-up reads
-        until the socket says nothing is left."""
-        import zmq
-
-        # NOTE: plain ints: pyzmq's flags are enum members, and their `&` builds new ones.
-        events, pollin, noblock = int(zmq.EVENTS), int(zmq.POLLIN), int(zmq.NOBLOCK)
+        per step that showed up in profiles of the served process under load."""
+        reader = self._reader
 
         def drain() -> None:
-            sock = self._recv_socket
-            while sock is not None and sock.getsockopt(events) & pollin:
-                callback(ipc.decode_from_core(sock.recv(noblock)))
-                sock = self._recv_socket  # the callback may have stopped this core
+            while self._received:  # what a blocking recv read before the watch began
+                callback(self._received.popleft())
+            for frame in reader.read():
+                callback(ipc.decode_from_core(frame))
+            if reader.eof:
+                loop.remove_reader(reader.fd)  # the core is gone; `ended` says so
 
         def ended() -> None:
-            loop.remove_reader(self.sentinel)
-            # What the core sent just before it died may still be in ZeroMQ's I/O thread.
-            loop.call_later(0.2, last)
-
-        def last() -> None:
-            if self._recv_socket is not None:
-                drain()
-                self._unwatch()
+            if self._loop is None:
+                return
+            if not reader.eof:
+                drain()  # what the core wrote before it died is all in the pipe now
+            self._unwatch()
             callback(None)
 
         self._loop = loop
-        loop.add_reader(self._recv_socket.getsockopt(zmq.FD), drain)
+        loop.add_reader(reader.fd, drain)
         loop.add_reader(self.sentinel, ended)
         loop.call_soon(drain)  # messages that arrived before the watch
 
     def _unwatch(self) -> None:
         """Stop read_on's watching (on the loop's thread, as read_on itself)."""
-        import zmq
-
         if self._loop is None:
             return
         loop, self._loop = self._loop, None
-        if self._recv_socket is not None:
-            loop.remove_reader(self._recv_socket.getsockopt(zmq.FD))
+        if self._reader is not None:
+            loop.remove_reader(self._reader.fd)
         if self.process is not None:
             loop.remove_reader(self.sentinel)
 
@@ -192,10 +199,12 @@ class CoreProcess:
                 self.process.kill()
                 self.process.join(5)
         self._unwatch()
-        for sock in (self._send_socket, self._recv_socket):
-            if sock is not None:
-                sock.close(0)
-        self._send_socket = self._recv_socket = None
+        if self._send_socket is not None:
+            self._send_socket.close(0)
+            self._send_socket = None
+        if self._reader is not None:
+            self._reader.close()
+            self._reader = None
         if self._context is not None:
             self._context.term()
             self._context = None

@@ -1,16 +1,20 @@
 """The messages between the front end and an engine core in its own process, and their wire
-format: msgpack through msgspec, over ZeroMQ sockets on Unix-domain paths (`ipc://`) in a
-directory only this user can open.
+format: msgpack through msgspec; commands over a ZeroMQ socket on a Unix-domain path (`ipc://`)
+in a directory only this user can open, the core's messages back over an OS pipe.
 
     front end ──PUSH──▶ core:  Add, Abort, Finish, Call, Stop
-    front end ◀──PULL── core:  Ready or StartFailed (once), Outputs (after each step with news),
+    front end ◀──pipe── core:  Ready or StartFailed (once), Outputs (after each step with news),
                                CallResult
 
 Why these: a step's outputs for 32 requests encode and decode in tens of microseconds with
 msgspec (a few times faster than pickle, and typed: a message decodes into these classes or
-fails), and ZeroMQ queues sends in its own I/O thread, so the core's loop never blocks on a
-slow reader (docs/engine.md has the measurement, scripts/ipc_bench.py reproduces it). Every
-payload is plain data (engine/core_output.py); no object of either side crosses.
+fails). Commands are few and may come from any thread of the front end, and ZeroMQ queues
+them without blocking it. Outputs come every step, and ZeroMQ's I/O threads would add two
+thread wake-ups to each (one per side): the core's loop writes them to a pipe itself, buffering
+what the pipe cannot take yet so that it never blocks on a slow reader (frame_pipe.py), and the
+front end's event loop reads them there (docs/engine.md has the measurement,
+scripts/ipc_bench.py reproduces it). Every payload is plain data (engine/core_output.py); no
+object of either side crosses.
 """
 
 from __future__ import annotations
@@ -145,13 +149,12 @@ def rebuild_error(error_type: str, param: str | None, message: str) -> Exception
 
 
 class SocketDir:
-    """A private directory for one core's two socket paths (mode 0700: no other user can
+    """A private directory for one core's command socket path (mode 0700: no other user can
     connect), removed with `close`."""
 
     def __init__(self) -> None:
         self.path = Path(tempfile.mkdtemp(prefix="inferd-core-"))
         self.to_core = f"ipc://{self.path / 'in'}"
-        self.from_core = f"ipc://{self.path / 'out'}"
 
     def close(self) -> None:
         shutil.rmtree(self.path, ignore_errors=True)
