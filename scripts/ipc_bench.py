@@ -154,8 +154,8 @@ def main() -> int:
     for name, use_pipe in (("zeromq both ways", False), ("zeromq in, pipe back", True)):
         trip = round_trip(message, args.rounds, use_pipe)
         print(f"{name:21s} round trip {1e6 * trip['wall']:6.1f} us wall (median of "
-              f"{args.rounds}), {1e6 * trip['cpu']:6.1f} us CPU and "
-              f"{trip['switches']:4.1f} context switches a trip (both processes, all threads)")  # fmt: skip
+              f"{args.rounds}), {1e6 * trip['cpu']:6.1f} us CPU and {trip['switches']:4.1f} "
+              "context switches a trip (both processes, all threads)")  # fmt: skip
     return 0
 
 
