@@ -7,7 +7,7 @@ since the last snapshot), and so do the step-phase histograms, which the engine 
 (step_metrics.py); they carry vLLM's `engine` label: "0", or one series per data-parallel replica
 when the client reports each replica's stats (`replica_stats`). The request histograms are
 observed from each request's own timestamps: the inter-token latency every time a request's
-output grows, the rest when it finishes.
+output grows (token_histogram.py: cheap enough for every token), the rest when it finishes.
 
 The request intervals are vLLM's (RequestMetrics in inferd/outputs.py): queue = queued by the
 engine → first scheduled; prefill = first scheduled → first token; decode = first token → last
@@ -24,6 +24,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, gene
 
 from inferd.outputs import RequestMetrics, RequestOutput, finish_reasons
 from inferd.server.step_metrics import StepTimingCollector
+from inferd.server.token_histogram import TokenHistogram
 
 PREFIX = "inferd:"
 # Buckets in seconds, chosen for this engine's range: sub-millisecond GPU decode steps up to
@@ -158,7 +159,9 @@ class ServerMetrics:
                                      [*per_engine, "lora_name"], registry=reg)  # fmt: skip
         self.model_name = model_name
         self.ttft = histogram("time_to_first_token_seconds", "Time to first token.", _LATENCY)
-        self.itl = histogram("inter_token_latency_seconds", "Time between output tokens.", _LATENCY)
+        self.itl = TokenHistogram(PREFIX + "inter_token_latency_seconds",
+                                  "Time between output tokens.", label, _LATENCY)  # fmt: skip
+        reg.register(self.itl)
         self.e2e = histogram("e2e_request_latency_seconds", "Arrival to finish.", _REQUEST)
         self.queue = histogram(
             "request_queue_time_seconds", "Queued by the engine to first scheduled.", _REQUEST
@@ -237,9 +240,7 @@ class ServerMetrics:
         count, last = self._progress.get(out.request_id, (0, 0.0))
         new = length - count
         if count and new > 0:
-            gap = (m.last_token_time - last) / new
-            for _ in range(new):
-                self.itl.observe(gap)
+            self.itl.observe((m.last_token_time - last) / new, new)
         if new > 0 or not count:
             self._progress[out.request_id] = (length, m.last_token_time)
 
