@@ -123,7 +123,11 @@ class CoreProcess:
         def drain() -> None:
             while self._received:  # what a blocking recv read before the watch began
                 callback(self._received.popleft())
+            if self._reader is not reader:
+                return  # stopped (and its pipe closed) since this call was scheduled
             for frame in reader.read():
+                if self._reader is not reader:
+                    return  # a callback stopped this core: the rest is for nobody
                 callback(ipc.decode_from_core(frame))
             if reader.eof:
                 loop.remove_reader(reader.fd)  # the core is gone; `ended` says so
