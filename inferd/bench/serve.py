@@ -30,6 +30,7 @@ from inferd.bench.metrics import (
     compute_metrics,
     count_mismatches,
 )
+from inferd.bench.sse_events import SSEDataSplitter
 from inferd.bench.workload import BenchRequest
 
 # NOTE: the client shares the machine's cores with the server it measures, so its cost per
@@ -90,20 +91,22 @@ async def _send(session, url: str, model: str, r: BenchRequest) -> RequestTiming
                     0,
                     error=f"HTTP {resp.status}: {body}",
                 )
-            async for raw in resp.content:  # one SSE line at a time
-                if not raw.startswith(b"data:"):
-                    continue
-                data = raw[5:].strip()
-                if data == b"[DONE]":
-                    break
+            events, done = SSEDataSplitter(), False
+            async for chunk in resp.content.iter_any():  # what arrived, not a line per await
                 now = time.perf_counter()
-                event = _decode_event(data)
-                if event.get("usage"):
-                    usage_tokens = event["usage"].get("completion_tokens")
-                for choice in event.get("choices") or []:
-                    if choice.get("text"):
-                        chunks.append(now)
-                    finish = choice.get("finish_reason") or finish
+                for data in events.feed(chunk):
+                    if data.strip() == b"[DONE]":
+                        done = True
+                        break
+                    event = _decode_event(data)
+                    if event.get("usage"):
+                        usage_tokens = event["usage"].get("completion_tokens")
+                    for choice in event.get("choices") or []:
+                        if choice.get("text"):
+                            chunks.append(now)
+                        finish = choice.get("finish_reason") or finish
+                if done:
+                    break
     except (TimeoutError, aiohttp.ClientError, ValueError) as e:  # ValueError: bad JSON
         return RequestTiming(
             start, None, time.perf_counter(), r.prompt_len, 0, error=f"{type(e).__name__}: {e}"
