@@ -60,6 +60,8 @@ def _default_modes(kernels: bool) -> dict[str, str]:
 def _torch_facts() -> dict[str, object]:
     import torch
 
+    from inferd.engine.core_spin import CORE_SPIN_COUNT, SPIN_COUNT_ENV, USER_KNOBS
+
     cuda = torch.cuda.is_available()
     facts: dict[str, object] = {
         "torch": f"{torch.__version__} (CUDA build: {torch.version.cuda or 'no'})",
@@ -73,8 +75,10 @@ def _torch_facts() -> dict[str, object]:
     facts["threads"] = (f"torch {torch.get_num_threads()} (inter-op "
                         f"{torch.get_num_interop_threads()}); cores usable {affinity or '?'} "
                         f"of {os.cpu_count()}")  # fmt: skip
-    for name in ("OMP_NUM_THREADS", "MKL_NUM_THREADS"):
+    for name in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OMP_WAIT_POLICY", "GOMP_SPINCOUNT"):
         facts[name] = os.environ.get(name, "(unset)")
+    if not any(name in os.environ for name in USER_KNOBS):
+        facts[SPIN_COUNT_ENV] += f" (an engine core process gets {CORE_SPIN_COUNT})"
     return facts
 
 

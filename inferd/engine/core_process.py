@@ -27,6 +27,7 @@ from collections.abc import Callable
 from multiprocessing.connection import Connection
 
 from inferd.engine import ipc
+from inferd.engine.core_spin import core_spin_count
 from inferd.engine.frame_pipe import FrameReader, open_frame_pipe
 
 log = logging.getLogger(__name__)
@@ -77,7 +78,8 @@ class CoreProcess:
         ctx = multiprocessing.get_context("spawn")
         self.process = ctx.Process(target=core_main, args=args, name=f"inferd-core-{self.index}")
         try:
-            self.process.start()
+            with core_spin_count():
+                self.process.start()
         finally:
             write_end.close()  # the child's copy is the only one: its exit is the pipe's end
 
