@@ -3,7 +3,7 @@ process of its own.
 
 PyTorch's CPU ops and inferd's C kernels share one OpenMP runtime, GNU libgomp (cpu_kernels/
 build.py). A libgomp thread whose parallel region ended keeps its core busy-waiting for the
-next one, by default for 300,000 spins (milliseconds), before it sleeps. Inside a forward pass
+next one, by default for 300,000 spins, before it sleeps. Inside a forward pass
 that is what a decode wants: the gaps between regions are microseconds. Between two steps,
 though, the core's loop runs Python alone (scheduling, sampling, sending the outputs), and
 meanwhile every other OpenMP thread spins on a core the front end needs: the server's process,
@@ -11,8 +11,9 @@ woken by each step's outputs, then preempts a compute thread instead of taking a
 and the next forward pass waits for that thread. On a machine with as many cores as compute
 threads that is what one client streaming tokens pays (`python scripts/serving_overhead.py`).
 
-So a spawned core is told to spin for `CORE_SPIN_COUNT` spins (tenths of a millisecond): long
-enough to bridge a forward pass's gaps, short enough to give the core back between steps. The
+So a spawned core is told to spin `CORE_SPIN_COUNT` times (a spin is one `pause` instruction,
+tens to a hundred-odd cycles depending on the CPU: well under a millisecond in all): long enough
+to bridge a forward pass's gaps, short enough to give the core back between steps. The
 variable reaches the spawned interpreter, and the tensor-parallel workers it spawns in turn,
 before libgomp is loaded there. A user who set either of libgomp's own knobs (`GOMP_SPINCOUNT`,
 `OMP_WAIT_POLICY`) keeps theirs. An in-process engine (`LLM()`, `--no-engine-core-process`)
