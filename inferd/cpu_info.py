@@ -11,6 +11,7 @@ ONEDNN_MAX_CPU_ISA and MKL_ENABLE_INSTRUCTIONS restrict those).
 
 from __future__ import annotations
 
+import ctypes
 import fnmatch
 import functools
 import os
@@ -52,9 +53,36 @@ def features_off() -> tuple[str, ...]:
 def cpu_flags() -> frozenset[str]:
     """The CPU's feature flags as the kernel reports them, less those INFERD_CPU_FEATURES_OFF
     turns off (empty where /proc/cpuinfo is not readable: nothing is assumed then)."""
-    flags = _field(("flags", "Features")).split()
+    disabled = disabled_by_os()
+    flags = [f for f in _field(("flags", "Features")).split() if f not in disabled]
     off = features_off()
     return frozenset(f for f in flags if not any(fnmatch.fnmatchcase(f, p) for p in off))
+
+
+def disabled_by_os() -> tuple[str, ...]:
+    """The flags /proc/cpuinfo lists that this OS does not let a process use (AMX's, where
+    os_enables_amx says no): inferd treats them as absent."""
+    amx = tuple(f for f in _field(("flags", "Features")).split() if f.startswith("amx"))
+    return amx if amx and not os_enables_amx() else ()
+
+
+@functools.cache
+def os_enables_amx() -> bool:
+    """Whether Linux supports AMX's tile state here. NOTE: /proc/cpuinfo lists what cpuid
+    reports, and a VM's CPU may report AMX where the hypervisor or the OS never enabled it (its
+    first instruction traps there), so the AMX flags count only where the kernel's supported
+    extended states (arch_prctl ARCH_GET_XCOMP_SUPP, which changes nothing) include the tile
+    data (XTILEDATA, bit 18)."""
+    if machine() != "x86_64" or platform.system() != "Linux":
+        return False
+    try:
+        mask = ctypes.c_uint64(0)
+        libc = ctypes.CDLL(None, use_errno=True)
+        if libc.syscall(158, 0x1021, ctypes.byref(mask)) != 0:  # SYS_arch_prctl, GET_XCOMP_SUPP
+            return False
+    except (OSError, AttributeError):
+        return False
+    return bool(mask.value >> 18 & 1)
 
 
 def cpu_model() -> str:

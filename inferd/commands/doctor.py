@@ -90,6 +90,7 @@ def collect() -> dict[str, object]:
         NOTABLE_FEATURES,
         cpu_flags,
         cpu_model,
+        disabled_by_os,
         features_off,
         machine,
     )
@@ -102,8 +103,10 @@ def collect() -> dict[str, object]:
         "cpu": f"{cpu_model()} ({machine()})",
         "cpu features": " ".join(f for f in NOTABLE_FEATURES if f in flags) or "(none found)",
         FEATURES_OFF_ENV: " ".join(features_off()) or "(unset)",
-        "cache": str(cache_dir()),
     }
+    if disabled_by_os():
+        facts["listed, not enabled by the OS"] = " ".join(disabled_by_os()) + " (treated as absent)"
+    facts["cache"] = str(cache_dir())
     facts.update(_kernel_facts())
     facts.update(_torch_facts())
     return facts

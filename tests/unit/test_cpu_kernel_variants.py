@@ -11,6 +11,7 @@ import pytest
 import torch
 from kernel_variants import VARIANT_NAMES, variant_library
 
+from inferd import cpu_info
 from inferd.cli import main
 from inferd.cpu_info import cpu_flags, machine
 from inferd.cpu_kernels import build, variants
@@ -196,3 +197,48 @@ def test_argmax_kernel_agrees_with_torch_on_ties_and_nan(variant):
         out = torch.empty(6, dtype=torch.int64)
         lib.inferd_argmax_rows(part.data_ptr(), 6, cols, out.data_ptr())
         assert torch.equal(out, part.argmax(dim=-1))
+
+
+@pytest.mark.parametrize("enabled", [True, False])
+def test_amx_flags_count_only_where_the_os_enables_amx(monkeypatch, enabled):
+    # A VM's cpuid may list AMX where its instructions trap: then inferd drops the amx flags
+    # (and with them AMX's claim to fast bf16).
+    monkeypatch.setattr("inferd.cpu_info._cpuinfo",
+                        lambda: "flags\t: sse2 avx2 amx_tile amx_int8 amx_bf16\n")  # fmt: skip
+    monkeypatch.setattr("inferd.cpu_info.os_enables_amx", lambda: enabled)
+    flags = cpu_info.cpu_flags()
+    assert (
+        flags & {"amx_tile", "amx_int8", "amx_bf16"} == {"amx_tile", "amx_int8", "amx_bf16"}
+    ) is enabled
+    assert "avx2" in flags
+    assert cpu_info.cpu_has_fast_bf16() is enabled
+
+
+def test_os_amx_check_agrees_with_the_kernel():
+    # Where the OS supports AMX's state, a process may request it (ARCH_REQ_XCOMP_PERM); the
+    # check must never claim AMX where that request fails. Run in a child: a granted request
+    # changes the process.
+    import subprocess
+    import sys
+
+    code = ("import ctypes; from inferd import cpu_info; "
+            "ok = ctypes.CDLL(None).syscall(158, 0x1023, 18) == 0; "
+            "print(cpu_info.os_enables_amx(), ok)")  # fmt: skip
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    claimed, granted = out.stdout.split()
+    if cpu_info.machine() == "x86_64":
+        assert claimed == granted
+    else:
+        assert claimed == "False"
+
+
+def test_doctor_names_the_flags_the_os_leaves_disabled(monkeypatch, capsys):
+    monkeypatch.setattr(
+        "inferd.cpu_info._cpuinfo", lambda: "flags\t: sse2 avx2 amx_tile amx_int8\n"
+    )
+    monkeypatch.setattr("inferd.cpu_info.os_enables_amx", lambda: False)
+    from inferd.commands import doctor
+
+    facts = doctor.collect()
+    assert facts["listed, not enabled by the OS"] == "amx_tile amx_int8 (treated as absent)"
+    assert "amx" not in facts["cpu features"]
