@@ -232,13 +232,15 @@ def test_os_amx_check_agrees_with_the_kernel():
         assert claimed == "False"
 
 
-def test_doctor_names_the_flags_the_os_leaves_disabled(monkeypatch, capsys):
+def test_doctor_names_the_flags_the_os_leaves_disabled(monkeypatch):
     monkeypatch.setattr(
         "inferd.cpu_info._cpuinfo", lambda: "flags\t: sse2 avx2 amx_tile amx_int8\n"
     )
     monkeypatch.setattr("inferd.cpu_info.os_enables_amx", lambda: False)
     from inferd.commands import doctor
 
+    monkeypatch.setattr(doctor, "_kernel_facts", dict)  # the CPU facts only: no kernel build
+    monkeypatch.setattr(doctor, "_torch_facts", dict)
     facts = doctor.collect()
     assert facts["listed, not enabled by the OS"] == "amx_tile amx_int8 (treated as absent)"
     assert "amx" not in facts["cpu features"]
