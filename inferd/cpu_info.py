@@ -54,15 +54,20 @@ def cpu_flags() -> frozenset[str]:
     """The CPU's feature flags as the kernel reports them, less those INFERD_CPU_FEATURES_OFF
     turns off (empty where /proc/cpuinfo is not readable: nothing is assumed then)."""
     disabled = disabled_by_os()
-    flags = [f for f in _field(("flags", "Features")).split() if f not in disabled]
+    flags = [f for f in _listed_flags() if f not in disabled]
     off = features_off()
     return frozenset(f for f in flags if not any(fnmatch.fnmatchcase(f, p) for p in off))
+
+
+def _listed_flags() -> list[str]:
+    """The flags /proc/cpuinfo lists (x86 and Arm name the line differently)."""
+    return _field(("flags", "Features")).split()
 
 
 def disabled_by_os() -> tuple[str, ...]:
     """The flags /proc/cpuinfo lists that this OS does not let a process use (AMX's, where
     os_enables_amx says no): inferd treats them as absent."""
-    amx = tuple(f for f in _field(("flags", "Features")).split() if f.startswith("amx"))
+    amx = tuple(f for f in _listed_flags() if f.startswith("amx"))
     return amx if amx and not os_enables_amx() else ()
 
 

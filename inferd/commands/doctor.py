@@ -104,8 +104,8 @@ def collect() -> dict[str, object]:
         "cpu features": " ".join(f for f in NOTABLE_FEATURES if f in flags) or "(none found)",
         FEATURES_OFF_ENV: " ".join(features_off()) or "(unset)",
     }
-    if disabled_by_os():
-        facts["listed, not enabled by the OS"] = " ".join(disabled_by_os()) + " (treated as absent)"
+    if disabled := disabled_by_os():
+        facts["listed, not enabled by the OS"] = " ".join(disabled) + " (treated as absent)"
     facts["cache"] = str(cache_dir())
     facts.update(_kernel_facts())
     facts.update(_torch_facts())
