@@ -43,3 +43,21 @@ def test_timed_run_measures_the_first_byte_and_the_child_cpu():
         startup.timed_run([sys.executable, "-c", "import sys; sys.exit(3)"])
     with pytest.raises(ValueError, match="cold-runs"):
         startup.run_cold("inferd", ["x"], 0)
+
+
+def test_warm_runs_let_python_cache_its_bytecode(monkeypatch):
+    """With PYTHONDONTWRITEBYTECODE every start would compile the modules again: the warm runs
+    (warm-up included) go without it, and with the rest of the environment as it is."""
+    monkeypatch.setenv("PYTHONDONTWRITEBYTECODE", "1")
+    monkeypatch.setenv("INFERD_PROBE", "kept")
+    envs = []
+
+    def fake_run(cmd, timeout=600.0, env=None):
+        envs.append(env)
+        return 1.0, 0.5
+
+    monkeypatch.setattr(startup, "timed_run", fake_run)
+    [result] = startup.run_startup({"inferd": ["x"]}, 2)
+    assert result.seconds == [1.0, 1.0] and len(envs) == 3
+    assert all("PYTHONDONTWRITEBYTECODE" not in env and env["INFERD_PROBE"] == "kept"
+               for env in envs)  # fmt: skip
