@@ -89,7 +89,9 @@ INLINE void tile(const BlockMatrix* W, int64_t g, int h0, Panel x, float* y, int
     __m256 acc[MAX_ACC];
     UNROLL
     for (int i = 0; i < R * HR; i++) acc[i] = _mm256_setzero_ps();
+    const uint8_t* high = bits == 5 ? group_high(W, g) : NULL;
     for (int64_t b = 0; b < nb; b++) {
+        prefetch_block(W, group_q(W, g), high, group_scales(W, g), b, bits, B);
         __m256i s[MAX_ACC];
         UNROLL
         for (int m = 0; m < R; m++) {

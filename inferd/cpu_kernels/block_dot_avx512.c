@@ -77,6 +77,8 @@ INLINE void tile(const BlockMatrix* W, int64_t g, Panel x, float* y, int64_t ldy
     UNROLL
     for (int i = 0; i < R * GR; i++) acc[i] = _mm512_setzero_ps();
     for (int64_t b = 0; b < nb; b++) {
+        UNROLL
+        for (int j = 0; j < GR; j++) prefetch_block(W, q[j], high[j], at[j], b, bits, B);
         __m512i s0[MAX_ACC], s1[MAX_ACC];
         UNROLL
         for (int m = 0; m < R; m++) {

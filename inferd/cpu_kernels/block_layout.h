@@ -87,6 +87,28 @@ static inline float scale_at(const BlockMatrix* W, int64_t i) {
                           : ((const float*)W->scale)[i];
 }
 
+/* Asks for a group's bytes PREFETCH_AHEAD bytes of its q beyond weight block b, and for the
+ * fifth bits and scales of the block as far ahead (q, high, at: group_q, group_high,
+ * group_scales). NOTE: the hardware's prefetchers alone left the products short of the
+ * memory's bandwidth: on a 2-core Intel Xeon (AVX-512 tiles, two threads) the LM head of one
+ * row went from 9.2 to 6.7 ms with this (a plain read of as many bytes takes 6.2 ms there), a
+ * decode step of 8 sequences from 26.5 to 16.7 ms and a 512-token prefill step from ~400 to
+ * ~350 ms. A prefetch never faults, so asking past the end of the weights is harmless. */
+#define PREFETCH_AHEAD 2048
+
+/* NOTE: always inlined: out of line, GCC finds it without effects and deletes its calls. */
+static inline __attribute__((always_inline)) void prefetch_block(
+    const BlockMatrix* W, const uint8_t* q, const uint8_t* high, int64_t at, int64_t b, int bits,
+    int B) {
+    const int block_bytes = bits == 8 ? GROUP * B : GROUP * B / 2;
+    const int64_t ahead = b + PREFETCH_AHEAD / block_bytes;
+    for (int l = 0; l < block_bytes; l += 64)
+        __builtin_prefetch(q + b * block_bytes + PREFETCH_AHEAD + l, 0, 3);
+    if (bits == 5) __builtin_prefetch(high + 2 * B * ahead, 0, 3);
+    const int scale_bytes = W->half_scales ? 2 : 4;
+    __builtin_prefetch((const char*)W->scale + (at + ahead * GROUP) * scale_bytes, 0, 3);
+}
+
 /* The activations of a product, quantised by block_gemv.c for every ISA alike, for the rows
  * of one tile (a "panel" of R rows, R = tile_rows(...)), row m of the panel at a constant
  * offset, so that a tile needs one pointer per array:
