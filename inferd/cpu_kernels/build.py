@@ -18,11 +18,8 @@ from __future__ import annotations
 
 import ctypes
 import functools
-import hashlib
 import logging
 import os
-import shutil
-import subprocess
 import tempfile
 import time
 from dataclasses import dataclass
@@ -30,6 +27,8 @@ from pathlib import Path
 
 import torch  # noqa: F401  (loaded first, so its OpenMP runtime is the one the kernels bind to)
 
+from inferd import c_compiler
+from inferd.c_compiler import NoCompiler, find_compiler, run_compiler, source_key
 from inferd.cache import cache_dir, publish, verified
 from inferd.cpu_info import cpu_flags, machine
 from inferd.cpu_kernels.variants import BY_NAME, ENV, Variant, requested, runnable, target_flags
@@ -68,34 +67,31 @@ class Kernels:
 
 
 def compiler() -> str:
-    for name in (os.environ.get("CC"), "cc", "gcc", "clang"):
-        if name and shutil.which(name):
-            return name
-    raise KernelsUnavailable("no C compiler found (install gcc, or set CC)")
+    try:
+        return find_compiler()
+    except NoCompiler as e:
+        raise KernelsUnavailable(str(e)) from None
 
 
-@functools.cache
 def compiler_version(cc: str) -> str:
     """The compiler's `--version` banner (part of every library's cache key)."""
     try:
-        return subprocess.run([cc, "--version"], capture_output=True, text=True).stdout.strip()
-    except OSError as e:
-        raise KernelsUnavailable(f"cannot run the C compiler {cc!r}: {e}") from e
+        return c_compiler.compiler_version(cc)
+    except NoCompiler as e:
+        raise KernelsUnavailable(str(e)) from None
 
 
 def library_path(variant: Variant, cc: str) -> Path:
-    key = hashlib.sha256()
-    for path in [*SOURCES, *HEADERS, CHECK_SOURCE]:
-        key.update(path.name.encode() + b"\0" + path.read_bytes())
-    for part in (variant.name, compiler_version(cc), " ".join(FLAGS + target_flags(variant))):
-        key.update(b"\0" + part.encode())
-    return cache_dir() / "kernels" / f"inferd_kernels-{variant.name}-{key.hexdigest()[:16]}.so"
+    parts = (variant.name, compiler_version(cc), " ".join(FLAGS + target_flags(variant)))
+    key = source_key([*SOURCES, *HEADERS, CHECK_SOURCE], *parts)
+    return cache_dir() / "kernels" / f"inferd_kernels-{variant.name}-{key}.so"
 
 
 def _run(cmd: list[str], what: str) -> None:
-    result = subprocess.run(cmd, capture_output=True, text=True)
-    if result.returncode != 0:
-        raise KernelsUnavailable(f"compiling {what} failed:\n{result.stderr[-2000:]}")
+    try:
+        run_compiler(cmd, what)
+    except NoCompiler as e:
+        raise KernelsUnavailable(str(e)) from None
 
 
 def build(variant: Variant | str) -> tuple[Path, float | None]:

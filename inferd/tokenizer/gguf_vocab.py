@@ -19,13 +19,15 @@ loading any tokenizer this size, so merges that can never fire are dropped (exac
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import logging
+import os
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 from tokenizers import Regex, Tokenizer, decoders, normalizers, pre_tokenizers
@@ -35,7 +37,13 @@ from inferd.errors import ModelLoadError
 from inferd.loader.gguf_strings import StringArray, encode_strings
 from inferd.tokenizer.bpe_merges import derive_merges, prune_dead_merges
 
+if TYPE_CHECKING:
+    from inferd.tokenizer.compact_bpe import CompactBPE
+
 log = logging.getLogger(__name__)
+
+TOKENIZER_ENV = "INFERD_TOKENIZER"
+TOKENIZER_CHOICES = ("auto", "compact", "tokenizers")
 
 # NOTE: part of the cache key; bump it whenever the JSON built here changes, so stale caches
 # are ignored instead of silently tokenizing the old way.
@@ -269,17 +277,25 @@ def _added_tokens(v: GGUFVocab, vocab: dict[str, int]) -> list[dict[str, Any]]:
     return sorted(added.values(), key=lambda t: t["id"])
 
 
-def build_tokenizer_json(v: GGUFVocab) -> str:
-    """The tokenizer.json text for this vocabulary (no post-processor: BOS/EOS policy is the
-    caller's, so one cached file serves files that differ only in those flags)."""
+def _build(v: GGUFVocab) -> tuple[_Shape, list[tuple], list[dict[str, Any]]]:
+    """The vocabulary's pipeline, its live merges in rank order, and its added tokens."""
     shape = _shape_for(v)
     split = SPLIT_BY_PRE.get(v.pre)
     if split is not None:
         byte_level = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
         isolated = pre_tokenizers.Split(Regex(split), behavior="isolated")
         shape.pre_tokenizer = pre_tokenizers.Sequence([isolated, byte_level])
+    byte_fallback = shape.model_options["byte_fallback"]
+    merges = prune_dead_merges(shape.merges, shape.vocab, byte_fallback)
+    return shape, merges, _added_tokens(v, shape.vocab)
+
+
+def build_tokenizer_json(v: GGUFVocab, built: tuple | None = None) -> str:
+    """The tokenizer.json text for this vocabulary (no post-processor: BOS/EOS policy is the
+    caller's, so one cached file serves files that differ only in those flags). `built`:
+    `_build(v)`, when already at hand."""
+    shape, merges, added = built or _build(v)
     options = shape.model_options
-    merges = prune_dead_merges(shape.merges, shape.vocab, options["byte_fallback"])
     model = _state(tk_models.BPE({}, [], **options))
     # NOTE: two measured load-time savings (about 30% of `Tokenizer.from_file`): a vocabulary
     # written in key order, and merges as "left right" strings (valid when no token has a space).
@@ -292,7 +308,7 @@ def build_tokenizer_json(v: GGUFVocab) -> str:
         "version": "1.0",
         "truncation": None,
         "padding": None,
-        "added_tokens": _added_tokens(v, shape.vocab),
+        "added_tokens": added,
         "normalizer": _state(shape.normalizer),
         "pre_tokenizer": _state(shape.pre_tokenizer),
         "post_processor": None,
@@ -302,12 +318,95 @@ def build_tokenizer_json(v: GGUFVocab) -> str:
     return json.dumps(document, ensure_ascii=False, separators=(",", ":"))
 
 
-def load_gguf_backend(v: GGUFVocab, cache_folder: Path | None) -> Tokenizer:
-    """The tokenizer for this vocabulary, from `cache_folder/<key>.json` when present and intact
-    (its checksum matches: inferd/cache.py); a damaged file is logged, deleted and rebuilt."""
+def load_gguf_backend(v: GGUFVocab, cache_folder: Path | None) -> Tokenizer | CompactBPE:
+    """The tokenizer for this vocabulary. A Gemma SentencePiece vocabulary gets the compact
+    tokenizer (compact_bpe.py), from `cache_folder/<key>.bpe`; any other, or where no C
+    compiler is found, HF `tokenizers` from `cache_folder/<key>.json`. `INFERD_TOKENIZER`
+    chooses: "auto" (default), "compact" (an error where it does not apply), "tokenizers".
+    Cached files are used only when intact (inferd/cache.py); a damaged one is logged,
+    deleted and rebuilt."""
+    choice = os.environ.get(TOKENIZER_ENV, "auto").strip().lower() or "auto"
+    if choice not in TOKENIZER_CHOICES:
+        raise ModelLoadError(f"{TOKENIZER_ENV}={choice!r}: expected one of "
+                             f"{', '.join(TOKENIZER_CHOICES)}")  # fmt: skip
+    key = v.cache_key()
+    json_path = cache_folder / f"{key}.json" if cache_folder is not None else None
+    hf_loader = functools.partial(_load_hf_backend, v, json_path)
+    if choice != "tokenizers" and compact_applies(v):
+        from inferd.tokenizer.compact_bpe import CompactUnavailable
+
+        bpe_path = cache_folder / f"{key}.bpe" if cache_folder is not None else None
+        try:
+            return _load_compact(v, bpe_path, json_path, hf_loader)
+        except CompactUnavailable as e:
+            if choice == "compact":
+                raise ModelLoadError(f"{TOKENIZER_ENV}=compact: {e}") from e
+            log.info("the compact tokenizer is unavailable (%s): using HF tokenizers", e)
+    elif choice == "compact":
+        raise ModelLoadError(
+            f"{TOKENIZER_ENV}=compact: the compact tokenizer covers Gemma's SentencePiece "
+            f"vocabularies only, not tokenizer.ggml.model={v.model!r} pre={v.pre!r} "
+            f"(architecture {v.architecture!r})"
+        )
+    return hf_loader()
+
+
+def compact_applies(v: GGUFVocab) -> bool:
+    """Whether the compact tokenizer computes what HF does for this vocabulary: Gemma's shape
+    (spaces as U+2581, the whole text between added tokens one BPE word, byte fallback)."""
+    gemma = (v.model == "llama" and v.architecture in GEMMA_ARCHITECTURES) or v.model == "gemma4"
+    return gemma and SPLIT_BY_PRE.get(v.pre) is None
+
+
+def _load_compact(v: GGUFVocab, path: Path | None, json_path: Path | None,
+                  hf_loader: Any) -> CompactBPE:  # fmt: skip
+    from inferd.cache import discard, publish, verified
+    from inferd.tokenizer.compact_bpe import CompactBPE, library
+    from inferd.tokenizer.compact_tables import build_tables, read_tables, write_tables
+
+    library()  # CompactUnavailable before any work
+    if path is not None and verified(path):
+        try:
+            return CompactBPE(*read_tables(path), hf_loader)
+        except (ValueError, KeyError) as e:  # intact but of another layout
+            discard(path, f"unreadable: {e}")
+    from inferd.progress import status
+
+    with status(f"building the tokenizer from the GGUF vocabulary ({len(v.tokens)} tokens)"):
+        merges = None if v.merges is None else list(v.merges)
+        full = replace(v, tokens=list(v.tokens), merges=merges)
+        built = _build(full)
+        shape, live_merges, added = built
+        by_id = sorted(shape.vocab, key=shape.vocab.__getitem__)
+        if [shape.vocab[t] for t in by_id] != list(range(len(full.tokens))):
+            # NOTE: respelled tokens that collide leave ids without a token; HF copes, the
+            # tables do not (every id has one token): stay with HF.
+            from inferd.tokenizer.compact_bpe import CompactUnavailable
+
+            raise CompactUnavailable("the vocabulary's tokens are not one per id")
+        try:
+            arrays, meta = build_tables(by_id, live_merges, added, shape.model_options["unk_token"])
+        except ValueError as e:
+            raise ModelLoadError(str(e)) from e
+    if path is None:
+        return CompactBPE(arrays, meta, hf_loader)
+    try:  # written beside a checksum, renamed into place: readers see all of it or none
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+        write_tables(tmp, arrays, meta)
+        publish(tmp, path)
+        if json_path is not None and not verified(json_path):  # for the HF tokenizer, if asked
+            _write_atomically(json_path, build_tokenizer_json(full, built))
+    except OSError as e:  # a read-only cache only costs speed
+        log.warning("could not cache the tokenizer at %s: %s", path, e)
+        return CompactBPE(arrays, meta, hf_loader)
+    return CompactBPE(*read_tables(path), hf_loader)
+
+
+def _load_hf_backend(v: GGUFVocab, path: Path | None) -> Tokenizer:
+    """HF `tokenizers`' tokenizer for this vocabulary, from `path` when present and intact."""
     from inferd.cache import discard, verified
 
-    path = cache_folder / f"{v.cache_key()}.json" if cache_folder is not None else None
     if path is not None and verified(path):
         try:
             return Tokenizer.from_file(str(path))

@@ -14,7 +14,7 @@ The plain-text tokens come from a second `tokenizers.Tokenizer` that shares the 
 normalizer and pre-tokenizer objects of the first (no copy of the vocabulary: ~0 MB) and has
 special-token matching switched off (`encode_special_tokens`, HF's `split_special_tokens`).
 It is never switched back: toggling the flag on a shared tokenizer would race with other
-threads' encodes.
+threads' encodes. (The compact tokenizer has these modes itself: `CompactBPE.matching`.)
 
 The same walk checks that the text is valid Unicode: a lone surrogate ("a\\ud800b", or
 CESU-8 decoded leniently) cannot be encoded, and is refused here with a message naming where
@@ -91,6 +91,10 @@ class SpecialTokenGuard:
         specials = {i: t for i, t in added.items() if t.special}
         self._contents = {i: t.content for i, t in specials.items()}
         self._first_chars = frozenset(t.content[:1] for t in specials.values())
+        if hasattr(backend, "matching"):  # the compact tokenizer has both modes built in
+            self._detector = backend.matching("special")
+            self._plain_first = self._plain_mid = backend.matching("plain")
+            return
         # Finds special-token strings exactly as the real tokenizer matches them (same tokens,
         # same normalizer), at the cost of a scan: all other text is one unknown "word".
         self._detector = _clone(backend, specials, share_model=False)

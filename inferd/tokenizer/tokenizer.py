@@ -1,4 +1,5 @@
-"""The engine's tokenizer: HF `tokenizers` underneath, loaded from a HF folder or a GGUF file.
+"""The engine's tokenizer, loaded from a HF folder or a GGUF file: HF `tokenizers` underneath,
+or for Gemma's GGUF vocabularies the compact tokenizer that computes the same (compact_bpe.py).
 
 Text in and out of the engine passes here: `encode` for prompts, `decode` (and the incremental
 detokenizer built on it) for outputs, `apply_chat_template` / `encode_chat` for chat requests,
@@ -21,6 +22,7 @@ from tokenizers import processors
 from inferd.errors import ModelLoadError
 from inferd.loader.gguf_file import GGUFFile
 from inferd.tokenizer.chat_prompt import build_chat_prompt
+from inferd.tokenizer.compact_bpe import CompactBPE
 from inferd.tokenizer.gguf_vocab import GEMMA_ARCHITECTURES, GGUFVocab, load_gguf_backend
 from inferd.tokenizer.hf_tokenizer_files import (
     NAMED_SPECIALS,
@@ -39,7 +41,8 @@ if TYPE_CHECKING:
 
 
 class Tokenizer:
-    """A `tokenizers.Tokenizer` plus the checkpoint's special-token policy and chat template."""
+    """A `tokenizers.Tokenizer` (or CompactBPE) plus the checkpoint's special-token policy and
+    chat template."""
 
     def __init__(
         self,
@@ -229,7 +232,7 @@ class Tokenizer:
     # --- properties ------------------------------------------------------------------------------
 
     @property
-    def backend(self) -> Backend:
+    def backend(self) -> Backend | CompactBPE:
         return self._backend
 
     @cached_property
@@ -320,9 +323,11 @@ class Tokenizer:
         single = " ".join([f"{bos}:0"] * add_bos + ["$A:0"] + [f"{eos}:0"] * add_eos)
         pair = " ".join([single] + [f"{bos}:1"] * add_bos + ["$B:1"] + [f"{eos}:1"] * add_eos)
         specials = [(bos, bos_id)] * add_bos + [(eos, eos_id)] * add_eos
-        self._backend.post_processor = processors.TemplateProcessing(
-            single=single, pair=pair, special_tokens=specials
-        )
+        processor = processors.TemplateProcessing(single=single, pair=pair, special_tokens=specials)
+        if isinstance(self._backend, CompactBPE):
+            self._backend.set_template([bos_id] * add_bos, [eos_id] * add_eos, processor)
+        else:
+            self._backend.post_processor = processor
 
 
 _GGUF_ID_KEYS = ("bos_token_id", "eos_token_id", "unknown_token_id", "padding_token_id")

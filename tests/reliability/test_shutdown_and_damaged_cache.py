@@ -108,7 +108,7 @@ def _entries_in_use() -> list[Path]:
     vocab = GGUFVocab.from_metadata(gguf.metadata, gguf.architecture)
     return [
         weight_cache.entry_path(model, gguf_cache.MODE, 0, 1),
-        cache.cache_dir() / "tokenizers" / f"{vocab.cache_key()}.json",
+        cache.cache_dir() / "tokenizers" / f"{vocab.cache_key()}.bpe",  # the compact tokenizer
         current_kernels().path,
     ]
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import logging
 import re
+import shutil
 
 import pytest
 import torch
@@ -64,7 +65,7 @@ def test_the_library_checks_every_feature_its_variant_needs():
 
 
 def test_library_names_say_their_variant_and_never_the_build_machine(monkeypatch):
-    cc = build.compiler() if build.shutil.which("cc") else "cc"
+    cc = build.compiler() if shutil.which("cc") else "cc"
     paths = {v.name: build.library_path(v, cc) for v in variants.VARIANTS}
     for name, path in paths.items():
         assert re.fullmatch(rf"inferd_kernels-{name}-[0-9a-f]{{16}}\.so", path.name)
