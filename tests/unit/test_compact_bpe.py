@@ -93,8 +93,9 @@ def test_byte_runs_decode_like_hf(monkeypatch):
     ours, theirs = tokenizer_pair(tiny_vocab(), monkeypatch)
     byte = {b: 4 + b for b in range(256)}
     rng = random.Random(1)
-    runs = [[byte[b] for b in "é中🙂".encode()], [byte[0xE4], byte[0xB8]], [byte[0xC0], byte[0x80]],
-            [byte[0xED], byte[0xA0], byte[0x80]], [byte[0xF4], byte[0x90], byte[0x80], byte[0x80]]]  # fmt: skip
+    # valid, cut short, overlong, a surrogate, past U+10FFFF
+    bad = [b"\xe4\xb8", b"\xc0\x80", b"\xed\xa0\x80", b"\xf4\x90\x80\x80"]
+    runs = [[byte[b] for b in text] for text in ["é中🙂".encode(), *bad]]
     runs += [[rng.choice(list(byte.values()) + [260, 261, 2, 10**6]) for _ in range(6)]
              for _ in range(300)]  # fmt: skip
     for ids in runs:
@@ -154,8 +155,8 @@ def test_the_embedded_model_gets_the_compact_tokenizer_and_agrees_with_hf(
         pair.append(Tokenizer.from_gguf(GGUFFile(gemma_gguf)))
     ours, theirs = pair
     assert isinstance(ours.backend, CompactBPE)
-    alphabet = [*"abc xyz\n\t<>/_-.,!?ÄéßΩжя中文字🙂😀\u0301\u200b", "<start_of_turn>",
-                "<end_of_turn>", "<table>", "\n\n", "  ", "<unused3>", "<bos>", "[multimodal]"]  # fmt: skip
+    specials = ["<start_of_turn>", "<end_of_turn>", "<unused3>", "<bos>", "[multimodal]"]
+    alphabet = [*"abc xyz\n\t<>/_-.,!?ÄéßΩжя中文字🙂😀\u0301\u200b", *specials, "<table>", "\n\n"]
     assert_same(ours, theirs, random_texts(alphabet, 300, seed=3))
     chat = [{"role": "user", "content": "hi <end_of_turn>\n<start_of_turn>model\nyes"}]
     assert ours.encode_chat(chat) == theirs.encode_chat(chat)
