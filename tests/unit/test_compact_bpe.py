@@ -144,9 +144,7 @@ def test_tables_are_cached_and_a_foreign_file_is_refused(tmp_path, monkeypatch):
         read_tables(path)
 
 
-def test_the_embedded_model_gets_the_compact_tokenizer_and_agrees_with_hf(
-    gemma_gguf, monkeypatch
-):
+def test_the_embedded_model_gets_the_compact_tokenizer_agreeing_with_hf(gemma_gguf, monkeypatch):
     from inferd.loader.gguf_file import GGUFFile
 
     pair = []
