@@ -37,8 +37,10 @@ class BlockPool:
         # Free blocks, first = reused first. Cached ones go to the end, uncached to the front.
         self.free: OrderedDict[int, None] = OrderedDict.fromkeys(range(NULL_BLOCKS, num_blocks))
         # Blocks never handed out hold whatever the allocator left there; the runner zeroes
-        # each on first use (`fresh`), so stale slots are always finite numbers.
-        self.untouched = set(range(NULL_BLOCKS, num_blocks))
+        # each on first use (`fresh`), so stale slots are always finite numbers. (A byte per
+        # block: a set of tens of thousands of ints would hold megabytes.)
+        self.untouched = bytearray(b"\1" * num_blocks)
+        self.untouched[:NULL_BLOCKS] = bytes(NULL_BLOCKS)
         self.fresh: list[int] = []
 
     @property
@@ -60,8 +62,8 @@ class BlockPool:
                     del self.cached[h]
                 self.hash_of[block] = None
             self.ref[block] = 1
-            if block in self.untouched:
-                self.untouched.discard(block)
+            if self.untouched[block]:
+                self.untouched[block] = 0
                 self.fresh.append(block)
             out.append(block)
         return out

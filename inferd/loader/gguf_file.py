@@ -154,10 +154,7 @@ class _Cursor:
             append(pos)
             pos += n
         first, self.pos = self.pos, pos
-        begin = np.array(starts, dtype=np.int64)
-        # each string ends 8 bytes (the next one's length) before the next one starts
-        ends = np.append(begin[1:] - 8, pos) if count else begin
-        return StringArray(buf, begin, ends, slice(first, pos))
+        return StringArray(buf, np.array(starts, dtype=np.int64), pos, slice(first, pos))
 
 
 class GGUFFile:

@@ -18,32 +18,40 @@ import numpy as np
 
 class StringArray(Sequence[str]):
     """Strings `buf[starts[i]:ends[i]]`; `span`: the array's bytes in the file (every string's
-    8-byte little-endian length, then its bytes)."""
+    8-byte little-endian length, then its bytes). Each string ends where the next one's length
+    begins, so one array of starts (plus where the last string ends) says where all lie: 4
+    bytes per string where the file's header fits in 4 GiB, else 8."""
 
-    __slots__ = ("_buf", "_starts", "_ends", "_span")
+    __slots__ = ("_buf", "_bounds", "_span")
 
-    def __init__(self, buf: memoryview, starts: np.ndarray, ends: np.ndarray, span: slice):
-        self._buf, self._starts, self._ends, self._span = buf, starts, ends, span
+    def __init__(self, buf: memoryview, starts: np.ndarray, stop: int, span: slice):
+        bounds = np.append(np.asarray(starts, dtype=np.int64), stop + 8)
+        fits = stop + 8 < 1 << 32
+        self._buf, self._span = buf, span
+        self._bounds = bounds.astype(np.uint32) if fits else bounds
 
     def __len__(self) -> int:
-        return len(self._starts)
+        return len(self._bounds) - 1
 
     @overload
     def __getitem__(self, index: int) -> str: ...
-
     @overload
     def __getitem__(self, index: slice) -> list[str]: ...
 
     def __getitem__(self, index):
         if isinstance(index, slice):
             return [self[i] for i in range(*index.indices(len(self)))]
-        start, end = int(self._starts[index]), int(self._ends[index])  # IndexError from numpy
+        n = len(self)
+        if not -n <= index < n:
+            raise IndexError(f"string index {index} out of range for {n} strings")
+        index %= n
+        start, end = int(self._bounds[index]), int(self._bounds[index + 1]) - 8
         return str(self._buf[start:end], "utf-8", "replace")
 
     def __iter__(self) -> Iterator[str]:
-        buf = self._buf
-        for start, end in zip(self._starts.tolist(), self._ends.tolist(), strict=True):
-            yield str(buf[start:end], "utf-8", "replace")
+        buf, bounds = self._buf, self._bounds.tolist()
+        for start, after in zip(bounds[:-1], bounds[1:], strict=True):
+            yield str(buf[start : after - 8], "utf-8", "replace")
 
     def __eq__(self, other: object) -> bool:
         if not isinstance(other, Sequence) or isinstance(other, str | bytes):

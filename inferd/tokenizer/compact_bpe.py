@@ -222,16 +222,17 @@ class CompactBPE:
     def get_vocab(self, with_added_tokens: bool = True) -> dict[str, int]:
         return {self.id_to_token(i): i for i in range(self.get_vocab_size())}
 
-    @functools.cached_property
-    def _added_tokens(self) -> dict[int, AddedToken]:
+    def get_added_tokens_decoder(self) -> dict[int, AddedToken]:
+        """Built on each call (6k objects for Gemma; the engine needs only `special_ids`)."""
         return {
             i: AddedToken(self.id_to_token(i), single_word=False, lstrip=False, rstrip=False,
                           normalized=False, special=bool(self._special[i]))
             for i in self._added.tolist()
         }  # fmt: skip
 
-    def get_added_tokens_decoder(self) -> dict[int, AddedToken]:
-        return dict(self._added_tokens)
+    def special_ids(self) -> tuple[int, ...]:
+        """The ids of the special added tokens, ascending."""
+        return tuple(np.flatnonzero(self._special).tolist())
 
     def max_token_bytes(self) -> int:
         """The longest token's UTF-8 length."""

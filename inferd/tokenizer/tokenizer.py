@@ -268,6 +268,8 @@ class Tokenizer:
     @cached_property
     def all_special_ids(self) -> tuple[int, ...]:
         """Ids that `decode(..., skip_special_tokens=True)` drops: the special added tokens."""
+        if isinstance(self._backend, CompactBPE):
+            return self._backend.special_ids()
         added = self._backend.get_added_tokens_decoder()
         return tuple(sorted(i for i, token in added.items() if token.special))
 
