@@ -151,7 +151,17 @@ static void qkv_row(const LayerSpec* L, const StepSpec* S, int64_t i, float* row
 }
 
 /* act [I] = act(gate) * up of one row of gate_up [2I] */
-static void gated_row(const LayerSpec* L, const float* restrict g, float* restrict out) {
+/* NOTE: GCC's jump threading copies inferd_exp's clamps into separate paths and then computes
+ * the division twice per vector (two vdivps); without it the loops take one. Same arithmetic,
+ * same bits; ~5% of a 512-token prefill step with GELU. */
+#if defined(__GNUC__) && !defined(__clang__)
+#define ONE_DIVISION __attribute__((noinline, optimize("no-thread-jumps")))
+#else
+#define ONE_DIVISION
+#endif
+
+ONE_DIVISION static void gated_row(const LayerSpec* L, const float* restrict g,
+                                   float* restrict out) {
     const int64_t I = L->inter;
     /* two loops rather than a test per value, so that each vectorises */
     if (L->gelu)
