@@ -27,7 +27,7 @@ from pathlib import Path
 
 import torch  # noqa: F401  (loaded first, so its OpenMP runtime is the one the kernels bind to)
 
-from inferd import c_compiler
+import inferd.c_compiler as c_compiler
 from inferd.c_compiler import NoCompiler, find_compiler, run_compiler, source_key
 from inferd.cache import cache_dir, publish, verified
 from inferd.cpu_info import cpu_flags, machine

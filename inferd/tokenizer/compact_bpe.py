@@ -5,8 +5,8 @@ built from a Gemma GGUF, from flat tables (compact_tables.py) and a small C file
 `CompactBPE` answers the part of the `tokenizers.Tokenizer` interface inferd uses: `encode`
 (ids and character offsets), `decode`, `id_to_token`, `token_to_id`, the vocabulary's size and
 added tokens. What it does not do itself, serialising to tokenizer.json (`to_str`, `save`:
-structured outputs, `inferd export-tokenizer`), goes to the equivalent HF tokenizer, loaded
-on first use. Its encodings are checked against HF's on the same vocabulary
+structured outputs, `inferd export-tokenizer`), goes to the equivalent HF tokenizer, built
+from the same tables on first use. Its encodings are checked against HF's on the same vocabulary
 (tests/unit/test_compact_bpe.py, tests/parity/test_tokenizer_parity.py).
 
 The C library is compiled once per compiler into the cache, like the CPU kernels, with plain
@@ -20,7 +20,7 @@ import copy
 import ctypes
 import functools
 import tempfile
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -28,7 +28,7 @@ import numpy as np
 from tokenizers import AddedToken, decoders, normalizers, pre_tokenizers
 from tokenizers import Tokenizer as Backend
 
-from inferd import c_compiler
+import inferd.c_compiler as c_compiler
 
 SOURCE = Path(__file__).with_name("compact_bpe.c")
 FLAGS = ("-O2", "-fPIC", "-std=c11", "-shared")
@@ -128,8 +128,7 @@ class CompactEncoding:
 class CompactBPE:
     """A SentencePiece BPE tokenizer over compact tables (see the module's docstring)."""
 
-    def __init__(self, arrays: dict[str, np.ndarray], meta: dict[str, Any],
-                 hf_loader: Callable[[], Backend]):  # fmt: skip
+    def __init__(self, arrays: dict[str, np.ndarray], meta: dict[str, Any]):
         self._handle = _Handle(library(), arrays, int(meta["unk_id"]))
         self._lib, self._ptr = self._handle.lib, self._handle.ptr
         self._blob, self._offsets = arrays["blob"], arrays["offsets"]
@@ -138,7 +137,7 @@ class CompactBPE:
         # [ids before, ids after] every sequence when add_special_tokens (the post-processor),
         # shared with the views, so setting it once sets it for all
         self._around: list[list[int]] = [[], []]
-        self._hf_loader = hf_loader
+        self._arrays, self._meta = arrays, meta
         self._hf: list[Backend] = []  # shared with the views too
         self.post_processor: Any = None
         self.normalizer = normalizers.Replace(" ", SPIECE_SPACE)
@@ -241,17 +240,41 @@ class CompactBPE:
     # --- what goes to the HF tokenizer -------------------------------------------------------
 
     def hf(self) -> Backend:
-        """The HF tokenizer with the same vocabulary and rules (loaded once, on first use:
-        ~80 MiB for Gemma's)."""
+        """The HF tokenizer with the same vocabulary and rules, built from these tables on
+        first use (~1 s and ~80 MiB for Gemma's: only structured outputs and exports ask)."""
         if not self._hf:
-            backend = self._hf_loader()
+            from inferd.tokenizer.gguf_vocab import gemma_tokenizer_json
+
+            tokens = [self.id_to_token(i) for i in range(self.get_vocab_size())]
+            keys = self._arrays["merge_keys"]
+            order = np.argsort(self._arrays["merge_ranks"], kind="stable")
+            merges = [(tokens[int(k) >> 32], tokens[int(k) & 0xFFFFFFFF])
+                      for k in keys[order].tolist()]  # fmt: skip
+            added = [{"id": i, "content": t.content, "single_word": False, "lstrip": False,
+                      "rstrip": False, "normalized": False, "special": t.special}
+                     for i, t in sorted(self.get_added_tokens_decoder().items())]  # fmt: skip
+            backend = Backend.from_str(gemma_tokenizer_json(tokens, merges, added))
             if self.post_processor is not None:
                 backend.post_processor = self.post_processor
             self._hf.append(backend)
         return self._hf[0]
+
+    def __reduce__(self) -> tuple:
+        """Pickled with its tables (a few MiB), as a process on another machine needs them
+        (Ray Serve hands the tokenizer from the engine's replica to the ingress)."""
+        arrays = {name: np.array(a) for name, a in self._arrays.items()}
+        return _restore, (arrays, self._meta, self._mode, self._around, self.post_processor)
 
     def to_str(self, pretty: bool = False) -> str:
         return self.hf().to_str(pretty)
 
     def save(self, path: str, pretty: bool = True) -> None:
         self.hf().save(path, pretty)
+
+
+def _restore(arrays: dict[str, np.ndarray], meta: dict[str, Any], mode: int,
+             around: list[list[int]], processor: Any) -> CompactBPE:  # fmt: skip
+    backend = CompactBPE(arrays, meta)
+    backend._mode, backend._around[:] = mode, around
+    backend.post_processor = processor
+    return backend

@@ -177,6 +177,11 @@ class _Shape:
 _SPM_DECODER = [decoders.Replace(SPIECE_SPACE, " "), decoders.ByteFallback(), decoders.Fuse()]
 
 
+_GEMMA_OPTIONS = {"unk_token": "<unk>", "fuse_unk": True, "byte_fallback": True}
+_GEMMA_NORMALIZER = functools.partial(normalizers.Replace, " ", SPIECE_SPACE)
+_GEMMA_PRE_TOKENIZER = functools.partial(pre_tokenizers.Split, " ", "merged_with_previous")
+
+
 def _gemma_shape(v: GGUFVocab) -> _Shape:
     if v.model == "gemma4":  # stored as the tokenizer spells it, and scores follow merge order
         tokens, ranks = v.tokens, v.scores
@@ -190,9 +195,9 @@ def _gemma_shape(v: GGUFVocab) -> _Shape:
     return _Shape(
         vocab={t: i for i, t in enumerate(tokens)},
         merges=_split_merges(v.merges) if v.merges else derive_merges(tokens, ranks),
-        model_options={"unk_token": "<unk>", "fuse_unk": True, "byte_fallback": True},
-        normalizer=normalizers.Replace(" ", SPIECE_SPACE),
-        pre_tokenizer=pre_tokenizers.Split(" ", "merged_with_previous"),
+        model_options=dict(_GEMMA_OPTIONS),
+        normalizer=_GEMMA_NORMALIZER(),
+        pre_tokenizer=_GEMMA_PRE_TOKENIZER(),
         decoder=decoders.Sequence(_SPM_DECODER),
     )
 
@@ -294,7 +299,22 @@ def build_tokenizer_json(v: GGUFVocab, built: tuple | None = None) -> str:
     """The tokenizer.json text for this vocabulary (no post-processor: BOS/EOS policy is the
     caller's, so one cached file serves files that differ only in those flags). `built`:
     `_build(v)`, when already at hand."""
-    shape, merges, added = built or _build(v)
+    return _document(*(built or _build(v)))
+
+
+def gemma_tokenizer_json(tokens: Sequence[str], merges: Sequence[tuple[str, str]],
+                         added: list[dict[str, Any]]) -> str:  # fmt: skip
+    """The tokenizer.json of Gemma's shape for a vocabulary already spelled as the tokenizer
+    looks tokens up, its live merges in rank order and its added tokens: what
+    `build_tokenizer_json` gives for the GGUF vocabulary they came from (the compact
+    tokenizer's HF twin is built from its own tables this way)."""
+    shape = _Shape({t: i for i, t in enumerate(tokens)}, [], dict(_GEMMA_OPTIONS),
+                   _GEMMA_NORMALIZER(), _GEMMA_PRE_TOKENIZER(),
+                   decoders.Sequence(_SPM_DECODER))  # fmt: skip
+    return _document(shape, list(merges), added)
+
+
+def _document(shape: _Shape, merges: list[tuple], added: list[dict[str, Any]]) -> str:
     options = shape.model_options
     model = _state(tk_models.BPE({}, [], **options))
     # NOTE: two measured load-time savings (about 30% of `Tokenizer.from_file`): a vocabulary
@@ -331,13 +351,12 @@ def load_gguf_backend(v: GGUFVocab, cache_folder: Path | None) -> Tokenizer | Co
                              f"{', '.join(TOKENIZER_CHOICES)}")  # fmt: skip
     key = v.cache_key()
     json_path = cache_folder / f"{key}.json" if cache_folder is not None else None
-    hf_loader = functools.partial(_load_hf_backend, v, json_path)
     if choice != "tokenizers" and compact_applies(v):
         from inferd.tokenizer.compact_bpe import CompactUnavailable
 
         bpe_path = cache_folder / f"{key}.bpe" if cache_folder is not None else None
         try:
-            return _load_compact(v, bpe_path, json_path, hf_loader)
+            return _load_compact(v, bpe_path)
         except CompactUnavailable as e:
             if choice == "compact":
                 raise ModelLoadError(f"{TOKENIZER_ENV}=compact: {e}") from e
@@ -348,7 +367,7 @@ def load_gguf_backend(v: GGUFVocab, cache_folder: Path | None) -> Tokenizer | Co
             f"vocabularies only, not tokenizer.ggml.model={v.model!r} pre={v.pre!r} "
             f"(architecture {v.architecture!r})"
         )
-    return hf_loader()
+    return _load_hf_backend(v, json_path)
 
 
 def compact_applies(v: GGUFVocab) -> bool:
@@ -358,8 +377,7 @@ def compact_applies(v: GGUFVocab) -> bool:
     return gemma and SPLIT_BY_PRE.get(v.pre) is None
 
 
-def _load_compact(v: GGUFVocab, path: Path | None, json_path: Path | None,
-                  hf_loader: Any) -> CompactBPE:  # fmt: skip
+def _load_compact(v: GGUFVocab, path: Path | None) -> CompactBPE:
     from inferd.cache import discard, publish, verified
     from inferd.tokenizer.compact_bpe import CompactBPE, library
     from inferd.tokenizer.compact_tables import build_tables, read_tables, write_tables
@@ -367,7 +385,7 @@ def _load_compact(v: GGUFVocab, path: Path | None, json_path: Path | None,
     library()  # CompactUnavailable before any work
     if path is not None and verified(path):
         try:
-            return CompactBPE(*read_tables(path), hf_loader)
+            return CompactBPE(*read_tables(path))
         except (ValueError, KeyError) as e:  # intact but of another layout
             discard(path, f"unreadable: {e}")
     from inferd.progress import status
@@ -389,18 +407,16 @@ def _load_compact(v: GGUFVocab, path: Path | None, json_path: Path | None,
         except ValueError as e:
             raise ModelLoadError(str(e)) from e
     if path is None:
-        return CompactBPE(arrays, meta, hf_loader)
+        return CompactBPE(arrays, meta)
     try:  # written beside a checksum, renamed into place: readers see all of it or none
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
         write_tables(tmp, arrays, meta)
         publish(tmp, path)
-        if json_path is not None and not verified(json_path):  # for the HF tokenizer, if asked
-            _write_atomically(json_path, build_tokenizer_json(full, built))
     except OSError as e:  # a read-only cache only costs speed
         log.warning("could not cache the tokenizer at %s: %s", path, e)
-        return CompactBPE(arrays, meta, hf_loader)
-    return CompactBPE(*read_tables(path), hf_loader)
+        return CompactBPE(arrays, meta)
+    return CompactBPE(*read_tables(path))
 
 
 def _load_hf_backend(v: GGUFVocab, path: Path | None) -> Tokenizer:

@@ -21,6 +21,7 @@ BASE: dict[str, set[str]] = {
     "errors": set(),
     "cache": set(),
     "cpu_info": set(),
+    "c_compiler": set(),
     "fp8": set(),
     "progress": set(),
     "config": set(),
