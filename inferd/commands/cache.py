@@ -50,6 +50,8 @@ def _size(path: Path) -> int:
 
 def _sidecars(path: Path) -> list[Path]:
     """Where a small file about a cached file may sit beside it (stamp, metadata, checksum)."""
+    if path.parent.name == "tokenizers":  # its .json files are entries (tokenizer.json) too
+        return [path.with_name(path.name + SUM_SUFFIX)]
     names = {path.with_suffix(".json"), path.with_suffix(".verified.json"),
              path.with_name(path.name + ".json"),
              path.with_name(path.name + SUM_SUFFIX)}  # fmt: skip

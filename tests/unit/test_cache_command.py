@@ -73,3 +73,13 @@ def test_remove_by_kind_or_file_and_all(cache, capsys):
     assert "nonsense" in capsys.readouterr().err
     assert cli.main(["cache", "--all"]) == 0
     assert sorted(p.name for p in cache.iterdir()) == ["unrelated.txt"]
+
+
+def test_a_tokenizer_entry_is_removed_without_its_namesake(cache, capsys):
+    """`<key>.bpe` (the compact tokenizer) and `<key>.json` (HF's) are two entries, not a file
+    and its sidecar: removing one leaves the other."""
+    (cache / "tokenizers" / "feed.bpe").write_bytes(bytes(64))
+    (cache / "tokenizers" / "feed.bpe.sum").write_text("64 0")
+    assert {"feed.bpe", "feed.json"} <= set(_listing(capsys))
+    assert cli.main(["cache", "--remove", "feed.bpe"]) == 0
+    assert sorted(p.name for p in (cache / "tokenizers").iterdir()) == ["feed.json"]
