@@ -92,7 +92,7 @@ def read_tables(path: Path) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
     """The arrays as read-only views of the mapped file (pages shared by every process that
     maps it, read from the page cache as used). ValueError for a file of another layout."""
     data = np.memmap(path, dtype=np.uint8, mode="r")
-    if bytes(data[:8]) != MAGIC:
+    if len(data) < 16 or bytes(data[:8]) != MAGIC:
         raise ValueError(f"{path}: not a compact tokenizer file")
     (size,) = struct.unpack("<Q", bytes(data[8:16]))
     header = json.loads(bytes(data[16 : 16 + size]))
@@ -101,4 +101,35 @@ def read_tables(path: Path) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
     for name, (dtype, count, offset) in header["arrays"].items():
         arrays[name] = np.frombuffer(data, dtype=np.dtype(dtype), count=count,
                                      offset=start + offset)  # fmt: skip
+    check_tables(arrays)
     return arrays, header["meta"]
+
+
+def check_tables(arrays: dict[str, np.ndarray]) -> None:
+    """ValueError unless every index the C code follows stays inside its array (a file of
+    another layout must not make it read out of bounds)."""
+    expected = {"blob": "u1", "offsets": "u4", "sorted": "u4", "merge_keys": "u8",
+                "merge_ranks": "u4", "merge_ids": "u4", "special": "u1", "added": "i4"}  # fmt: skip
+    for name, code in expected.items():
+        if name not in arrays or arrays[name].dtype != np.dtype(code).newbyteorder("="):
+            raise ValueError(f"compact tokenizer tables: {name!r} missing or not {code}")
+    n = len(arrays["sorted"])
+    offsets, keys, added = arrays["offsets"], arrays["merge_keys"], arrays["added"]
+
+    def below_n(values: np.ndarray) -> bool:
+        return len(values) == 0 or (int(values.min()) >= 0 and int(values.max()) < n)
+
+    ok = (
+        len(offsets) == n + 1
+        and len(arrays["special"]) == n
+        and int(offsets[-1]) <= len(arrays["blob"])
+        and bool(np.all(offsets[1:] >= offsets[:-1]))
+        and below_n(arrays["sorted"])
+        and len(arrays["merge_ranks"]) == len(keys) == len(arrays["merge_ids"])
+        and below_n(arrays["merge_ids"])
+        and below_n(keys >> np.uint64(32))
+        and below_n(keys & np.uint64(0xFFFFFFFF))
+        and below_n(added)
+    )
+    if not ok:
+        raise ValueError("compact tokenizer tables: an index points outside its array")

@@ -409,12 +409,13 @@ def _load_compact(v: GGUFVocab, path: Path | None) -> CompactBPE:
     if path is None:
         return CompactBPE(arrays, meta)
     try:  # written beside a checksum, renamed into place: readers see all of it or none
-        path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+        path.parent.mkdir(parents=True, exist_ok=True)
         write_tables(tmp, arrays, meta)
         publish(tmp, path)
     except OSError as e:  # a read-only cache only costs speed
         log.warning("could not cache the tokenizer at %s: %s", path, e)
+        tmp.unlink(missing_ok=True)
         return CompactBPE(arrays, meta)
     return CompactBPE(*read_tables(path))
 

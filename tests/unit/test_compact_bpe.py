@@ -12,7 +12,7 @@ import pytest
 from inferd.errors import ModelLoadError
 from inferd.tokenizer import Tokenizer
 from inferd.tokenizer.compact_bpe import CompactBPE
-from inferd.tokenizer.compact_tables import read_tables
+from inferd.tokenizer.compact_tables import read_tables, write_tables
 from inferd.tokenizer.gguf_vocab import TOKENIZER_ENV, GGUFVocab, load_gguf_backend
 
 NORMAL, UNKNOWN, CONTROL, USER_DEFINED, BYTE = 1, 2, 3, 4, 6
@@ -152,9 +152,15 @@ def test_tables_are_cached_and_a_foreign_file_is_refused(tmp_path, monkeypatch):
     monkeypatch.setenv(TOKENIZER_ENV, "tokenizers")
     assert again.to_str() == load_gguf_backend(tiny_vocab(), None).to_str()  # its HF twin
     path = next(tmp_path.glob("*.bpe"))
-    path.write_bytes(b"not a table file" * 8)
+    arrays, meta = read_tables(path)
+    bad = {**arrays, "merge_ids": np.full_like(arrays["merge_ids"], len(arrays["sorted"]))}
+    other = tmp_path / "other.bpe"  # (not over `path`: the tokenizers above map it)
+    write_tables(other, bad, meta)  # an id past the vocabulary: C must never follow it
+    with pytest.raises(ValueError, match="outside its array"):
+        read_tables(other)
+    other.write_bytes(b"not a table file" * 8)
     with pytest.raises(ValueError, match="not a compact tokenizer file"):
-        read_tables(path)
+        read_tables(other)
 
 
 def test_the_embedded_model_gets_the_compact_tokenizer_agreeing_with_hf(gemma_gguf, monkeypatch):
