@@ -23,7 +23,8 @@ from inferd.errors import ModelLoadError
 from inferd.loader.gguf_file import GGUFFile
 from inferd.tokenizer.chat_prompt import build_chat_prompt
 from inferd.tokenizer.compact_bpe import CompactBPE
-from inferd.tokenizer.gguf_vocab import GEMMA_ARCHITECTURES, GGUFVocab, load_gguf_backend
+from inferd.tokenizer.gguf_backend import load_gguf_backend
+from inferd.tokenizer.gguf_vocab import GEMMA_ARCHITECTURES, GGUFVocab
 from inferd.tokenizer.hf_tokenizer_files import (
     NAMED_SPECIALS,
     add_config_tokens,

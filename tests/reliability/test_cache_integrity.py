@@ -15,7 +15,7 @@ import torch
 
 from inferd import cache
 from inferd.loader import weight_cache
-from inferd.tokenizer import gguf_vocab
+from inferd.tokenizer import gguf_backend, gguf_vocab
 
 
 def damage(path, how: str) -> None:
@@ -114,13 +114,13 @@ def _tiny_vocab() -> gguf_vocab.GGUFVocab:
 @pytest.mark.parametrize("how", ["random", "truncate", "header"])
 def test_a_damaged_tokenizer_cache_is_rebuilt(tmp_path, caplog, how):
     vocab = _tiny_vocab()
-    built = gguf_vocab.load_gguf_backend(vocab, tmp_path)
+    built = gguf_backend.load_gguf_backend(vocab, tmp_path)
     path = tmp_path / f"{vocab.cache_key()}.json"
     assert cache.verified(path)
     expected = built.encode("abcab").ids
     damage(path, how)
     with caplog.at_level(logging.WARNING):
-        rebuilt = gguf_vocab.load_gguf_backend(vocab, tmp_path)
+        rebuilt = gguf_backend.load_gguf_backend(vocab, tmp_path)
     assert warned_about(caplog, path)
     assert rebuilt.encode("abcab").ids == expected == [4, 3]
     assert cache.verified(path)  # written again, with its checksum

@@ -13,7 +13,8 @@ from inferd.errors import ModelLoadError
 from inferd.tokenizer import Tokenizer
 from inferd.tokenizer.compact_bpe import CompactBPE
 from inferd.tokenizer.compact_tables import read_tables, write_tables
-from inferd.tokenizer.gguf_vocab import TOKENIZER_ENV, GGUFVocab, load_gguf_backend
+from inferd.tokenizer.gguf_backend import TOKENIZER_ENV, load_gguf_backend
+from inferd.tokenizer.gguf_vocab import GGUFVocab
 
 NORMAL, UNKNOWN, CONTROL, USER_DEFINED, BYTE = 1, 2, 3, 4, 6
 TINY = [
