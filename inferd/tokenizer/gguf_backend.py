@@ -72,7 +72,7 @@ def compact_applies(v: GGUFVocab) -> bool:
 
 def _load_compact(v: GGUFVocab, path: Path | None) -> CompactBPE:
     from inferd.cache import discard, publish, verified
-    from inferd.tokenizer.compact_bpe import CompactBPE, library
+    from inferd.tokenizer.compact_bpe import CompactBPE, CompactUnavailable, library
     from inferd.tokenizer.compact_tables import build_tables, read_tables, write_tables
 
     library()  # CompactUnavailable before any work
@@ -84,16 +84,11 @@ def _load_compact(v: GGUFVocab, path: Path | None) -> CompactBPE:
     from inferd.progress import status
 
     with status(f"building the tokenizer from the GGUF vocabulary ({len(v.tokens)} tokens)"):
-        merges = None if v.merges is None else list(v.merges)
-        full = replace(v, tokens=list(v.tokens), merges=merges)
-        built = build_pipeline(full)
-        shape, live_merges, added = built
+        shape, live_merges, added = build_pipeline(_in_memory(v))
         by_id = sorted(shape.vocab, key=shape.vocab.__getitem__)
-        if [shape.vocab[t] for t in by_id] != list(range(len(full.tokens))):
+        if [shape.vocab[t] for t in by_id] != list(range(len(v.tokens))):
             # NOTE: respelled tokens that collide leave ids without a token; HF copes, the
             # tables do not (every id has one token): stay with HF.
-            from inferd.tokenizer.compact_bpe import CompactUnavailable
-
             raise CompactUnavailable("the vocabulary's tokens are not one per id")
         try:
             arrays, meta = build_tables(by_id, live_merges, added, shape.model_options["unk_token"])
@@ -125,12 +120,17 @@ def _load_hf_backend(v: GGUFVocab, path: Path | None) -> Tokenizer:
     from inferd.progress import status
 
     with status(f"building the tokenizer from the GGUF vocabulary ({len(v.tokens)} tokens)"):
-        merges = None if v.merges is None else list(v.merges)
-        text = build_tokenizer_json(replace(v, tokens=list(v.tokens), merges=merges))
+        text = build_tokenizer_json(_in_memory(v))
         backend = Tokenizer.from_str(text)
     if path is not None:
         _write_atomically(path, text)
     return backend
+
+
+def _in_memory(v: GGUFVocab) -> GGUFVocab:
+    """`v` with its strings decoded into lists (the builders read each many times)."""
+    merges = None if v.merges is None else list(v.merges)
+    return replace(v, tokens=list(v.tokens), merges=merges)
 
 
 def _write_atomically(path: Path, text: str) -> None:
