@@ -50,6 +50,12 @@ INLINE __m512i pair_dot(__m512i sum, __m512i w, __m512i pair) {
 #endif
 }
 
+/* NOTE: an empty asm that "changes" a sum ends its chain of additions here: without it GCC
+ * reassociates the exact integer additions of a whole unrolled weight block (vpmaddwd then
+ * vpaddd, no VNNI) and keeps every product on the stack until it sums them (block_dot_avx2.c
+ * measured what that costs). No instruction is emitted; the sums are the same integers. */
+INLINE void keep_in_register(__m512i* sum) { __asm__("" : "+v"(*sum)); }
+
 INLINE __m512 block_scales(const BlockMatrix* W, int64_t at) {
     if (W->half_scales)
         return _mm512_cvtph_ps(
@@ -107,6 +113,8 @@ INLINE void tile(const BlockMatrix* W, int64_t g, Panel x, float* y, int64_t ldy
                         s1[i] = pair_dot(s1[i], hi[j], ahi);
                     else
                         s0[i] = pair_dot(s0[i], hi[j], ahi);
+                    keep_in_register(&s0[i]);
+                    if (SPLIT) keep_in_register(&s1[i]);
                 }
             }
         }
