@@ -1,5 +1,6 @@
-"""Shared fixtures. The HF transformers references are expensive (the embedded model takes ~45 s
-to load through transformers), so each is built once per test session."""
+"""Shared fixtures: the embedded model's engines, built once per test session. HF transformers'
+outputs on the embedded model (~45 s to load through transformers) are stored:
+tests/parity/gemma_reference.py."""
 
 from __future__ import annotations
 
@@ -18,26 +19,6 @@ def gemma_gguf() -> Path:
     from inferd.loader.default_model import default_model_path
 
     return default_model_path()
-
-
-@pytest.fixture(scope="session")
-def hf_gemma_tokenizer(gemma_gguf):
-    """HF transformers' tokenizer converted from the same GGUF file (the reference)."""
-    from transformers import AutoTokenizer
-
-    return AutoTokenizer.from_pretrained(str(gemma_gguf.parent), gguf_file=gemma_gguf.name)
-
-
-@pytest.fixture(scope="session")
-def hf_gemma_model(gemma_gguf):
-    """HF transformers' Gemma 3 270M dequantised from the same GGUF, float32 (~45 s, once)."""
-    import torch
-    from transformers import AutoModelForCausalLM
-
-    model = AutoModelForCausalLM.from_pretrained(
-        str(gemma_gguf.parent), gguf_file=gemma_gguf.name, dtype=torch.float32
-    )
-    return model.eval()
 
 
 @pytest.fixture(scope="session")

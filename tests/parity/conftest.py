@@ -12,3 +12,12 @@ def gemma_tokenizer(gemma_gguf):
     from inferd.tokenizer import Tokenizer
 
     return Tokenizer.from_gguf(GGUFFile(gemma_gguf))
+
+
+@pytest.fixture(scope="session")
+def hf_gemma_reference(gemma_gguf):
+    """HF transformers' stored outputs on the embedded model: (JSON, tensors), checked to be of
+    this GGUF file (gemma_reference.py; scripts/gemma_hf_reference.py regenerates them)."""
+    from gemma_reference import load
+
+    return load(gemma_gguf)
