@@ -15,10 +15,12 @@ from inferd.loader import catalog
 def server():
     """The shared server: API key on, 64 KiB body limit, tool_choice "auto" with the pythonic
     parser (Gemma's call format), embeddings that may be cut to 64 or 128 values (the
-    embeddings tests' `dimensions`), otherwise defaults."""
+    embeddings tests' `dimensions`), a context of 7264 tokens (what 256 MiB of float32 KV cache
+    held when these tests ran in float32: an 8000-token prompt exceeds it), otherwise defaults."""
     s = start_server("--max-request-bytes", str(MAX_REQUEST_BYTES), "--enable-auto-tool-choice",
                      "--tool-call-parser", "pythonic", "--pooler-config",
-                     '{"matryoshka_dimensions": [64, 128]}', api_key=API_KEY)  # fmt: skip
+                     '{"matryoshka_dimensions": [64, 128]}', "--max-model-len", "7264",
+                     api_key=API_KEY)  # fmt: skip
     try:
         yield s
     finally:
