@@ -19,15 +19,20 @@
 #define INLINE static inline __attribute__((always_inline))
 #define MAX_ACC 8 /* rows x halves of a tile: one register each for their integer sums */
 
+/* `bits` 0 in the functions below: the weights come from unpack_groups's buffer, one vector
+ * per half unit (the group's int16 q, its zero point not removed), rather than from W->q. */
+#define UNPACKED 0
+
 /* Half h of a group's data: where its bytes of each unit or chunk are. */
 typedef struct {
     const uint8_t* q;       /* the group's q, plus 16 h */
     const uint16_t* fifth;  /* 5 bits: the group's fifth bits, 16-bit words, plus h */
+    const __m256i* w;       /* UNPACKED: the half's unit u at w[u] */
     int64_t at;             /* its first scale: the group's, plus 8 h */
 } Half;
 
-INLINE Half half_of(const BlockMatrix* W, int64_t g, int h, const int bits) {
-    Half p = {group_q(W, g) + 16 * h, NULL, group_scales(W, g) + 8 * h};
+INLINE Half half_of(const BlockMatrix* W, int64_t g, int h, const int bits, const __m256i* w) {
+    Half p = {group_q(W, g) + 16 * h, NULL, w + h * (W->K / 2), group_scales(W, g) + 8 * h};
     if (bits == 5) p.fifth = (const uint16_t*)group_high(W, g) + h;
     return p;
 }
@@ -47,6 +52,11 @@ INLINE __m256i fifth_words(const uint16_t* at) {
 INLINE void unit_pair(Half p, int64_t b, int64_t c, const int B, const int bits, __m256i* lo,
                       __m256i* hi) {
     const int64_t ulo = b * (B / 2) + c, uhi = ulo + B / 4;
+    if (bits == UNPACKED) {
+        *lo = _mm256_load_si256(p.w + ulo);
+        *hi = _mm256_load_si256(p.w + uhi);
+        return;
+    }
     if (bits == 8) {
         *lo = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i*)(p.q + 32 * ulo)));
         *hi = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i*)(p.q + 32 * uhi)));
@@ -88,18 +98,18 @@ INLINE __m256 block_scales(const BlockMatrix* W, int64_t at) {
  * integer sums live in registers through a weight block, the float sums in acc (kept in memory
  * by the compiler where the 16 registers run out: an update per block). */
 INLINE void tile(const BlockMatrix* W, int64_t g, int h0, Panel x, float* y, int64_t ldy,
-                 const int bits, const int B, const int R, const int HR) {
+                 const int bits, const int B, const int R, const int HR, const __m256i* w) {
     const int64_t K = W->K, nb = K / B;
     Half p[2];
     UNROLL
-    for (int h = 0; h < HR; h++) p[h] = half_of(W, g, h0 + h, bits);
+    for (int h = 0; h < HR; h++) p[h] = half_of(W, g, h0 + h, bits, w);
     __m256 acc[MAX_ACC];
     UNROLL
     for (int i = 0; i < R * HR; i++) acc[i] = _mm256_setzero_ps();
     const uint8_t *q = group_q(W, g), *high = bits == 5 ? group_high(W, g) : NULL;
     const int64_t at = group_scales(W, g); /* NOTE: out of the loop: a division (by W->B) */
     for (int64_t b = 0; b < nb; b++) {
-        prefetch_block(W, q, high, at, b, bits, B);
+        if (bits != UNPACKED) prefetch_block(W, q, high, at, b, bits, B);
         __m256i s[MAX_ACC];
         UNROLL
         for (int m = 0; m < R; m++) {
@@ -158,19 +168,19 @@ INLINE void tile(const BlockMatrix* W, int64_t g, int h0, Panel x, float* y, int
 
 /* Up to two rows against both halves at once; more, half by half. */
 INLINE void product(const BlockMatrix* W, int64_t g, Panel x, int64_t R, float* y, int64_t ldy,
-                    const int bits, const int B) {
+                    const int bits, const int B, const __m256i* w) {
     if (R <= 2) {
-        if (R == 1) tile(W, g, 0, x, y, ldy, bits, B, 1, 2);
-        else tile(W, g, 0, x, y, ldy, bits, B, 2, 2);
+        if (R == 1) tile(W, g, 0, x, y, ldy, bits, B, 1, 2, w);
+        else tile(W, g, 0, x, y, ldy, bits, B, 2, 2, w);
         return;
     }
     for (int h = 0; h < 2; h++) {
         if (g * GROUP + 8 * h >= W->N) break; /* padding only */
         switch (R) { /* the heights tile_rows gives */
-            case 3: tile(W, g, h, x, y, ldy, bits, B, 3, 1); break;
-            case 4: tile(W, g, h, x, y, ldy, bits, B, 4, 1); break;
-            case 6: tile(W, g, h, x, y, ldy, bits, B, 6, 1); break;
-            default: tile(W, g, h, x, y, ldy, bits, B, 8, 1); break;
+            case 3: tile(W, g, h, x, y, ldy, bits, B, 3, 1, w); break;
+            case 4: tile(W, g, h, x, y, ldy, bits, B, 4, 1, w); break;
+            case 6: tile(W, g, h, x, y, ldy, bits, B, 6, 1, w); break;
+            default: tile(W, g, h, x, y, ldy, bits, B, 8, 1, w); break;
         }
     }
 }
@@ -184,19 +194,23 @@ int64_t tile_rows(int64_t left) {
 }
 
 INLINE void product_of(int b16, const BlockMatrix* W, int64_t g, Panel x, int64_t R, float* y,
-                       int64_t ldy, const int bits) {
+                       int64_t ldy, const int bits, const __m256i* w) {
     if (b16)
-        product(W, g, x, R, y, ldy, bits, 16);
+        product(W, g, x, R, y, ldy, bits, 16, w);
     else
-        product(W, g, x, R, y, ldy, bits, 32);
+        product(W, g, x, R, y, ldy, bits, 32, w);
 }
 
 static void group_product(const BlockMatrix* W, int64_t g, Panel x, int64_t R, float* y,
-                          int64_t ldy) {
+                          int64_t ldy, const __m256i* w) {
+    if (w) { /* the weights' width no longer matters */
+        product_of(W->B == 16, W, g, x, R, y, ldy, UNPACKED, w);
+        return;
+    }
     switch (W->bits) { /* bits and B are constants in each instantiation: its loops unroll */
-        case 4: product_of(W->B == 16, W, g, x, R, y, ldy, 4); break;
-        case 5: product_of(W->B == 16, W, g, x, R, y, ldy, 5); break;
-        default: product_of(W->B == 16, W, g, x, R, y, ldy, 8);
+        case 4: product_of(W->B == 16, W, g, x, R, y, ldy, 4, NULL); break;
+        case 5: product_of(W->B == 16, W, g, x, R, y, ldy, 5, NULL); break;
+        default: product_of(W->B == 16, W, g, x, R, y, ldy, 8, NULL);
     }
 }
 
@@ -205,8 +219,49 @@ int64_t tile_groups(int64_t M) {
     return 1;
 }
 
+/* From this many rows an item unpacks its group once: the tiles then only load the weights
+ * (for 5 bits, unpacking took ~13 vector operations per 32 products of 8 rows, beside the
+ * products' 32). */
+#define UNPACK_FROM_ROWS 16
+
+int64_t unpacked_bytes(const BlockMatrix* W, int64_t groups, int64_t M) {
+    return M < UNPACK_FROM_ROWS ? 0 : groups * 2 * (W->K / 2) * (int64_t)sizeof(__m256i);
+}
+
+/* One group's units as the tiles read them: half h's unit u at to[h K/2 + u]. */
+static void unpack_group(const BlockMatrix* W, int64_t g, __m256i* to, const int bits,
+                         const int B) {
+    const int64_t units = W->K / 2;
+    for (int h = 0; h < 2; h++) {
+        const Half p = half_of(W, g, h, bits, NULL);
+        for (int64_t b = 0; b < W->K / B; b++) {
+            UNROLL
+            for (int c = 0; c < B / 4; c++) {
+                __m256i lo, hi;
+                unit_pair(p, b, c, B, bits, &lo, &hi);
+                _mm256_store_si256(to + h * units + b * (B / 2) + c, lo);
+                _mm256_store_si256(to + h * units + b * (B / 2) + c + B / 4, hi);
+            }
+        }
+    }
+}
+
+void unpack_groups(const BlockMatrix* W, int64_t g, int64_t groups, void* to) {
+    for (int64_t j = 0; j < groups; j++) {
+        __m256i* w = (__m256i*)to + j * W->K;
+        const int b16 = W->B == 16;
+        switch (W->bits) {
+            case 4: b16 ? unpack_group(W, g + j, w, 4, 16) : unpack_group(W, g + j, w, 4, 32); break;
+            case 5: b16 ? unpack_group(W, g + j, w, 5, 16) : unpack_group(W, g + j, w, 5, 32); break;
+            default: b16 ? unpack_group(W, g + j, w, 8, 16) : unpack_group(W, g + j, w, 8, 32);
+        }
+    }
+}
+
 void tile_product(const BlockMatrix* W, int64_t g, int64_t groups, Panel x, int64_t R, float* y,
-                  int64_t ldy) {
-    for (int64_t j = 0; j < groups; j++) group_product(W, g + j, x, R, y, ldy);
+                  int64_t ldy, const void* unpacked) {
+    for (int64_t j = 0; j < groups; j++)
+        group_product(W, g + j, x, R, y, ldy,
+                      unpacked ? (const __m256i*)unpacked + j * W->K : NULL);
 }
 #endif

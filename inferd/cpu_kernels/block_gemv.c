@@ -152,20 +152,34 @@ int inferd_block_gemv(const float* x, int64_t M, const BlockMatrix* W, float* y,
     }
     const int64_t G = (N + GROUP - 1) / GROUP, per_item = tile_groups(M);
     const int64_t items = (G + per_item - 1) / per_item, chunks = (M + ROW_CHUNK - 1) / ROW_CHUNK;
+    /* Where the variant asks for it, a thread unpacks its groups' weights once for all the
+     * tiles of its items (without that scratch, as when it cannot be allocated, the tiles
+     * unpack as they go). */
+    const int64_t scratch = (unpacked_bytes(W, per_item, M) + 63) / 64 * 64;
     /* NOTE: a thread takes groups and runs a chunk of rows against them, tile by tile,
      * consecutive work items sharing the groups (their weights stay in cache). Which thread,
      * chunk, tile or group it falls in changes nothing in a row's arithmetic. */
-#pragma omp parallel for schedule(static)
-    for (int64_t item = 0; item < items * chunks; item++) {
-        const int64_t g = item / chunks * per_item, first = item % chunks * ROW_CHUNK;
-        const int64_t groups = G - g < per_item ? G - g : per_item;
-        for (int64_t t = 0; t < tiles.count; t++) {
-            const int64_t m0 = tiles.start[t];
-            if (m0 < first || m0 >= first + ROW_CHUNK) continue;
-            const Panel panel = {xw + m0 * (K / 2), dx + m0 * (K / XBLOCK), zc + m0 * nb,
-                                 W->offset ? xo + m0 * nb : NULL};
-            tile_product(W, g, groups, panel, tiles.rows[t], y + m0 * ldy, ldy);
+#pragma omp parallel
+    {
+        void* unpacked = scratch ? aligned_alloc(64, (size_t)scratch) : NULL;
+        int64_t unpacked_g = -1; /* the first group in `unpacked` */
+#pragma omp for schedule(static)
+        for (int64_t item = 0; item < items * chunks; item++) {
+            const int64_t g = item / chunks * per_item, first = item % chunks * ROW_CHUNK;
+            const int64_t groups = G - g < per_item ? G - g : per_item;
+            if (unpacked && unpacked_g != g) {
+                unpack_groups(W, g, groups, unpacked);
+                unpacked_g = g;
+            }
+            for (int64_t t = 0; t < tiles.count; t++) {
+                const int64_t m0 = tiles.start[t];
+                if (m0 < first || m0 >= first + ROW_CHUNK) continue;
+                const Panel panel = {xw + m0 * (K / 2), dx + m0 * (K / XBLOCK), zc + m0 * nb,
+                                     W->offset ? xo + m0 * nb : NULL};
+                tile_product(W, g, groups, panel, tiles.rows[t], y + m0 * ldy, ldy, unpacked);
+            }
         }
+        free(unpacked);
     }
     free(buffer);
     return 0;

@@ -133,9 +133,16 @@ typedef struct {
 INTERNAL int64_t tile_rows(int64_t left);
 /* groups a work item takes at once for a product of M rows */
 INTERNAL int64_t tile_groups(int64_t M);
+/* Bytes a work item of M rows against `groups` groups wants for the groups' weights unpacked
+ * once for all its tiles (0: its tiles unpack the weights as they go, which costs nothing more
+ * where an item holds one tile). */
+INTERNAL int64_t unpacked_bytes(const BlockMatrix* W, int64_t groups, int64_t M);
+/* `groups` groups from g unpacked into `to` (unpacked_bytes of them, 32-byte aligned). */
+INTERNAL void unpack_groups(const BlockMatrix* W, int64_t g, int64_t groups, void* to);
 /* y [R, ldy] columns 16 g .. 16 (g + groups) - 1 (those below W->N) = the R = tile_rows(...)
- * rows of a panel against `groups` <= tile_groups(M) groups from g. */
+ * rows of a panel against `groups` <= tile_groups(M) groups from g; `unpacked`: those groups
+ * from unpack_groups, or NULL. NOTE: the same integer sums either way, so the same bits. */
 INTERNAL void tile_product(const BlockMatrix* W, int64_t g, int64_t groups, Panel x, int64_t R,
-                           float* y, int64_t ldy);
+                           float* y, int64_t ldy, const void* unpacked);
 
 #endif

@@ -118,14 +118,15 @@ def test_every_variant_gives_the_portable_bits(layout):
         assert torch.equal(y, results["portable"]), name
 
 
-def test_columns_past_the_matrix_are_never_written(kernels):
+@pytest.mark.parametrize("rows", [3, 20])  # 20: tiles reading the weights unpacked once
+def test_columns_past_the_matrix_are_never_written(kernels, rows):
     """A part writes its N columns of y (stride ldy), never the padding rows' columns."""
     w = weight(5, 32, True, False)
     part = w.parts[0]  # 40 rows: groups of 16, 16 and 8 (+ 8 padding rows)
     assert part.shape[0] == 40
-    x = activations(3, seed=1)
-    y = torch.full((3, 50), float("nan"))
-    rc = kernels.inferd_block_gemv(x.data_ptr(), 3, ctypes.byref(part.struct), y.data_ptr(), 50)
+    x = activations(rows, seed=1)
+    y = torch.full((rows, 50), float("nan"))
+    rc = kernels.inferd_block_gemv(x.data_ptr(), rows, ctypes.byref(part.struct), y.data_ptr(), 50)
     assert rc == 0
     w.lib = kernels
     assert torch.equal(y[:, :40], w(x))
