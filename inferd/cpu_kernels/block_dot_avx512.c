@@ -197,16 +197,6 @@ INLINE void product_of(int b16, const BlockMatrix* W, int64_t g, int64_t groups,
         product(W, g, groups, x, R, y, ldy, bits, 32);
 }
 
-/* The tiles unpack the weights as they go. */
-int64_t unpacked_bytes(const BlockMatrix* W, int64_t groups, int64_t M) {
-    (void)W, (void)groups, (void)M;
-    return 0;
-}
-
-void unpack_groups(const BlockMatrix* W, int64_t g, int64_t groups, void* to) {
-    (void)W, (void)g, (void)groups, (void)to;
-}
-
 void tile_product(const BlockMatrix* W, int64_t g, int64_t groups, Panel x, int64_t R, float* y,
                   int64_t ldy, const void* unpacked) {
     (void)unpacked;

@@ -124,8 +124,8 @@ typedef struct {
     const float* xo;
 } Panel;
 
-/* Each ISA's file defines these two (block_dot_avx512.c, block_dot_avx2.c,
- * block_dot_portable.c); the others compile to nothing. */
+/* Each ISA's file defines these (block_dot_avx512.c, block_dot_avx2.c, block_dot_portable.c);
+ * the others compile to nothing. */
 #define INTERNAL __attribute__((visibility("hidden"))) /* not exported from the library */
 /* the rows of the next tile when `left` rows (>= 1) are still to do: as many as the registers
  * take. NOTE: from some `left` on, always the variant's largest tile, a divisor of ROW_CHUNK
@@ -133,12 +133,22 @@ typedef struct {
 INTERNAL int64_t tile_rows(int64_t left);
 /* groups a work item takes at once for a product of M rows */
 INTERNAL int64_t tile_groups(int64_t M);
-/* Bytes a work item of M rows against `groups` groups wants for the groups' weights unpacked
- * once for all its tiles (0: its tiles unpack the weights as they go, which costs nothing more
- * where an item holds one tile). */
+/* unpacked_bytes: bytes a work item of M rows against `groups` groups wants for the groups'
+ * weights unpacked once for all its tiles (0: its tiles unpack the weights as they go, which
+ * costs nothing more where an item holds one tile). unpack_groups: `groups` groups from g
+ * unpacked into `to` (unpacked_bytes of them, 32-byte aligned). */
+#ifdef INFERD_ISA_AVX2
 INTERNAL int64_t unpacked_bytes(const BlockMatrix* W, int64_t groups, int64_t M);
-/* `groups` groups from g unpacked into `to` (unpacked_bytes of them, 32-byte aligned). */
 INTERNAL void unpack_groups(const BlockMatrix* W, int64_t g, int64_t groups, void* to);
+#else /* the other variants' tiles always unpack as they go */
+static inline int64_t unpacked_bytes(const BlockMatrix* W, int64_t groups, int64_t M) {
+    (void)W, (void)groups, (void)M;
+    return 0;
+}
+static inline void unpack_groups(const BlockMatrix* W, int64_t g, int64_t groups, void* to) {
+    (void)W, (void)g, (void)groups, (void)to;
+}
+#endif
 /* y [R, ldy] columns 16 g .. 16 (g + groups) - 1 (those below W->N) = the R = tile_rows(...)
  * rows of a panel against `groups` <= tile_groups(M) groups from g; `unpacked`: those groups
  * from unpack_groups, or NULL. NOTE: the same integer sums either way, so the same bits. */
