@@ -221,11 +221,14 @@ int64_t tile_groups(int64_t M) {
 
 /* From this many rows an item unpacks its group once: the tiles then only load the weights
  * (for 5 bits, unpacking took ~13 vector operations per 32 products of 8 rows, beside the
- * products' 32). */
+ * products' 32). Never for 8 bits: there unpacking is one sign extension per vector, which the
+ * load does anyway, and the tiles reading twice the bytes back from the scratch buffer made the
+ * LM head (Q8_0) of 16 to 64 rows 1.1-1.25x slower (one thread, AMD EPYC Zen 3). */
 #define UNPACK_FROM_ROWS 16
 
 int64_t unpacked_bytes(const BlockMatrix* W, int64_t groups, int64_t M) {
-    return M < UNPACK_FROM_ROWS ? 0 : groups * 2 * (W->K / 2) * (int64_t)sizeof(__m256i);
+    if (M < UNPACK_FROM_ROWS || W->bits == 8) return 0;
+    return groups * 2 * (W->K / 2) * (int64_t)sizeof(__m256i);
 }
 
 /* One group's units as the tiles read them: half h's unit u at to[h K/2 + u]. */
