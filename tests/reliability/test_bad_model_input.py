@@ -70,7 +70,7 @@ def test_cli_prints_one_line_and_exits_2(cases):
     # the runs are independent and mostly interpreter start-up: side by side, not in turn
     with ThreadPoolExecutor(max_workers=os.cpu_count() or 1) as pool:
         runs = dict(zip(cases, pool.map(lambda c: run_cli("--model", str(c[0])), cases.values())))
-    for name, (path, words) in cases.items():
+    for name, (_path, words) in cases.items():
         res = runs[name]
         assert res.returncode == 2, (name, res.stderr)
         assert "Traceback" not in res.stderr, name
