@@ -96,3 +96,33 @@ def test_int8_weights_keep_to_what_the_cpu_sums_exactly(monkeypatch):
     assert Int8Kernel(w).q.abs().max().item() == 64  # no VNNI: int16 pair sums must not saturate
     monkeypatch.setattr(quant, "cpu_flags", lambda: frozenset({"avx2", "avx_vnni"}))
     assert Int8Kernel(w).q.abs().max().item() == 127
+
+
+@pytest.mark.parametrize("top", [64, 127])
+def test_int8_float_gemm_product_is_the_integer_matmul(top):
+    """Without VNNI, steps of several rows take their int32 sums from float32 GEMMs: the same
+    integers as torch._int_mm, here at the extremes (every product 127 · top) over more inputs
+    than one float32 span sums exactly, and more weight rows than one slab."""
+    torch.manual_seed(3)
+    kernel = Int8Kernel(torch.randn(40, 4160))
+    kernel.top, kernel.SLAB_ROWS = top, 16
+    kernel.q = torch.randint(-top, top + 1, (40, 4160), dtype=torch.int8)
+    kernel.q[0] = top  # the largest sums: every product at its largest
+    kernel.q[1] = top
+    kernel.q[1, 1::3] = top - 1  # large and odd: beyond 2^24 a float32 would round them
+    a = torch.randint(-127, 128, (5, 4160), dtype=torch.int8)
+    a[0] = 127
+    assert torch.equal(kernel.integer_product(a), torch._int_mm(a, kernel.q.t()))
+
+
+def test_int8_steps_without_vnni_give_a_row_the_bits_it_has_alone(monkeypatch):
+    import inferd.layers.quant as quant
+
+    monkeypatch.setattr(quant, "cpu_flags", lambda: frozenset({"avx2", "fma"}))
+    torch.manual_seed(4)
+    kernel = Int8Kernel(torch.randn(96, 64) * 0.05)
+    assert kernel.top == 64  # no VNNI: several rows go through integer_product
+    x = torch.randn(9, 64)
+    together = kernel(x)
+    for i in range(9):  # one row: torch._int_mm
+        assert torch.equal(kernel(x[i : i + 1]), together[i : i + 1])
