@@ -68,24 +68,24 @@ class RowPlan:
         )  # fmt: skip
 
 
-def row_plan(batch: AttentionBatch, group: GroupBatch) -> RowPlan:
+def row_plan(batch: AttentionBatch, group: GroupBatch, seq_rows: torch.Tensor,
+             lens: torch.Tensor) -> RowPlan:  # fmt: skip
     """Every row of the step: a sequence's blocks run from the one holding the first key its
-    first row sees (0, or the start of that row's window) to the one of its newest token."""
+    first row sees (0, or the start of that row's window) to the one of its newest token.
+    `seq_rows`, `lens`: the step's (the same in every group). NOTE: plain Python over the
+    block tables, then one tensor each: a step's tables are small, and a dozen tensor ops
+    cost more than the C layer of a one-row step's attention."""
     bs, window = group.block_size, group.window
-    firsts, counts = [], []
-    for q_len, n in zip(batch.query_lens_cpu, batch.seq_lens_cpu, strict=True):
+    blocks, starts = [], []
+    for q_len, n, table in zip(batch.query_lens_cpu, batch.seq_lens_cpu,
+                               group.block_tables.tolist(), strict=True):  # fmt: skip
         lo = 0 if window is None else max(0, n - q_len + 1 - window)
-        firsts.append(lo // bs)
-        counts.append((n - 1) // bs - lo // bs + 1)
-    width = max(counts)
-    first = torch.tensor(firsts)
-    index = first[:, None] + torch.arange(width)[None, :]
-    tables = group.block_tables.long()
-    blocks = torch.gather(tables, 1, index.clamp(max=tables.shape[1] - 1))
-    # NOTE: entries past a sequence's newest block are never read (padding).
-    blocks = torch.where(index < (first + torch.tensor(counts))[:, None], blocks, 0)
-    return RowPlan(batch.query_start_loc.long(), batch.positions + 1, blocks.contiguous(),
-                   first * bs, bs)  # fmt: skip
+        blocks.append(table[lo // bs : (n - 1) // bs + 1])
+        starts.append(lo // bs * bs)
+    width = max(map(len, blocks))
+    padded = [b + [0] * (width - len(b)) for b in blocks]  # padding: never read
+    return RowPlan(seq_rows, lens, torch.tensor(padded, dtype=torch.int64),
+                   torch.tensor(starts, dtype=torch.int64), bs)  # fmt: skip
 
 
 def decode_row_plan(plan: DecodePlan) -> RowPlan:
@@ -141,8 +141,9 @@ class CpuAttentionBackend(TorchAttentionBackend):
         self.lib, self.fixed_order = lib, fixed_order
 
     def build_metadata(self, batch: AttentionBatch) -> CpuAttentionMetadata:
-        return CpuAttentionMetadata(batch, [row_plan(batch, g) for g in batch.groups],
-                                    [g.slot_mapping for g in batch.groups])  # fmt: skip
+        seq_rows, lens = batch.query_start_loc.long(), batch.positions + 1
+        rows = [row_plan(batch, g, seq_rows, lens) for g in batch.groups]
+        return CpuAttentionMetadata(batch, rows, [g.slot_mapping for g in batch.groups])
 
     def forward(self, q, k, v, kv_cache, spec: LayerAttentionSpec,
                 metadata: CpuAttentionMetadata) -> torch.Tensor:  # fmt: skip

@@ -125,9 +125,12 @@ class Sampler:
         x = restrict_to_allowed(apply_logit_processors(raw, rows), raw, rows)
         greedy = [i for i, r in enumerate(rows) if r.params.greedy]
         drawn = [i for i, r in enumerate(rows) if not r.params.greedy]
-        tokens = torch.empty(len(rows), dtype=torch.int64, device=x.device)
         states: list[torch.Tensor | None] = [None] * len(rows)
-        if greedy:
+        if not drawn:  # all greedy: the argmax is the answer, no scatter into place
+            tokens = argmax_rows(x)
+        else:
+            tokens = torch.empty(len(rows), dtype=torch.int64, device=x.device)
+        if greedy and drawn:
             tokens[row_index(greedy, x)] = argmax_rows(take_rows(x, greedy))
         if drawn:
             tokens[row_index(drawn, x)], drawn_states = self._draw(
@@ -272,12 +275,14 @@ def argmax_rows(x: torch.Tensor) -> torch.Tensor:
     """x.argmax(dim=-1) for float32 rows; on CPU by inferd's C kernel where it is built
     (cpu_kernels/argmax.c: rows in parallel, vectorised; PyTorch's is one scalar loop)."""
     if x.device.type == "cpu" and x.dtype == torch.float32:
-        from inferd.cpu_kernels import kernel_library, kernels_available
+        from inferd.cpu_kernels import KernelsUnavailable, kernel_library
 
-        if kernels_available():
-            x = x.contiguous()
-            out = torch.empty(x.shape[0], dtype=torch.int64)
-            kernel_library().inferd_argmax_rows(x.data_ptr(), x.shape[0], x.shape[1],
-                                                out.data_ptr())  # fmt: skip
-            return out
+        try:
+            lib = kernel_library()
+        except KernelsUnavailable:
+            return x.argmax(dim=-1)
+        x = x.contiguous()
+        out = torch.empty(x.shape[0], dtype=torch.int64)
+        lib.inferd_argmax_rows(x.data_ptr(), x.shape[0], x.shape[1], out.data_ptr())
+        return out
     return x.argmax(dim=-1)

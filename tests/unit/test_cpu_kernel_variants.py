@@ -248,3 +248,31 @@ def test_doctor_names_the_flags_the_os_leaves_disabled(monkeypatch):
     facts = doctor.collect()
     assert facts["listed, not enabled by the OS"] == "amx_tile amx_int8 (treated as absent)"
     assert "amx" not in facts["cpu features"]
+
+
+@pytest.mark.parametrize("variant", VARIANT_NAMES)
+def test_argmax_kernel_splits_few_long_rows_without_changing_the_answer(variant):
+    # Fewer rows than threads: each row is cut into parts (argmax.c, PART_MIN columns at
+    # least), maxima and NaNs placed around the cuts.
+    lib = variant_library(variant)
+    cols = 3 * 16384 + 7
+    x = torch.randn(5, cols, generator=torch.Generator().manual_seed(2))
+    x[0, [cols // 2 - 1, cols // 2, cols - 1]] = 80.0  # a tie across the middle cut
+    x[1, [5, cols - 2]] = float("nan")  # NaN in the first part and the last
+    x[2, cols - 3] = float("nan")  # NaN only in the last part, a larger value before it
+    x[2, 0] = 99.0
+    x[3] = -float("inf")
+    x[4, cols - 1] = 99.0
+    before = torch.get_num_threads()  # the kernels' OpenMP threads too
+    try:
+        for threads in (1, 2, 3):
+            torch.set_num_threads(threads)
+            for i in range(5):
+                row, out = x[i : i + 1].contiguous(), torch.empty(1, dtype=torch.int64)
+                lib.inferd_argmax_rows(row.data_ptr(), 1, cols, out.data_ptr())
+                assert out.item() == row.argmax(dim=-1).item(), (i, threads)
+            out = torch.empty(5, dtype=torch.int64)
+            lib.inferd_argmax_rows(x.data_ptr(), 5, cols, out.data_ptr())
+            assert torch.equal(out, x.argmax(dim=-1))
+    finally:
+        torch.set_num_threads(before)
