@@ -25,6 +25,7 @@ from inferd.engine.tp_workers import start_ranks
 from inferd.engine_client import ModelInfo
 from inferd.layers.lora import attach_lora
 from inferd.loader import Checkpoint, gguf_cache, open_checkpoint
+from inferd.loader.checkpoint import gguf_file_of
 from inferd.loader.pooler_config import pooler_config
 from inferd.memory.kv import KVPoolPlan, plan_kv_pool
 from inferd.memory.weights import tp_shard
@@ -100,6 +101,11 @@ def set_up_engine(config: EngineConfig) -> EngineSetup:
     _check_limits(config)
     device = resolve_device(config.device)
     resolve_dtypes(config, device)  # fail on bad dtype flags before starting anything
+    if (early := gguf_file_of(config.model)) is not None:
+        # NOTE: the blocks cached from a GGUF file are verified by a thread; it starts before
+        # the file's header is read (its vocabulary alone takes a few hundredths of a second)
+        # so that it is done when they are needed. Dropped below if the model keeps no blocks.
+        gguf_cache.start_checking(early, 0, config.tensor_parallel_size)
     checkpoint = open_checkpoint(config.model)  # and on a bad model file
     prepare_cpu_kernels(device)  # compiled now (or cached), never inside a request; says which
     mc = checkpoint.config
@@ -117,10 +123,13 @@ def set_up_engine(config: EngineConfig) -> EngineSetup:
 
 def _set_up_rank0(config, device, checkpoint, tp, control, procs, t0) -> EngineSetup:
     mc = checkpoint.config
-    if weight_scheme(config, device, checkpoint, tp.world_size).blocks:
+    if checkpoint.format == "gguf":
         # NOTE: the cached blocks' checksum (a few tenths of a second) runs in a thread while
         # the tokenizer loads: zlib releases Python's lock, `tokenizers` holds it.
-        gguf_cache.start_checking(checkpoint, tp)
+        if weight_scheme(config, device, checkpoint, tp.world_size).blocks:
+            gguf_cache.start_checking(checkpoint.path, tp.rank, tp.world_size)
+        else:
+            gguf_cache.stop_checking(checkpoint.path, tp.rank, tp.world_size)
     tokenizer = checkpoint_tokenizer(checkpoint)
     model, dtype, kv_dtype, backend = load_rank_model(config, device, tp, checkpoint)
     defaults = ENGINE_DEFAULTS["cuda" if device.type == "cuda" else "cpu"]

@@ -65,6 +65,17 @@ def _open_gguf(path: Path) -> Checkpoint:
     return Checkpoint(path, "gguf", config, gguf)
 
 
+def gguf_file_of(model: str | Path | None) -> Path | None:
+    """The GGUF file `open_checkpoint(model)` will read, where that is plain without reading
+    anything: the embedded default model, or a path to a .gguf file; else None."""
+    if model is None:
+        from inferd.loader.default_model import default_model_path
+
+        return default_model_path()
+    path = Path(model).expanduser()
+    return path if path.suffix == ".gguf" and path.is_file() else None
+
+
 def open_checkpoint(model: str | Path | None) -> Checkpoint:
     """`None` → the embedded default model; a short name of loader/catalog.py (a path of that
     name wins); a .gguf file; an HF folder; a folder with one .gguf."""

@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+from pathlib import Path
 
 import torch
 
@@ -42,13 +43,18 @@ def _block_modules(model: torch.nn.Module) -> dict[str, BlockWeight]:
     return out
 
 
-def start_checking(checkpoint: Checkpoint, tp: TPGroup) -> None:
-    """Start verifying this rank's cache entry now, in a thread (weight_cache.start_checking);
-    `load_weights` then waits for the verdict."""
+def start_checking(source: Path, rank: int, world: int) -> None:
+    """Start verifying the cache entry of GGUF file `source` for this rank now, in a thread
+    (weight_cache.start_checking); `load_weights` then waits for the verdict. Nothing happens
+    without an entry; starting twice is starting once."""
     if weight_cache.enabled():
-        weight_cache.start_checking(
-            weight_cache.entry_path(checkpoint.path, MODE, tp.rank, tp.world_size)
-        )
+        weight_cache.start_checking(weight_cache.entry_path(source, MODE, rank, world))
+
+
+def stop_checking(source: Path, rank: int, world: int) -> None:
+    """Drop a check `start_checking` began for a model that turned out not to keep blocks."""
+    if weight_cache.enabled():
+        weight_cache.stop_checking(weight_cache.entry_path(source, MODE, rank, world))
 
 
 def load_weights(model, checkpoint: Checkpoint, tp: TPGroup) -> None:

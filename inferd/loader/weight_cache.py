@@ -168,6 +168,15 @@ def start_checking(path: Path) -> None:
         pass
 
 
+def stop_checking(path: Path) -> None:
+    """Forget the check `start_checking` began for `path` (its thread finished, its mapping
+    closed), if there is one."""
+    check = _checks.pop(path, None)
+    if check is not None:
+        check.result()
+        check.mapped.close()
+
+
 def _map(path: Path) -> mmap.mmap:
     with open(path, "rb") as f:
         return mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_COPY)

@@ -51,3 +51,23 @@ def test_one_entry_per_model_and_mode(tmp_path, monkeypatch):
     assert second != first
     weight_cache.write_entry(second, {"t": torch.ones(2)}, {}, info)
     assert [e.path for e in weight_cache.entries()] == [second]
+
+
+def test_a_check_started_early_is_used_once_or_dropped(tmp_path, monkeypatch):
+    # engine/setup.py starts verifying a GGUF file's entry before it knows whether the model
+    # keeps blocks: map_entry takes the check; stop_checking drops it, mapping closed.
+    monkeypatch.setenv("INFERD_CACHE", str(tmp_path))
+    source = tmp_path / "model.gguf"
+    source.write_bytes(b"gguf")
+    path = weight_cache.entry_path(source, "blocks", 0, 1)
+    weight_cache.write_entry(path, {"t": torch.arange(4.0)}, {}, {"model": str(source)})
+    weight_cache.start_checking(path)
+    weight_cache.start_checking(path)  # twice is once
+    check = weight_cache._checks[path]
+    mapped, _, _ = weight_cache.map_entry(path)
+    assert mapped is check.mapped and path not in weight_cache._checks
+    weight_cache.start_checking(path)
+    dropped = weight_cache._checks[path]
+    weight_cache.stop_checking(path)
+    assert path not in weight_cache._checks and dropped.mapped.closed
+    weight_cache.stop_checking(path)  # nothing to drop: no error
