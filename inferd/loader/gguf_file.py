@@ -149,8 +149,8 @@ class _Cursor:
                 pos += 8
                 starts[i] = pos
                 pos += n
-        except struct.error:
-            self.pos = pos
+        except (struct.error, OverflowError):  # OverflowError: a length past 2^63
+            self.pos = min(pos, len(buf))
             self.need(8)  # raises: the length of the next string is past the end
         if pos > len(buf):
             self.pos = starts[-1]
