@@ -155,6 +155,8 @@ def load(path: Path, variant: str | None = None) -> ctypes.CDLL:
     lib.inferd_rope_tables.restype = None
     lib.inferd_decode_layer.argtypes = [ptr, ptr, ptr]
     lib.inferd_decode_layer.restype = ctypes.c_int
+    lib.inferd_decode_layers.argtypes = [i64, ptr, ptr, ptr]
+    lib.inferd_decode_layers.restype = ctypes.c_int
     return lib
 
 

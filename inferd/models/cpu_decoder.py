@@ -139,6 +139,7 @@ class CpuDecoder:
         self.inv_freqs = [f.float().contiguous() for f in inv_freqs]
         self.rope_index = rope_index
         self.lora = None  # the model's LoRASlots (layers/lora.py), once attached
+        self._layer_pointers = None  # the layers' specs as the C call takes them (`run`)
 
     @classmethod
     def for_model(cls, model: CausalLM) -> CpuDecoder | None:
@@ -183,30 +184,45 @@ class CpuDecoder:
                    for group in ctx.kv_caches for c in group)  # fmt: skip
 
     def run(self, h: torch.Tensor, positions: torch.Tensor, ctx: ForwardContext) -> torch.Tensor:
-        """The residual stream after every layer, for a step `serves` accepted."""
+        """The residual stream after every layer, for a step `serves` accepted: all layers in
+        one C call (decode_layer.c, `inferd_decode_layers`)."""
         h = h.float().contiguous()
         tables = [kernel_cos_sin(self.lib, f, positions) for f in self.inv_freqs]
-        for index, rope in enumerate(self.rope_index):
-            self.run_layer(index, h, tables[rope], ctx)
+        adapter = self._adapter_rows(h.shape[0])
+        steps = [self._step(index, h.shape[0], tables[rope], ctx, adapter)
+                 for index, rope in enumerate(self.rope_index)]  # fmt: skip
+        count = len(self.layers)
+        if self._layer_pointers is None:  # the specs live as long as the decoder
+            self._layer_pointers = (_P * count)(
+                *[ctypes.addressof(layer.spec) for layer in self.layers]
+            )
+        pointers = (_P * count)(*[ctypes.addressof(step) for step in steps])
+        rc = self.lib.inferd_decode_layers(count, self._layer_pointers, pointers, h.data_ptr())
+        if rc != 0:
+            raise RuntimeError(f"the C decoder layers failed ({rc})")
         return h
 
     def run_layer(self, index: int, h: torch.Tensor, rope, ctx: ForwardContext) -> None:
-        """Layer `index` on the contiguous float32 residual stream `h`, in place (it also
+        """Layer `index` alone on the contiguous float32 residual stream `h`, in place (it also
         stores the step's keys and values in the layer's cache). `rope`: cos and signed sin,
         [rows, head_dim] (or [rows, 1, head_dim]) float32."""
-        meta: CpuAttentionMetadata = ctx.metadata
-        layer, (cos, sin) = self.layers[index], rope
-        s = layer.attention
-        cache = ctx.kv_caches[s.group][s.index_in_group]
-        step = StepSpec(
-            h.shape[0], cos.data_ptr(), sin.data_ptr(), cache[0].data_ptr(), cache[1].data_ptr(),
-            int(cache.dtype == torch.bfloat16), meta.slot_mappings[s.group].data_ptr(),
-            ctypes.addressof(meta.rows[s.group].struct), self._adapter_rows(h.shape[0]),
-        )  # fmt: skip
-        rc = self.lib.inferd_decode_layer(ctypes.byref(layer.spec), ctypes.byref(step),
-                                          h.data_ptr())  # fmt: skip
+        step = self._step(index, h.shape[0], rope, ctx, self._adapter_rows(h.shape[0]))
+        rc = self.lib.inferd_decode_layer(ctypes.byref(self.layers[index].spec),
+                                          ctypes.byref(step), h.data_ptr())  # fmt: skip
         if rc != 0:
             raise RuntimeError(f"the C decoder layer failed ({rc})")
+
+    def _step(self, index: int, rows: int, rope, ctx: ForwardContext,
+              adapter: int | None) -> StepSpec:  # fmt: skip
+        """The step as layer `index` sees it: its cache, its group's slots and key plans."""
+        meta: CpuAttentionMetadata = ctx.metadata
+        s, (cos, sin) = self.layers[index].attention, rope
+        cache = ctx.kv_caches[s.group][s.index_in_group]
+        return StepSpec(
+            rows, cos.data_ptr(), sin.data_ptr(), cache[0].data_ptr(), cache[1].data_ptr(),
+            int(cache.dtype == torch.bfloat16), meta.slot_mappings[s.group].data_ptr(),
+            ctypes.addressof(meta.rows[s.group].struct), adapter,
+        )  # fmt: skip
 
     def _adapter_rows(self, rows: int) -> int | None:
         """The step's per-row adapter slots for the kernel; None when no row has an adapter."""
