@@ -140,6 +140,9 @@ class CpuDecoder:
         self.rope_index = rope_index
         self.lora = None  # the model's LoRASlots (layers/lora.py), once attached
         self._layer_pointers = None  # the layers' specs as the C call takes them (`run`)
+        # True: `run` calls `run_layer` for each layer instead of one call for all, so that a
+        # profile's trace has a range per layer (profiling/instrument.py sets it)
+        self.layer_by_layer = False
 
     @classmethod
     def for_model(cls, model: CausalLM) -> CpuDecoder | None:
@@ -188,6 +191,10 @@ class CpuDecoder:
         one C call (decode_layer.c, `inferd_decode_layers`)."""
         h = h.float().contiguous()
         tables = [kernel_cos_sin(self.lib, f, positions) for f in self.inv_freqs]
+        if self.layer_by_layer:
+            for index, rope in enumerate(self.rope_index):
+                self.run_layer(index, h, tables[rope], ctx)
+            return h
         adapter = self._adapter_rows(h.shape[0])
         steps = [self._step(index, h.shape[0], tables[rope], ctx, adapter)
                  for index, rope in enumerate(self.rope_index)]  # fmt: skip

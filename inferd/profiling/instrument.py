@@ -117,6 +117,7 @@ def instrument_model(runner: Any, record_function: Callable[[str], Any]) -> Patc
                 run_layer(index, *args)
 
         patches.set(decoder, "run_layer", traced_layer)
+        patches.set(decoder, "layer_by_layer", True)  # one C call per layer while traced
     _trace_kernels([*model.modules(), decoder, runner.backend], record_function, patches)
     return patches
 

@@ -132,4 +132,5 @@ def test_c_kernels_and_c_decoder_layers_are_named(tmp_path, monkeypatch, c_kerne
     runner.execute([SequenceStep([4], 9, [[1]])])
     assert record.names == []
     assert "run_layer" not in vars(model.cpu_decoder)
+    assert not model.cpu_decoder.layer_by_layer  # untraced: all layers in one call again
     assert runner.backend.lib is c_kernels
