@@ -34,7 +34,7 @@ def gemma_llm():
 @pytest.fixture(scope="session")
 def default_llm(c_kernels):
     """inferd's offline engine on the embedded model in the default mode (the GGUF blocks with
-    inferd's C kernels: one C call per decoder layer at every step), shared by the tests of
+    inferd's C kernels: one C call for all decoder layers at every step), shared by the tests of
     that mode."""
     from inferd import LLM
 

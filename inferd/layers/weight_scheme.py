@@ -110,7 +110,7 @@ class WeightScheme:
     def _dense_what(self) -> str:
         if self.blocks:
             return (f"{self.name}: the GGUF blocks with C kernels at every step size (one C call "
-                    "per decoder layer)")  # fmt: skip
+                    "for all decoder layers of a step)")  # fmt: skip
         if self.quantize:
             return f"{self.name}: weights re-quantised at load"
         return f"{self.name}: dense {_name(self.dtype)} weights"

@@ -1,4 +1,4 @@
-"""The CPU decoder (inferd/models/cpu_decoder.py: each decoder layer of a step as one C call,
+"""The CPU decoder (inferd/models/cpu_decoder.py: the decoder layers of a step in one C call,
 cpu_kernels/decode_layer.c) against the same layers run op by op in PyTorch, on the embedded
 model, with every kernel variant this CPU runs: for the same input and cache, each layer's output
 and the cache it leaves behind, on prefill chunks from the start and from the middle of a

@@ -48,9 +48,9 @@ def test_default_on_a_gguf_file_keeps_its_blocks(machine, fast_bf16):
 def test_the_scheme_says_what_it_is_and_why(machine):
     machine(fast_bf16=True)
     line = ws.choose_scheme(None, "auto", "gguf", CPU).describe()
-    assert line == ("gguf: the GGUF blocks with C kernels at every step size (one C call per "
-                    "decoder layer); the default for a GGUF file on a CPU with inferd's C "
-                    "kernels")  # fmt: skip
+    assert line == ("gguf: the GGUF blocks with C kernels at every step size (one C call for "
+                    "all decoder layers of a step); the default for a GGUF file on a CPU with "
+                    "inferd's C kernels")  # fmt: skip
     assert ws.choose_scheme("gguf", "auto", "gguf", CPU).describe().endswith(
         "; chosen by --quantization gguf")  # fmt: skip
     assert ws.choose_scheme(None, "float32", "gguf", CPU).describe() == (
