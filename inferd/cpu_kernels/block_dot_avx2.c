@@ -37,15 +37,19 @@ INLINE Half half_of(const BlockMatrix* W, int64_t g, int h, const int bits, cons
     return p;
 }
 
-/* 16 fifth bits (bit 2r + i) -> 16 int16 words, 16 where the bit is set, else 0 */
+/* 16 fifth bits (bit 2r + i) -> 16 int16 words, 16 where the bit is set, else 0. Each lane
+ * keeps its own bit (an AND), then vpsignw turns what is left into 16 or 0: it gives its first
+ * operand where the second is positive, minus it where negative, 0 where zero. Bit 15 makes
+ * its lane negative (0x8000), so that lane's operand is -16. Two vector operations, where an
+ * AND, a compare and another AND took three: 5-bit products of one row ~10% faster. */
 INLINE __m256i fifth_words(const uint16_t* at) {
     uint16_t bits;
     memcpy(&bits, at, 2);
     const __m256i select = _mm256_setr_epi16(1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024,
                                              2048, 4096, 8192, 16384, (short)0x8000);
-    const __m256i set = _mm256_cmpeq_epi16(_mm256_and_si256(_mm256_set1_epi16((short)bits),
-                                                            select), select);
-    return _mm256_and_si256(set, _mm256_set1_epi16(16));
+    const __m256i sixteen = _mm256_setr_epi16(16, 16, 16, 16, 16, 16, 16, 16, 16, 16, 16, 16,
+                                              16, 16, 16, -16);
+    return _mm256_sign_epi16(sixteen, _mm256_and_si256(_mm256_set1_epi16((short)bits), select));
 }
 
 /* The two half-units (lo, hi) of chunk c of block b (block_layout.h). */
