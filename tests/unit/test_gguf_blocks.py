@@ -197,3 +197,17 @@ def test_gguf_mode_without_kernels_says_why(monkeypatch):
     monkeypatch.setenv("INFERD_CPU_KERNELS", "0")
     with pytest.raises(ValueError, match="INFERD_CPU_KERNELS=0.*int8"):
         check_quantization("gguf", torch.device("cpu"))
+
+
+@pytest.mark.parametrize("lo, hi", [(0, 16), (0, 32), (-128, 128)])
+def test_a_lookup_of_few_rows_by_the_kernel_gives_the_tensor_path_bits(lo, hi):
+    # BlockWeight.dequantized takes the C kernel for up to FEW_ROWS ids (an embedding lookup
+    # of a decode step), the tensor ops of BlockPart beyond: both the GGUF dequantisation.
+    torch.manual_seed(0)
+    q = torch.randint(lo, hi, (40, 64), dtype=torch.int8)
+    w = BlockWeight(q, torch.rand(40, 2) * 0.01, torch.randn(40, 2) * 0.01)
+    part = w.parts[0]
+    ids = torch.tensor([39, 0, 17, 17, 5])
+    assert torch.equal(w.dequantized(ids), part.dequantized(ids))
+    many = torch.arange(40)  # more than FEW_ROWS: the tensor path itself
+    assert torch.equal(w.dequantized(many)[ids], w.dequantized(ids))
