@@ -37,6 +37,8 @@ SPIECE_SPACE = "\u2581"
 # Which added tokens are cut out of the text (compact_bpe.c's MATCH_* modes).
 MATCH_ALL, MATCH_KEEP_SPECIAL_TEXT, MATCH_SPECIAL_ONLY = 0, 1, 2
 
+FEW_IDS = 64  # ids `decode` passes without numpy (a streaming window is a handful)
+
 
 class CompactUnavailable(RuntimeError):
     """The compact tokenizer cannot be built here (no compiler, a failed build); says why."""
@@ -188,14 +190,22 @@ class CompactBPE:
     def decode(self, ids: Sequence[int], skip_special_tokens: bool = True) -> str:
         """The text of `ids`; ids outside the vocabulary are skipped (as HF does), negative
         ones refused (OverflowError, as HF)."""
-        array = np.ascontiguousarray(ids, dtype=np.int64).reshape(-1)
-        if array.size and (array.min() < 0 or array.max() >= 1 << 32):
-            raise OverflowError("token ids must be non-negative 32-bit integers")
-        capacity = 8 * len(array) + 64
+        if isinstance(ids, list) and 0 < len(ids) <= FEW_IDS:  # a detokenizer's window
+            values = [int(i) for i in ids]  # plain Python: numpy costs more for a few ids
+            if min(values) < 0 or max(values) >= 1 << 32:
+                raise OverflowError("token ids must be non-negative 32-bit integers")
+            array = (ctypes.c_int64 * len(values))(*values)
+            count, address = len(values), ctypes.addressof(array)
+        else:
+            array = np.ascontiguousarray(ids, dtype=np.int64).reshape(-1)
+            if array.size and (array.min() < 0 or array.max() >= 1 << 32):
+                raise OverflowError("token ids must be non-negative 32-bit integers")
+            count, address = len(array), array.ctypes.data
+        capacity = 8 * count + 64
         for _ in range(2):
             out = ctypes.create_string_buffer(capacity)
             size = self._lib.inferd_bpe_decode(
-                self._ptr, array.ctypes.data, len(array), bool(skip_special_tokens), out, capacity
+                self._ptr, address, count, bool(skip_special_tokens), out, capacity
             )
             if size < 0:
                 raise MemoryError("no memory to decode")
