@@ -143,6 +143,8 @@ class CpuDecoder:
         # True: `run` calls `run_layer` for each layer instead of one call for all, so that a
         # profile's trace has a range per layer (profiling/instrument.py sets it)
         self.layer_by_layer = False
+        self._groups = [layer.attention.group for layer in layers]  # each layer's KV group
+        self._pools_of = None  # (the caches list, `_pools` of it)
 
     @classmethod
     def for_model(cls, model: CausalLM) -> CpuDecoder | None:
@@ -195,9 +197,17 @@ class CpuDecoder:
             for index, rope in enumerate(self.rope_index):
                 self.run_layer(index, h, tables[rope], ctx)
             return h
-        adapter = self._adapter_rows(h.shape[0])
-        steps = [self._step(index, h.shape[0], tables[rope], ctx, adapter)
-                 for index, rope in enumerate(self.rope_index)]  # fmt: skip
+        # NOTE: the StepSpecs from pointers gathered once per step (rotary tables, each KV
+        # group's slots and key plans) and once per set of caches (each layer's pools): built
+        # layer by layer (`_step`) they took ~5 us each, 18 a token.
+        meta: CpuAttentionMetadata = ctx.metadata
+        ropes = [(cos.data_ptr(), sin.data_ptr()) for cos, sin in tables]
+        slots = [m.data_ptr() for m in meta.slot_mappings]
+        keys = [ctypes.addressof(plan.struct) for plan in meta.rows]
+        rows, adapter = h.shape[0], self._adapter_rows(h.shape[0])
+        steps = [StepSpec(rows, *ropes[rope], *pools, slots[group], keys[group], adapter)
+                 for rope, group, pools in zip(self.rope_index, self._groups,
+                                               self._pools(ctx.kv_caches))]  # fmt: skip
         count = len(self.layers)
         if self._layer_pointers is None:  # the specs live as long as the decoder
             self._layer_pointers = (_P * count)(
@@ -218,6 +228,19 @@ class CpuDecoder:
                                           ctypes.byref(step), h.data_ptr())  # fmt: skip
         if rc != 0:
             raise RuntimeError(f"the C decoder layer failed ({rc})")
+
+    def _pools(self, kv_caches) -> list[tuple[int, int, int]]:
+        """Each layer's (keys pool, values pool, bf16) pointers, kept while the step's caches
+        are the same list (a runner allocates its caches once)."""
+        if self._pools_of is None or self._pools_of[0] is not kv_caches:
+            pools = []
+            for layer in self.layers:
+                s = layer.attention
+                cache = kv_caches[s.group][s.index_in_group]
+                pools.append((cache[0].data_ptr(), cache[1].data_ptr(),
+                              int(cache.dtype == torch.bfloat16)))  # fmt: skip
+            self._pools_of = (kv_caches, pools)
+        return self._pools_of[1]
 
     def _step(self, index: int, rows: int, rope, ctx: ForwardContext,
               adapter: int | None) -> StepSpec:  # fmt: skip
