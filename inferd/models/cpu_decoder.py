@@ -145,6 +145,7 @@ class CpuDecoder:
         self.layer_by_layer = False
         self._groups = [layer.attention.group for layer in layers]  # each layer's KV group
         self._pools_of = None  # (the caches list, `_pools` of it)
+        self._caches_served = None  # (the caches list, whether the C layer takes its dtypes)
 
     @classmethod
     def for_model(cls, model: CausalLM) -> CpuDecoder | None:
@@ -185,8 +186,12 @@ class CpuDecoder:
             return False
         if not isinstance(ctx.metadata, CpuAttentionMetadata):
             return False
-        return all(c.dtype in C_CACHE_DTYPES and c.device.type == "cpu"
-                   for group in ctx.kv_caches for c in group)  # fmt: skip
+        caches = ctx.kv_caches
+        if self._caches_served is None or self._caches_served[0] is not caches:  # once per list
+            takes = all(c.dtype in C_CACHE_DTYPES and c.device.type == "cpu"
+                        for group in caches for c in group)  # fmt: skip
+            self._caches_served = (caches, takes)
+        return self._caches_served[1]
 
     def run(self, h: torch.Tensor, positions: torch.Tensor, ctx: ForwardContext) -> torch.Tensor:
         """The residual stream after every layer, for a step `serves` accepted: all layers in
