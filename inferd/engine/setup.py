@@ -106,7 +106,12 @@ def set_up_engine(config: EngineConfig) -> EngineSetup:
         # the file's header is read (its vocabulary alone takes a few hundredths of a second)
         # so that it is done when they are needed. Dropped below if the model keeps no blocks.
         gguf_cache.start_checking(early, 0, config.tensor_parallel_size)
-    checkpoint = open_checkpoint(config.model)  # and on a bad model file
+    try:
+        checkpoint = open_checkpoint(config.model)  # and on a bad model file
+    except BaseException:
+        if early is not None:
+            gguf_cache.stop_checking(early, 0, config.tensor_parallel_size)
+        raise
     prepare_cpu_kernels(device)  # compiled now (or cached), never inside a request; says which
     mc = checkpoint.config
     tp, control, procs = SINGLE, None, []
