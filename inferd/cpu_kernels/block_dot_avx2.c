@@ -41,7 +41,8 @@ INLINE Half half_of(const BlockMatrix* W, int64_t g, int h, const int bits, cons
  * keeps its own bit (an AND), then vpsignw turns what is left into 16 or 0: it gives its first
  * operand where the second is positive, minus it where negative, 0 where zero. Bit 15 makes
  * its lane negative (0x8000), so that lane's operand is -16. Two vector operations, where an
- * AND, a compare and another AND took three: 5-bit products of one row ~10% faster. */
+ * AND, a compare and another AND took three (a 4096 x 640 5-bit product of one row 0.142 ->
+ * 0.125 ms, one thread, AMD EPYC Zen 3). */
 INLINE __m256i fifth_words(const uint16_t* at) {
     uint16_t bits;
     memcpy(&bits, at, 2);
