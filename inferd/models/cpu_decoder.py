@@ -249,15 +249,12 @@ class CpuDecoder:
 
     def _step(self, index: int, rows: int, rope, ctx: ForwardContext,
               adapter: int | None) -> StepSpec:  # fmt: skip
-        """The step as layer `index` sees it: its cache, its group's slots and key plans."""
+        """The step as layer `index` sees it: its pools, its group's slots and key plans."""
         meta: CpuAttentionMetadata = ctx.metadata
-        s, (cos, sin) = self.layers[index].attention, rope
-        cache = ctx.kv_caches[s.group][s.index_in_group]
-        return StepSpec(
-            rows, cos.data_ptr(), sin.data_ptr(), cache[0].data_ptr(), cache[1].data_ptr(),
-            int(cache.dtype == torch.bfloat16), meta.slot_mappings[s.group].data_ptr(),
-            ctypes.addressof(meta.rows[s.group].struct), adapter,
-        )  # fmt: skip
+        (cos, sin), group = rope, self._groups[index]
+        return StepSpec(rows, cos.data_ptr(), sin.data_ptr(), *self._pools(ctx.kv_caches)[index],
+                        meta.slot_mappings[group].data_ptr(),
+                        ctypes.addressof(meta.rows[group].struct), adapter)  # fmt: skip
 
     def _adapter_rows(self, rows: int) -> int | None:
         """The step's per-row adapter slots for the kernel; None when no row has an adapter."""
