@@ -3,10 +3,12 @@
 Unpacking a GGUF file's blocks and laying them out for the C kernels (layers/gguf_blocks.py)
 costs ~0.6 s of every start for the embedded model. After the first load, the block parts of
 every layer that keeps blocks are written once as a weight-cache entry (weight_cache.py: about
-the file's own size); later starts map it copy-on-write and rebuild the parts around the mapped
-tensors, with no unpacking. The entry holds blocks only: the few dense tensors (norm gains,
-biases, unquantised matrices) are read from the GGUF file each time, so one entry serves every
-model dtype and every mode that keeps blocks.
+the file's own size); every start, the first included, then maps it copy-on-write and rebuilds
+the parts around the mapped tensors, with no unpacking; a thread then moves the mapped bytes
+into huge pages at the same addresses (huge_pages.py).
+The entry holds blocks only: the few dense tensors (norm gains, biases, unquantised matrices)
+are read from the GGUF file each time, so one entry serves every model dtype and every mode
+that keeps blocks.
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ import torch
 from inferd.distributed.state import TPGroup
 from inferd.layers.block_method import BlockMethod
 from inferd.layers.gguf_blocks import BlockPart, BlockWeight
-from inferd.loader import weight_cache
+from inferd.loader import huge_pages, weight_cache
 from inferd.loader.checkpoint import Checkpoint
 from inferd.progress import status
 
@@ -69,13 +71,16 @@ def load_weights(model, checkpoint: Checkpoint, tp: TPGroup) -> None:
             model.load_weights(checkpoint.weights(), frozenset())
         if path is not None:
             with status("caching the packed blocks"):
-                _save(model, path, checkpoint, tp)
+                saved = _save(model, path, checkpoint, tp)
+            if saved:  # the blocks move into the entry's memory, as on every later start
+                _restore(model, path)
     else:
         with torch.no_grad():
             model.load_weights(checkpoint.weights(), preloaded)
 
 
-def _save(model, path, checkpoint: Checkpoint, tp: TPGroup) -> None:
+def _save(model, path, checkpoint: Checkpoint, tp: TPGroup) -> bool:
+    """Write the model's blocks as the entry at `path`; whether an entry was written."""
     tensors, layout = {}, []
     for name, weight in _block_modules(model).items():
         facts = []
@@ -85,11 +90,11 @@ def _save(model, path, checkpoint: Checkpoint, tp: TPGroup) -> None:
             facts.append(part_facts)
         layout.append({"module": name, "parts": facts})
     if not layout:
-        return  # nothing was block-quantised: nothing worth caching
+        return False  # nothing was block-quantised: nothing worth caching
     info = {"model": str(checkpoint.path), "name": checkpoint.config.name, "mode": MODE,
             "source_bytes": checkpoint.path.stat().st_size, "rank": tp.rank,
             "world": tp.world_size}  # fmt: skip
-    weight_cache.write_entry(path, tensors, {"layout": json.dumps(layout)}, info)
+    return weight_cache.write_entry(path, tensors, {"layout": json.dumps(layout)}, info)
 
 
 def _restore(model, path) -> frozenset[str] | None:
@@ -123,7 +128,9 @@ def _restore(model, path) -> frozenset[str] | None:
                 stored = {k[len(prefix) :]: tensor(k) for k in header if k.startswith(prefix)}
                 parts.append(BlockPart.restored(stored, facts))
             blocks = BlockWeight(parts=parts)
-            if tuple(blocks.shape) != tuple(module.weight.shape):
+            # the dense matrix's shape, or, where blocks replaced it (a first load), theirs
+            shape = module.weight.shape if method.blocks is None else method.blocks.shape
+            if tuple(blocks.shape) != tuple(shape):
                 return None
             plan.append((entry_facts["module"], module, method, blocks))
     except (KeyError, ValueError, TypeError):
@@ -131,6 +138,7 @@ def _restore(model, path) -> frozenset[str] | None:
     for _, module, method, blocks in plan:
         method.install(module, blocks)
     model._block_cache_mmap = mapped  # the blocks point into it: keep it alive
+    huge_pages.start_moving(mapped, path.name)
     try:
         os.utime(path)  # recently used: eviction keeps it
     except OSError:
