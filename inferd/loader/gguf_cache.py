@@ -72,11 +72,20 @@ def load_weights(model, checkpoint: Checkpoint, tp: TPGroup) -> None:
         if path is not None:
             with status("caching the packed blocks"):
                 saved = _save(model, path, checkpoint, tp)
-            if saved:  # the blocks move into the entry's memory, as on every later start
-                _restore(model, path)
+            if saved and _restore(model, path) is not None:
+                _rebuild_decoder(model)  # the blocks now live in the entry, as on later starts
     else:
         with torch.no_grad():
             model.load_weights(checkpoint.weights(), preloaded)
+
+
+def _rebuild_decoder(model) -> None:
+    """The C decoder copies its layers' block pointers when the model is finalised: after the
+    blocks moved, it is built again around the new ones (nothing else keeps such pointers)."""
+    if getattr(model, "cpu_decoder", None) is not None:
+        from inferd.models.cpu_decoder import CpuDecoder
+
+        model.cpu_decoder = CpuDecoder.for_model(model)
 
 
 def _save(model, path, checkpoint: Checkpoint, tp: TPGroup) -> bool:

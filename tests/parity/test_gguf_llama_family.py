@@ -11,6 +11,7 @@ Q4_1 (every storage width of gguf_blocks, with and without offsets).
 
 from __future__ import annotations
 
+import ctypes
 import json
 
 import numpy as np
@@ -111,10 +112,20 @@ def test_block_cache_restores_the_same_model(tmp_path, monkeypatch, c_kernels):
     write_tiny_gguf(path, "qwen2")
     ids = [int(i) for i in np.random.default_rng(2).integers(0, VOCAB, 16)]
 
+    models = []
+
     def logits(dtype=torch.float32):
-        return run(load_model(open_checkpoint(path), dtype, torch.device("cpu"), "gguf"), ids, 4)
+        models.append(load_model(open_checkpoint(path), dtype, torch.device("cpu"), "gguf"))
+        return run(models[-1], ids, 4)
 
     first = logits()  # unpacks the file and writes the cache
+    # ... then serves from the entry: the C decoder's layers point into it, not at the blocks
+    # the load packed (freed once replaced)
+    memory = models[0]._block_cache_mmap
+    start = ctypes.addressof(ctypes.c_char.from_buffer(memory))
+    layers = models[0].cpu_decoder.layers
+    assert layers and all(start <= layer.spec.qkv.parts[0].q < start + len(memory)
+                          for layer in layers)  # fmt: skip
     (cached,) = (tmp_path / "cache" / "weights").glob("*.safetensors")
     info = json.loads(cached.with_suffix(".json").read_text())
     assert info["mode"].startswith("gguf-blocks") and info["model"] == str(path)
