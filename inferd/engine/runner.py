@@ -176,6 +176,8 @@ class ModelRunner:
             last.extend(range(offset - s.num_logits, offset))
         if not last:
             return hidden.new_empty((0, self.model.config.vocab_size), dtype=torch.float32), every
+        if len(last) == hidden.shape[0]:  # every row, in order (a decode step): no gather
+            return self.model.compute_logits(hidden), every
         index = torch.tensor(last, dtype=torch.int64, device=hidden.device)
         return self.model.compute_logits(hidden.index_select(0, index)), every
 
