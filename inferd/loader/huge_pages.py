@@ -37,18 +37,28 @@ _PROT_READ_WRITE = 0x1 | 0x2
 _MADV_HUGEPAGE = 14
 _MREMAP_MAYMOVE_FIXED = 0x1 | 0x2
 _THP_SETTING = Path("/sys/kernel/mm/transparent_hugepage/enabled")
+_OVERCOMMIT = Path("/proc/sys/vm/overcommit_memory")
 
 
 def enabled() -> bool:
-    """Whether moving can help here: asked for, Linux, and huge pages not turned off."""
+    """Whether moving can help here, and is safe: asked for, Linux, huge pages not turned off,
+    and memory not under strict accounting.
+
+    NOTE: `mremap` onto an existing mapping unmaps the destination first and then moves. The
+    kernel checks the mapping count before it unmaps; what can still refuse afterwards is the
+    accounting of the moved memory, which can fail for a 64 MiB chunk only under strict
+    overcommit (mode 2, hence not there), and the kernel's own small allocations, which fail
+    only where it is out of memory altogether."""
     if os.environ.get("INFERD_HUGE_PAGES", "1") in ("0", "false", "no"):
         return False
     if not sys.platform.startswith("linux"):
         return False
     try:
-        return "[never]" not in _THP_SETTING.read_text()
+        thp_off = "[never]" in _THP_SETTING.read_text()
+        strict = _OVERCOMMIT.read_text().strip() == "2"
     except OSError:
         return False
+    return not thp_off and not strict
 
 
 def _libc() -> ctypes.CDLL:
@@ -73,10 +83,11 @@ def _aligned_anonymous(libc: ctypes.CDLL, length: int) -> int:
     if raw in (None, failed):
         raise OSError(ctypes.get_errno(), "mmap of anonymous memory failed")
     start = -(-raw // HUGE_PAGE) * HUGE_PAGE
-    if start > raw:  # trim the unaligned ends
-        libc.munmap(raw, start - raw)
-    if raw + HUGE_PAGE > start:
-        libc.munmap(start + length, raw + HUGE_PAGE - start)
+    head, tail = start - raw, raw + HUGE_PAGE - start  # the unaligned ends, together HUGE_PAGE
+    if head:
+        libc.munmap(raw, head)
+    if tail:
+        libc.munmap(start + length, tail)
     libc.madvise(start, length, _MADV_HUGEPAGE)
     return start
 
@@ -84,7 +95,8 @@ def _aligned_anonymous(libc: ctypes.CDLL, length: int) -> int:
 def move_into_huge_pages(mapped: mmap.mmap) -> int:
     """Move the part of `mapped` that whole huge pages cover into huge-page memory at the same
     addresses; the number of bytes moved. Raises OSError where the OS refuses a step: what was
-    moved by then stays moved, the rest stays mapped, the bytes are unchanged either way."""
+    moved by then stays moved, the rest stays mapped, the bytes are unchanged either way (see
+    `enabled` for the one case where a refused move would not leave its destination mapped)."""
     libc = _libc()
     # NOTE: the ctypes view holds an export of `mapped` while we copy: mmap.close() refuses to
     # unmap memory a copy is reading.
