@@ -72,3 +72,23 @@ def test_a_mapping_moved_in_a_thread_reads_the_same_throughout(tmp_path, monkeyp
     assert sums == [expected] * 20 and bytes(view.numpy()) == data
     del view
     mapped.close()
+
+
+@linux_only
+@pytest.mark.parametrize(
+    "thp, overcommit, expected",
+    [
+        ("always [madvise] never", "0", True),
+        ("always madvise [never]", "0", False),
+        ("[always] madvise never", "2", False),
+    ],  # fmt: skip
+)
+def test_moving_needs_huge_pages_on_and_memory_not_strictly_accounted(
+    tmp_path, monkeypatch, thp, overcommit, expected
+):
+    monkeypatch.delenv("INFERD_HUGE_PAGES", raising=False)
+    (tmp_path / "enabled").write_text(thp + "\n")
+    (tmp_path / "overcommit").write_text(overcommit + "\n")
+    monkeypatch.setattr(huge_pages, "_THP_SETTING", tmp_path / "enabled")
+    monkeypatch.setattr(huge_pages, "_OVERCOMMIT", tmp_path / "overcommit")
+    assert huge_pages.enabled() is expected
