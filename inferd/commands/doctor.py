@@ -2,8 +2,8 @@
 
 The CPU and the features inferd's kernels and dtypes depend on, the C compiler, which kernel
 variant runs here and why (building it if the cache lacks it, as engine start-up would), the
-cache directory, the torch build, CUDA, and the thread settings. `--json` prints the same facts
-as one JSON object.
+cache directory, whether weights move into huge pages, the torch build, CUDA, and the thread
+settings. `--json` prints the same facts as one JSON object.
 """
 
 from __future__ import annotations
@@ -57,6 +57,14 @@ def _default_modes(kernels: bool) -> dict[str, str]:
             "default on this CPU, HF folder": f"{dense} weights"}  # fmt: skip
 
 
+def _huge_pages_fact() -> str:
+    """Whether a model's cached blocks move into huge pages after load (loader/huge_pages.py)."""
+    from inferd.loader import huge_pages
+
+    reason = huge_pages.why_not()
+    return "yes, after load" if reason is None else f"no: {reason}"
+
+
 def _torch_facts() -> dict[str, object]:
     import torch
 
@@ -107,6 +115,7 @@ def collect() -> dict[str, object]:
     if disabled := disabled_by_os():
         facts["listed, not enabled by the OS"] = " ".join(disabled) + " (treated as absent)"
     facts["cache"] = str(cache_dir())
+    facts["weights in huge pages"] = _huge_pages_fact()
     facts.update(_kernel_facts())
     facts.update(_torch_facts())
     return facts

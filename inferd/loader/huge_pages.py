@@ -41,8 +41,13 @@ _OVERCOMMIT = Path("/proc/sys/vm/overcommit_memory")
 
 
 def enabled() -> bool:
-    """Whether moving can help here, and is safe: asked for, Linux, huge pages not turned off,
-    and memory not under strict accounting.
+    """Whether moving can help here, and is safe (`why_not` says why not)."""
+    return why_not() is None
+
+
+def why_not() -> str | None:
+    """Why weights stay in small pages here, or None where they move: asked for, Linux, huge
+    pages not turned off, and memory not under strict accounting.
 
     NOTE: `mremap` onto an existing mapping unmaps the destination first and then moves. The
     kernel checks the mapping count before it unmaps; what can still refuse afterwards is the
@@ -50,15 +55,19 @@ def enabled() -> bool:
     overcommit (mode 2, hence not there), and the kernel's own small allocations, which fail
     only where it is out of memory altogether."""
     if os.environ.get("INFERD_HUGE_PAGES", "1") in ("0", "false", "no"):
-        return False
+        return "INFERD_HUGE_PAGES=0"
     if not sys.platform.startswith("linux"):
-        return False
+        return f"not Linux ({sys.platform})"
     try:
-        thp_off = "[never]" in _THP_SETTING.read_text()
-        strict = _OVERCOMMIT.read_text().strip() == "2"
-    except OSError:
-        return False
-    return not thp_off and not strict
+        thp = _THP_SETTING.read_text()
+        overcommit = _OVERCOMMIT.read_text().strip()
+    except OSError as e:
+        return f"the kernel's settings are unreadable: {e}"
+    if "[never]" in thp:
+        return f"transparent huge pages are off ({_THP_SETTING}: never)"
+    if overcommit == "2":
+        return f"strict overcommit ({_OVERCOMMIT}: 2)"
+    return None
 
 
 def _libc() -> ctypes.CDLL:

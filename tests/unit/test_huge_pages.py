@@ -9,6 +9,7 @@ import sys
 import pytest
 import torch
 
+from inferd.commands import doctor
 from inferd.loader import huge_pages
 
 linux_only = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="mremap is Linux's")
@@ -76,19 +77,23 @@ def test_a_mapping_moved_in_a_thread_reads_the_same_throughout(tmp_path, monkeyp
 
 @linux_only
 @pytest.mark.parametrize(
-    "thp, overcommit, expected",
+    "thp, overcommit, reason",
     [
-        ("always [madvise] never", "0", True),
-        ("always madvise [never]", "0", False),
-        ("[always] madvise never", "2", False),
-    ],  # fmt: skip
+        ("always [madvise] never", "0", None),
+        ("always madvise [never]", "0", "are off"),
+        ("[always] madvise never", "2", "strict overcommit"),
+    ],
 )
 def test_moving_needs_huge_pages_on_and_memory_not_strictly_accounted(
-    tmp_path, monkeypatch, thp, overcommit, expected
+    tmp_path, monkeypatch, thp, overcommit, reason
 ):
     monkeypatch.delenv("INFERD_HUGE_PAGES", raising=False)
     (tmp_path / "enabled").write_text(thp + "\n")
     (tmp_path / "overcommit").write_text(overcommit + "\n")
     monkeypatch.setattr(huge_pages, "_THP_SETTING", tmp_path / "enabled")
     monkeypatch.setattr(huge_pages, "_OVERCOMMIT", tmp_path / "overcommit")
-    assert huge_pages.enabled() is expected
+    assert huge_pages.enabled() is (reason is None)
+    why = huge_pages.why_not()
+    assert why is None if reason is None else reason in why
+    fact = doctor.collect()["weights in huge pages"]  # what `inferd doctor` prints
+    assert fact == ("yes, after load" if reason is None else f"no: {why}")
