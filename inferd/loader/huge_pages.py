@@ -105,7 +105,7 @@ def move_into_huge_pages(mapped: mmap.mmap) -> int:
     """Move the part of `mapped` that whole huge pages cover into huge-page memory at the same
     addresses; the number of bytes moved. Raises OSError where the OS refuses a step: what was
     moved by then stays moved, the rest stays mapped, the bytes are unchanged either way (see
-    `enabled` for the one case where a refused move would not leave its destination mapped)."""
+    `why_not` for the one case where a refused move would not leave its destination mapped)."""
     libc = _libc()
     # NOTE: the ctypes view holds an export of `mapped` while we copy: mmap.close() refuses to
     # unmap memory a copy is reading.
