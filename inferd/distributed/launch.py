@@ -100,3 +100,18 @@ def join_group(rank: int, world_size: int, init_method: str, device: torch.devic
     if local:
         dist.barrier(group=control)  # every rank is past the rendezvous
     return TPGroup(rank, world_size, dist.group.WORLD), control
+
+
+def leave_group(tp: TPGroup) -> None:
+    """Leave the process group for good and let its threads end now. The caller drops its own
+    references to the group first (the control group included).
+
+    NOTE: `destroy_process_group` alone leaves gloo's threads running for as long as any object
+    refers to the group. A collective's clean-up (freeing its tensors) takes Python's lock on
+    one of those threads; when the last message before exit was still being cleaned up as the
+    interpreter shut down, the thread could not get the lock and the process aborted at exit
+    ("terminate called without an active exception"). With no reference left, the group's
+    destructor joins its threads here, with Python's lock released."""
+    if dist.is_initialized():
+        dist.destroy_process_group()
+    tp.group = None

@@ -21,11 +21,13 @@ import torch
 import torch.distributed as dist
 
 
-@dataclass(frozen=True)
+@dataclass
 class TPGroup:
     rank: int = 0
     world_size: int = 1
-    group: object | None = None  # a torch.distributed ProcessGroup when world_size > 1
+    # A torch.distributed ProcessGroup when world_size > 1; None again once the rank has left it
+    # (`launch.leave_group`), so that nothing keeps the group's threads alive.
+    group: object | None = None
 
     @property
     def enabled(self) -> bool:

@@ -122,7 +122,7 @@ def set_up_engine(config: EngineConfig) -> EngineSetup:
         return _set_up_rank0(config, device, checkpoint, tp, control, procs, t0)
     except BaseException:
         if procs or tp.enabled:
-            TPModelRunner(None, control, procs).shutdown()
+            TPModelRunner(None, tp, control, procs).shutdown()
         raise
 
 
@@ -169,7 +169,7 @@ def _set_up_rank0(config, device, checkpoint, tp, control, procs, t0) -> EngineS
         runner.adapter_cache = AdapterCache(config.max_cpu_loras or config.max_loras)
     if tp.enabled:
         broadcast(plan.num_blocks, control)
-        runner = TPModelRunner(runner, control, procs)
+        runner = TPModelRunner(runner, tp, control, procs)
     elif (device.type == "cuda" and not config.enforce_eager and backend.name == "triton"
           and not config.enable_lora):  # NOTE: the graphs have no adapter rows  # fmt: skip
         from inferd.engine.cuda_graphs import CUDAGraphDecoder

@@ -12,6 +12,8 @@ import time
 import torch
 
 from inferd.distributed.control import broadcast, gather_reports
+from inferd.distributed.launch import leave_group
+from inferd.distributed.state import TPGroup
 from inferd.engine.device_state import SequenceStep
 from inferd.engine.runner import ModelRunner
 from inferd.engine.step import StepRecord
@@ -26,8 +28,8 @@ class WorkerFailure(EngineDeadError):
 
 
 class TPModelRunner:
-    def __init__(self, local: ModelRunner, control, procs: list):
-        self.local, self.control, self.procs = local, control, procs
+    def __init__(self, local: ModelRunner, tp: TPGroup, control, procs: list):
+        self.local, self.tp, self.control, self.procs = local, tp, control, procs
         self._stopped = False
         atexit.register(self.shutdown)  # reap the workers however the engine ends
 
@@ -80,8 +82,6 @@ class TPModelRunner:
 
     def shutdown(self, timeout: float = 10.0) -> None:
         """Stop the workers (politely, then by force) and leave the process group."""
-        import torch.distributed as dist
-
         if self._stopped:
             return
         self._stopped = True
@@ -96,5 +96,5 @@ class TPModelRunner:
             if p.is_alive():
                 p.kill()
                 p.join(5)
-        if dist.is_initialized():
-            dist.destroy_process_group()
+        self.control = None  # leave_group joins the group's threads once nothing refers to it
+        leave_group(self.tp)

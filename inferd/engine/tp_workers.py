@@ -27,6 +27,7 @@ from inferd.distributed.launch import (
     end_rendezvous,
     join_group,
     launched_by_torchrun,
+    leave_group,
     local_rendezvous,
 )
 from inferd.distributed.state import TPGroup
@@ -96,7 +97,8 @@ def worker_main(rank: int, world_size: int, init_method: str, config: EngineConf
             gather_reports(rank_report(model, runner), control)
         elif kind == "stop":
             break
-    dist.destroy_process_group()
+    del control  # leave_group joins the group's threads once nothing refers to it
+    leave_group(tp)
 
 
 def torchrun_worker(config: EngineConfig) -> None:
