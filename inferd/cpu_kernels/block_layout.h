@@ -64,6 +64,13 @@ static inline void unpack_unit(const BlockMatrix* W, int64_t g, int64_t u, int16
 }
 
 static inline float half_to_float(uint16_t h) {
+#if defined(__aarch64__)
+    /* arm64 converts in hardware (fcvt; the portable tile's loop of them vectorises): exact,
+     * as below, so the same value */
+    __fp16 f;
+    memcpy(&f, &h, 2);
+    return (float)f;
+#else
     const uint32_t sign = (uint32_t)(h & 0x8000) << 16;
     uint32_t exp = (h >> 10) & 0x1F, man = h & 0x3FF, bits;
     if (exp == 0x1F) {
@@ -80,6 +87,7 @@ static inline float half_to_float(uint16_t h) {
     float f;
     memcpy(&f, &bits, 4);
     return f;
+#endif
 }
 
 static inline float scale_at(const BlockMatrix* W, int64_t i) {
