@@ -45,8 +45,8 @@ static inline uint32_t fifth_bits(const uint8_t* high, int64_t u) {
     return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
 }
 
-/* q (the zero point removed) of unit u of group g: out[2r + i] = q[16g + r, 2u + i]. Plain C
- * for the portable tile and for dequantisation. */
+/* q (the zero point removed) of unit u of group g: out[2r + i] = q[16g + r, 2u + i]. Plain C,
+ * for dequantisation (the portable tile unpacks a block at a time, block_dot_portable.c). */
 static inline void unpack_unit(const BlockMatrix* W, int64_t g, int64_t u, int16_t out[32]) {
     const uint8_t* q = group_q(W, g);
     if (W->bits == 8) {
