@@ -11,7 +11,7 @@ would not.
 The library links the same OpenMP runtime PyTorch already loaded (`libgomp.so.1`), so kernels and
 PyTorch share one thread pool instead of two pools fighting over the cores. Why ctypes rather
 than a PyTorch C++ extension: the kernels need no PyTorch headers, and plain C files compile in
-about a second instead of a minute.
+seconds instead of minutes.
 """
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ import logging
 import os
 import tempfile
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -94,6 +95,24 @@ def _run(cmd: list[str], what: str) -> None:
         raise KernelsUnavailable(str(e)) from None
 
 
+def _compile_sources(cc: str, variant: Variant, folder: Path) -> list[Path]:
+    """Each source compiled to an object file in `folder`, as many at once as there are
+    cores. NOTE: one compiler call for all of them ran one after the other, ~8 s for the
+    `avx2` variant on a 2-core AMD EPYC, 6 of them for block_dot_avx2.c (its unrolled tiles);
+    the largest files start first, so the others fill the remaining cores meanwhile."""
+    sources = sorted(SOURCES, key=lambda p: p.stat().st_size, reverse=True)
+    objects = [folder / f"{source.stem}.o" for source in sources]
+
+    def compile_one(source: Path, obj: Path) -> None:
+        _run([cc, *FLAGS, *target_flags(variant), "-c", str(source), "-o", str(obj)],
+             f"the {variant.name} CPU kernels ({source.name})")  # fmt: skip
+
+    with ThreadPoolExecutor(max_workers=os.cpu_count() or 1) as pool:
+        for done in [pool.submit(compile_one, s, o) for s, o in zip(sources, objects)]:
+            done.result()  # raises the first failure
+    return objects
+
+
 def build(variant: Variant | str) -> tuple[Path, float | None]:
     """Compile `variant` (unless cached); returns the library's path and the seconds the build
     took (None when it was cached)."""
@@ -113,7 +132,8 @@ def build(variant: Variant | str) -> tuple[Path, float | None]:
         with status(f"compiling inferd's {variant.name} CPU kernels (once per CPU and compiler)"):
             _run([cc, "-O2", "-fPIC", "-std=c11", *baseline, *needs, "-c", str(CHECK_SOURCE),
                   "-o", str(check)], "the CPU feature check")  # fmt: skip
-            _run([cc, *FLAGS, *target_flags(variant), "-shared", *map(str, SOURCES), str(check),
+            objects = _compile_sources(cc, variant, Path(tmp))
+            _run([cc, *FLAGS, *target_flags(variant), "-shared", *map(str, objects), str(check),
                   "-o", str(out), "-lm"], f"the {variant.name} CPU kernels")  # fmt: skip
         try:  # checksum, then an atomic rename: no process loads a half-written file
             publish(out, path)
