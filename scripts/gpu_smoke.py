@@ -9,7 +9,9 @@
   4. LoRA (two adapters and the base model in one batch, a tiny Llama): the same greedy tokens as
      the CPU's float32.
 
-    python scripts/gpu_smoke.py [--out DIR] [--device cpu]   (cpu: a dry run of the script)
+    python scripts/gpu_smoke.py [--out DIR] [--device cpu] [--model M]
+    (cpu: a dry run of the script; M: 1 and 3 run it instead of the embedded model, such as
+    scripts/gpu_standin.py's folder)
 """
 
 from __future__ import annotations
@@ -45,10 +47,11 @@ def check(name: str, ok: bool, detail: str, report: dict) -> None:
         raise SystemExit(1)
 
 
-def core_process(report: dict, device: str) -> list[list[int]]:
+def core_process(report: dict, device: str, model: str | None) -> list[list[int]]:
     from inferd import LLM
 
-    kw = dict(device=device, dtype="bfloat16", max_model_len=512)
+    kw = dict(model=model, device=device, dtype="bfloat16", max_model_len=512,
+              gpu_memory_utilization=0.3)  # fmt: skip
     llm = LLM(**kw)
     inproc = greedy(llm, PROMPTS)
     # NOTE: each prompt alone too, the reference for (3), whose requests arrive one at a time:
@@ -57,6 +60,7 @@ def core_process(report: dict, device: str) -> list[list[int]]:
     proc_llm = LLM(engine_core_process=True, **kw)
     across = greedy(proc_llm, PROMPTS)
     proc_llm.shutdown()
+    llm.shutdown()
     check("core process", across == inproc, f"{sum(a == b for a, b in zip(across, inproc))}/"
           f"{len(PROMPTS)} prompts equal", report)  # fmt: skip
     return alone
@@ -78,7 +82,8 @@ def moe(report: dict, device: str) -> None:
           report)  # fmt: skip
 
 
-def data_parallel(report: dict, reference: list[list[int]], device: str) -> None:
+def data_parallel(report: dict, reference: list[list[int]], device: str, model: str | None
+                  ) -> None:  # fmt: skip
     import httpx
 
     port = 8311
@@ -86,6 +91,10 @@ def data_parallel(report: dict, reference: list[list[int]], device: str) -> None
            "--dtype", "bfloat16", "--max-model-len", "512", "--data-parallel-size", "2",
            "--data-parallel-routing", "round-robin", "--disable-log-requests",
            "--return-tokens-as-token-ids"]  # fmt: skip
+    if device == "cuda":  # two replicas share the one GPU: each takes its share
+        cmd += ["--gpu-memory-utilization", "0.3"]
+    if model:
+        cmd += ["--model", model]
     server = subprocess.Popen(cmd)
     try:
         url = f"http://127.0.0.1:{port}"
@@ -153,15 +162,16 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", default="gpu_check")
     ap.add_argument("--device", default="cuda", help="cpu: run the script's logic without a GPU")
+    ap.add_argument("--model", help="for checks 1 and 3 (default: the embedded model)")
     args = ap.parse_args()
     if args.device == "cuda" and not torch.cuda.is_available():
         print("no CUDA device: nothing to check", file=sys.stderr)
         return 2
     report: dict = {}
     try:
-        reference = core_process(report, args.device)
+        reference = core_process(report, args.device, args.model)
         moe(report, args.device)
-        data_parallel(report, reference, args.device)
+        data_parallel(report, reference, args.device, args.model)
         lora(report, args.device)
     finally:
         Path(args.out).mkdir(parents=True, exist_ok=True)

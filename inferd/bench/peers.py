@@ -2,8 +2,9 @@
 
 - llama.cpp through `llama-cpp-python`: what a CPU user would otherwise pick. Its Python API
   serves one sequence at a time, so requests run one after another.
-- HF transformers, dequantising the GGUF (`from_pretrained(folder, gguf_file=name)`): static
-  batching, the baseline continuous batching improves on.
+- HF transformers, dequantising the GGUF (`from_pretrained(folder, gguf_file=name)`) or loading
+  the same HF folder inferd runs, on inferd's device: static batching, the baseline continuous
+  batching improves on.
 
 Both decode greedily and ignore EOS, producing exactly each request's output length. Both are
 optional (the `bench` extra); a missing one raises `PeerUnavailable` with the install line.
@@ -49,15 +50,19 @@ def parse_peers(text: str | None) -> list[str]:
     return names
 
 
-def load_peer(name: str, model_path: str, *, n_ctx: int, dtype: str, threads: int | None):
-    if not str(model_path).endswith(".gguf"):
-        raise PeerUnavailable(
-            f"{name} peer skipped: the peers run on inferd's GGUF file, and {model_path} is not one"
-        )
+def load_peer(name: str, model_path: str, *, n_ctx: int, dtype: str, threads: int | None,
+              device: str = "cpu"):  # fmt: skip
+    gguf = str(model_path).endswith(".gguf")
     if name == "llamacpp":
+        if not gguf:
+            raise PeerUnavailable(f"llama.cpp peer skipped: it runs GGUF files, and {model_path} "
+                                  "is not one")  # fmt: skip
         return LlamaCppSystem(model_path, n_ctx=n_ctx, threads=threads)
     if name == "hf":
-        return HFSystem(model_path, dtype=dtype)
+        if not gguf and not (Path(model_path) / "config.json").is_file():
+            raise PeerUnavailable(f"HF peer skipped: it loads a GGUF file or an HF folder, and "
+                                  f"{model_path} is neither")  # fmt: skip
+        return HFSystem(model_path, dtype=dtype, device=device)
     raise ValueError(f"unknown peer {name!r}")
 
 
@@ -155,7 +160,7 @@ class HFSystem:
 
     name = "hf"
 
-    def __init__(self, model_path: str, *, dtype: str) -> None:
+    def __init__(self, model_path: str, *, dtype: str, device: str = "cpu") -> None:
         try:
             import gguf  # noqa: F401  (transformers needs it to read GGUF)
             import torch
@@ -171,16 +176,21 @@ class HFSystem:
         path = Path(model_path)
         t0 = time.perf_counter()
         # NOTE: no tokenizer is loaded (converting it costs ~15 s): prompts are token ids.
-        model = AutoModelForCausalLM.from_pretrained(
-            str(path.parent), gguf_file=path.name, dtype=getattr(torch, dtype)
-        )
-        self.model = model.eval()
+        if path.suffix == ".gguf":
+            model = AutoModelForCausalLM.from_pretrained(
+                str(path.parent), gguf_file=path.name, dtype=getattr(torch, dtype)
+            )
+        else:
+            model = AutoModelForCausalLM.from_pretrained(str(path), dtype=getattr(torch, dtype))
+        self.device = torch.device(device)
+        self.model = model.to(self.device).eval()
         self.load_seconds = time.perf_counter() - t0
         pad = model.config.pad_token_id
         self.pad_id = 0 if pad is None else int(pad)
         self.info = {
             "version": transformers.__version__,
             "dtype": dtype,
+            "device": str(self.device),
             "threads": str(torch.get_num_threads()),
             "batching": "static: one left-padded batch, run to the longest output",
         }
@@ -194,7 +204,10 @@ class HFSystem:
         for i, r in enumerate(requests):
             ids[i, width - r.prompt_len :] = torch.tensor(r.prompt_token_ids)
             mask[i, width - r.prompt_len :] = 1
+        ids, mask = ids.to(self.device), mask.to(self.device)
         clock = _step_clock()
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)  # the copies above are not the batch's time
         start = time.perf_counter()
         with torch.inference_mode():
             # min_new_tokens masks EOS until the end, so every row makes exactly `steps` tokens.

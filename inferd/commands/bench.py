@@ -310,9 +310,8 @@ def _load_peer(name: str, inferd, args: argparse.Namespace, n_ctx: int):
 
     try:
         dtype = args.hf_dtype or inferd.info["dtype"]
-        return load_peer(
-            name, inferd.model_path, n_ctx=n_ctx, dtype=dtype, threads=args.threads
-        ), None
+        return load_peer(name, inferd.model_path, n_ctx=n_ctx, dtype=dtype, threads=args.threads,
+                         device=inferd.info["device"]), None  # fmt: skip
     except PeerUnavailable as e:
         return None, str(e)
 

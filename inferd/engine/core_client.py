@@ -62,9 +62,11 @@ class _Replica:
     dead: str | None = None
 
 
-def replica_configs(config, size: int, cpu_count: int | None = None) -> list:
+def replica_configs(config, size: int, cpu_count: int | None = None,
+                    gpu_count: int | None = None) -> list:  # fmt: skip
     """One EngineConfig per replica: each with its share of the cores (threads set so that
-    replicas × tensor-parallel ranks × threads <= cores), each on its own GPU on CUDA."""
+    replicas × tensor-parallel ranks × threads <= cores), on CUDA each on a GPU of its own
+    while there are enough (`replica_gpus`)."""
     if size < 1:
         raise ValueError(f"--data-parallel-size must be a positive integer, got {size}")
     if size == 1:
@@ -79,8 +81,32 @@ def replica_configs(config, size: int, cpu_count: int | None = None) -> list:
             f"CPU cores here: lower one of them (or --threads)"
         )
     if config.device and config.device.startswith("cuda"):
-        return [replace(config, num_threads=threads, device=f"cuda:{i}") for i in range(size)]
+        gpus = gpu_count if gpu_count is not None else _visible_gpus()
+        return [replace(config, num_threads=threads, device=f"cuda:{g}")
+                for g in replica_gpus(size, gpus, config.gpu_memory_utilization)]  # fmt: skip
     return [replace(config, num_threads=threads) for _ in range(size)]
+
+
+def _visible_gpus() -> int:
+    import torch
+
+    return torch.cuda.device_count()  # NOTE: asks the driver; creates no CUDA context here
+
+
+def replica_gpus(size: int, gpus: int, utilization: float) -> list[int]:
+    """The GPU of each replica: one each while there are enough, else replicas share GPUs in
+    turn; sharing replicas each take `utilization` of the whole GPU (as in vLLM), so together
+    they must fit in it."""
+    if gpus < 1:
+        raise ValueError("--device cuda: no CUDA device is visible")
+    sharing = -(-size // gpus)
+    if sharing > 1 and sharing * utilization > 1:
+        raise ValueError(
+            f"--data-parallel-size {size} on {gpus} GPU(s) puts {sharing} replicas on one GPU, "
+            f"each taking --gpu-memory-utilization {utilization:g} of it: set it to at most "
+            f"{1 / sharing:.2f} (or use more GPUs)"
+        )
+    return [i % gpus for i in range(size)]
 
 
 class AsyncCoreClient:

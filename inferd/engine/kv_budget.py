@@ -13,14 +13,17 @@ from inferd.memory.gpu_budget import check_utilization, gpu_kv_budget
 
 
 def kv_budget(config: EngineConfig, device: torch.device, model: torch.nn.Module,
-              max_num_seqs: int, batched: int, kv_dtype: torch.dtype) -> int:  # fmt: skip
+              max_num_seqs: int, batched: int, kv_dtype: torch.dtype,
+              in_use_before: int = 0) -> int:  # fmt: skip
+    """`in_use_before`: GPU memory others held when the engine started (`memory_in_use`)."""
     if config.kv_cache_memory is not None:
         return int(config.kv_cache_memory)
     if device.type == "cuda":
         check_utilization(config.gpu_memory_utilization)
         weights, peak = profile_activation_peak(model, device, batched, max_num_seqs,
                                                 config.block_size, kv_dtype)  # fmt: skip
-        budget = gpu_kv_budget(device, config.gpu_memory_utilization, weights, peak)
+        budget = gpu_kv_budget(device, config.gpu_memory_utilization, weights, peak,
+                               in_use_before)  # fmt: skip
         return budget.kv_budget
     return ENGINE_DEFAULTS["cpu"]["kv_cache_memory"]
 

@@ -27,6 +27,7 @@ from inferd.layers.lora import attach_lora
 from inferd.loader import Checkpoint, gguf_cache, open_checkpoint
 from inferd.loader.checkpoint import gguf_file_of
 from inferd.loader.pooler_config import pooler_config
+from inferd.memory.gpu_budget import memory_in_use
 from inferd.memory.kv import KVPoolPlan, plan_kv_pool
 from inferd.memory.weights import tp_shard
 from inferd.platform import resolve_device
@@ -136,6 +137,7 @@ def _set_up_rank0(config, device, checkpoint, tp, control, procs, t0) -> EngineS
         else:
             gguf_cache.stop_checking(checkpoint.path, tp.rank, tp.world_size)
     tokenizer = checkpoint_tokenizer(checkpoint)
+    in_use_before = memory_in_use(device) if device.type == "cuda" else 0
     model, dtype, kv_dtype, backend = load_rank_model(config, device, tp, checkpoint)
     defaults = ENGINE_DEFAULTS["cuda" if device.type == "cuda" else "cpu"]
     max_num_seqs = config.max_num_seqs or defaults["max_num_seqs"]
@@ -146,7 +148,7 @@ def _set_up_rank0(config, device, checkpoint, tp, control, procs, t0) -> EngineS
             f"{mc.max_position_embeddings} positions"
         )
     batched = config.max_num_batched_tokens or defaults["max_num_batched_tokens"]
-    budget = kv_budget(config, device, model, max_num_seqs, batched, kv_dtype)
+    budget = kv_budget(config, device, model, max_num_seqs, batched, kv_dtype, in_use_before)
     # Every rank holds the same blocks, each for its own KV heads (tp_shard: this rank's slice).
     rank_config = tp_shard(mc, tp.world_size)
     plan = plan_kv_pool(rank_config, budget, config.block_size, kv_dtype.itemsize, max_num_seqs,

@@ -3,6 +3,10 @@ activations of the largest step, and memory outside PyTorch's allocator (CUDA co
 
     budget = total × utilization − (weights + activation peak + non-torch memory)
 
+`utilization` is this engine's share of the whole GPU, as in vLLM: memory already in use when
+the engine started (another process, such as a second data-parallel replica on the same GPU)
+is not charged to it, but the share must fit in what was free then.
+
 The activation peak is measured, not estimated: the engine runs one dummy step of the largest
 size it will schedule and reports the allocator's peak (`inferd/engine/kv_budget.py`); this
 module does the accounting.
@@ -40,15 +44,30 @@ def check_utilization(utilization: float) -> None:
         raise ValueError(f"gpu_memory_utilization must be in (0, 1], got {utilization}")
 
 
-def gpu_kv_budget(
-    device: torch.device, utilization: float, weights: int, activation_peak: int
-) -> GPUBudget:
+def memory_in_use(device: torch.device) -> int:
+    """Bytes of the GPU in use outside this process's allocator: read before the engine loads
+    anything, it is what other processes hold (plus this process's CUDA context, which this
+    call creates)."""
+    free, total = torch.cuda.mem_get_info(device)
+    return total - free - torch.cuda.memory_reserved(device)
+
+
+def gpu_kv_budget(device: torch.device, utilization: float, weights: int, activation_peak: int,
+                  in_use_before: int = 0) -> GPUBudget:  # fmt: skip
     """The KV budget once the weights are loaded and the activation peak was measured; reads
-    what the device and the caching allocator hold now."""
+    what the device and the caching allocator hold now. `in_use_before`: `memory_in_use` when
+    the engine started."""
     check_utilization(utilization)
     free, total = torch.cuda.mem_get_info(device)
-    non_torch = max(0, total - free - torch.cuda.memory_reserved(device))
-    budget = int(total * utilization) - weights - activation_peak - non_torch
+    share = int(total * utilization)
+    if share > total - in_use_before:
+        raise ValueError(
+            f"gpu_memory_utilization={utilization} asks for {share / 2**30:.2f} GiB of the GPU, "
+            f"but {in_use_before / 2**30:.2f} GiB of its {total / 2**30:.2f} GiB were in use "
+            "when the engine started (other processes): lower it"
+        )
+    non_torch = max(0, total - free - torch.cuda.memory_reserved(device) - in_use_before)
+    budget = share - weights - activation_peak - non_torch
     if budget <= 0:
         raise ValueError(
             f"no GPU memory left for the KV cache at gpu_memory_utilization={utilization}: "

@@ -3,6 +3,8 @@ them on a GPU machine together with the GPU benchmarks."""
 
 from __future__ import annotations
 
+import os
+
 import pytest
 import torch
 
@@ -51,12 +53,15 @@ def test_cuda_graph_decode_matches_eager(tmp_path):
 @needs_cuda
 @pytest.mark.gpu
 def test_gpu_greedy_matches_cpu_on_embedded_model():
+    """On the embedded model, or on INFERD_GPU_MODEL (scripts/gpu_standin.py: its shapes,
+    random weights) where the GPU machine cannot install it."""
     from inferd import LLM, SamplingParams
 
+    model = os.environ.get("INFERD_GPU_MODEL")  # None: the embedded model
     params = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
     prompts = ["What is CUDA?", "def fibonacci(n):"]
-    cpu = LLM(dtype="float32", device="cpu", kv_cache_memory=256 << 20)
-    gpu = LLM(dtype="float32", device="cuda", kv_cache_memory=256 << 20)
+    cpu = LLM(model=model, dtype="float32", device="cpu", kv_cache_memory=256 << 20)
+    gpu = LLM(model=model, dtype="float32", device="cuda", kv_cache_memory=256 << 20)
     a = [o.outputs[0].token_ids for o in cpu.generate(prompts, params, use_tqdm=False)]
     b = [o.outputs[0].token_ids for o in gpu.generate(prompts, params, use_tqdm=False)]
     assert a == b
