@@ -9,7 +9,7 @@ import dataclasses
 import pytest
 
 from inferd.config import EngineConfig
-from inferd.engine.core_client import replica_configs
+from inferd.engine.core_client import replica_configs, replica_gpus
 from inferd.engine.dp_router import NoReplica, Router
 from inferd.engine.request import Request, Sequence, update_block_hashes
 from inferd.engine.stats import merge_stats
@@ -82,6 +82,20 @@ def test_replicas_split_the_cores_and_refuse_oversubscription():
         replica_configs(dataclasses.replace(config, num_threads=2), 2, cpu_count=2)
     with pytest.raises(ValueError, match="needs more than the 2 CPU cores"):
         replica_configs(dataclasses.replace(config, tensor_parallel_size=2), 2, cpu_count=2)
+
+
+def test_replicas_on_cuda_take_a_gpu_each_or_share_within_their_memory():
+    config = EngineConfig(device="cuda", gpu_memory_utilization=0.45)
+    two = replica_configs(config, 2, cpu_count=16, gpu_count=2)
+    assert [c.device for c in two] == ["cuda:0", "cuda:1"]
+    shared = replica_configs(config, 2, cpu_count=16, gpu_count=1)
+    assert [c.device for c in shared] == ["cuda:0", "cuda:0"]
+    assert replica_gpus(3, 2, 0.5) == [0, 1, 0]
+    with pytest.raises(ValueError, match="puts 2 replicas on one GPU.*at most 0.50"):
+        replica_configs(dataclasses.replace(config, gpu_memory_utilization=0.9), 2,
+                        cpu_count=16, gpu_count=1)  # fmt: skip
+    with pytest.raises(ValueError, match="no CUDA device is visible"):
+        replica_gpus(2, 0, 0.4)
 
 
 def test_merged_stats_add_up_every_field():
