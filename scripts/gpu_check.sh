@@ -21,8 +21,7 @@ model=${INFERD_GPU_MODEL:-}
 model_args=()
 [ -n "$model" ] && model_args=(--model "$model")
 
-report() { echo "$*" | tee -a "$out/report.txt"; }
-: > "$out/report.txt"
+report() { echo "$(date +%T) $*" | tee -a "$out/report.txt"; }  # appended: a cut run keeps it
 report "== $(python -c 'import torch; print(torch.cuda.get_device_name(), "torch", torch.__version__)')"
 report "model: ${model:-the embedded model}"
 
@@ -38,10 +37,12 @@ report "smoke: $(grep -E '^(ok|FAIL|skip)' "$out/smoke.txt" | tr '\n' ';')"
 # 2. Single stream, 128 in / 128 out, bf16, next to HF transformers on the same GPU.
 timeout 80 python -m inferd bench latency --preset single --device cuda --dtype bfloat16 \
     "${model_args[@]}" --num-iters 5 --compare hf --json "$out/single.json" > "$out/single.txt" 2>&1
+report "single stream: exit $? $(grep -m1 'inferd decode steps' "$out/single.txt")"
 # 3. Offline, 256 requests, prompts and outputs of 100-1024 tokens (the nano-vllm workload).
 timeout 110 python -m inferd bench throughput --device cuda --dtype bfloat16 --num-prompts 256 \
     "${model_args[@]}" --input-len 562 --output-len 562 --range-ratio 0.822 --compare hf \
     --json "$out/offline.json" > "$out/offline.txt" 2>&1
+report "offline: exit $?"
 
 # 4. The report: tok/s, and single-stream bandwidth against a measured copy bandwidth.
 python - "$out" "$model" <<'PY' | tee -a "$out/report.txt"

@@ -37,7 +37,7 @@ def greedy(llm, prompts) -> list[list[int]]:
     from inferd import SamplingParams
 
     params = SamplingParams(temperature=0, max_tokens=MAX_TOKENS, ignore_eos=True)
-    return [o.outputs[0].token_ids for o in llm.generate(prompts, params)]
+    return [o.outputs[0].token_ids for o in llm.generate(prompts, params, use_tqdm=False)]
 
 
 def check(name: str, ok: bool, detail: str, report: dict) -> None:
