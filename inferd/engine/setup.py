@@ -8,6 +8,7 @@ from __future__ import annotations
 import hashlib
 import logging
 import time
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 
 import torch
@@ -113,21 +114,27 @@ def set_up_engine(config: EngineConfig) -> EngineSetup:
         if early is not None:
             gguf_cache.stop_checking(early, 0, config.tensor_parallel_size)
         raise
-    prepare_cpu_kernels(device)  # compiled now (or cached), never inside a request; says which
-    mc = checkpoint.config
-    tp, control, procs = SINGLE, None, []
-    if config.tensor_parallel_size > 1:
-        tp_shard(mc, config.tensor_parallel_size)  # heads must divide: say so before spawning
-        tp, control, procs = start_ranks(config, device)
-    try:
-        return _set_up_rank0(config, device, checkpoint, tp, control, procs, t0)
-    except BaseException:
-        if procs or tp.enabled:
-            TPModelRunner(None, tp, control, procs).shutdown()
-        raise
+    # NOTE: the tokenizer loads in a thread while the C kernels are prepared: on a first run
+    # both take seconds (deriving the tokenizer's tables is Python; compiling waits on compiler
+    # processes, with Python's lock released), so they overlap.
+    with ThreadPoolExecutor(1, thread_name_prefix="inferd-tokenizer") as pool:
+        tokenizer = pool.submit(checkpoint_tokenizer, checkpoint)
+        prepare_cpu_kernels(device)  # compiled now (or cached), never inside a request
+        mc = checkpoint.config
+        tp, control, procs = SINGLE, None, []
+        if config.tensor_parallel_size > 1:
+            tp_shard(mc, config.tensor_parallel_size)  # heads must divide: say so before spawning
+            tp, control, procs = start_ranks(config, device)
+        try:
+            return _set_up_rank0(config, device, checkpoint, tokenizer, tp, control, procs, t0)
+        except BaseException:
+            if procs or tp.enabled:
+                TPModelRunner(None, tp, control, procs).shutdown()
+            raise
 
 
-def _set_up_rank0(config, device, checkpoint, tp, control, procs, t0) -> EngineSetup:
+def _set_up_rank0(config, device, checkpoint, tokenizer: Future, tp, control, procs, t0
+                  ) -> EngineSetup:  # fmt: skip
     mc = checkpoint.config
     if checkpoint.format == "gguf":
         # NOTE: the cached blocks' checksum (a few tenths of a second) runs in a thread while
@@ -136,7 +143,7 @@ def _set_up_rank0(config, device, checkpoint, tp, control, procs, t0) -> EngineS
             gguf_cache.start_checking(checkpoint.path, tp.rank, tp.world_size)
         else:
             gguf_cache.stop_checking(checkpoint.path, tp.rank, tp.world_size)
-    tokenizer = checkpoint_tokenizer(checkpoint)
+    tokenizer = tokenizer.result()
     in_use_before = memory_in_use(device) if device.type == "cuda" else 0
     model, dtype, kv_dtype, backend = load_rank_model(config, device, tp, checkpoint)
     defaults = ENGINE_DEFAULTS["cuda" if device.type == "cuda" else "cpu"]
