@@ -4,12 +4,29 @@ activation peak is measured (the accounting is `inferd/memory/gpu_budget.py`).""
 
 from __future__ import annotations
 
+from dataclasses import fields
+
 import torch
 
 from inferd.config import ENGINE_DEFAULTS, EngineConfig
 from inferd.engine.device_state import SequenceStep
 from inferd.engine.runner import ModelRunner
 from inferd.memory.gpu_budget import check_utilization, gpu_kv_budget
+
+
+def check_kv_flags(config: EngineConfig, device: torch.device) -> None:
+    """Refuse a KV sizing flag that would do nothing, before anything loads."""
+    default = next(f.default for f in fields(EngineConfig) if f.name == "gpu_memory_utilization")
+    if config.gpu_memory_utilization == default:
+        return
+    if device.type != "cuda":
+        raise ValueError(
+            f"--gpu-memory-utilization sizes the KV cache on a GPU, and this engine "
+            f"runs on {device.type}: give --kv-cache-memory instead (default 2GiB)"
+        )
+    if config.kv_cache_memory is not None:
+        raise ValueError("--kv-cache-memory and --gpu-memory-utilization both size the KV cache: "
+                         "give one of them")  # fmt: skip
 
 
 def kv_budget(config: EngineConfig, device: torch.device, model: torch.nn.Module,

@@ -17,7 +17,7 @@ from inferd.config import ENGINE_DEFAULTS, EngineConfig, ModelConfig
 from inferd.cpu_kernels.startup import prepare_cpu_kernels
 from inferd.distributed.control import broadcast
 from inferd.distributed.state import SINGLE
-from inferd.engine.kv_budget import kv_budget
+from inferd.engine.kv_budget import check_kv_flags, kv_budget
 from inferd.engine.lora_cache import AdapterCache
 from inferd.engine.model_setup import load_rank_model, resolve_dtypes, weight_scheme
 from inferd.engine.runner import ModelRunner
@@ -103,6 +103,7 @@ def set_up_engine(config: EngineConfig) -> EngineSetup:
     _check_limits(config)
     device = resolve_device(config.device)
     resolve_dtypes(config, device)  # fail on bad dtype flags before starting anything
+    check_kv_flags(config, device)
     if (early := gguf_file_of(config.model)) is not None:
         # NOTE: the blocks cached from a GGUF file are verified by a thread; it starts before
         # the file's header is read (its vocabulary alone takes a few hundredths of a second)

@@ -43,3 +43,20 @@ def test_memory_another_process_held_at_start_is_not_charged(gpu):
 def test_a_share_larger_than_what_was_free_is_refused(gpu):
     with pytest.raises(ValueError, match="asks for 90.00 GiB.*40.00 GiB .* in use.*lower it"):
         gpu_budget.gpu_kv_budget(torch.device("cuda"), 0.9, 2 * GIB, GIB, 40 * GIB)
+
+
+def test_a_kv_sizing_flag_that_would_do_nothing_is_refused(tmp_path):
+    from tiny_models import make_tiny_checkpoint
+
+    from inferd import LLM
+    from inferd.config import EngineConfig
+    from inferd.engine.kv_budget import check_kv_flags
+
+    folder = make_tiny_checkpoint("llama", tmp_path / "m")
+    with pytest.raises(ValueError, match="sizes the KV cache on a GPU.*runs on cpu"):
+        LLM(model=str(folder), device="cpu", gpu_memory_utilization=0.5)
+    both = EngineConfig(gpu_memory_utilization=0.5, kv_cache_memory=GIB)
+    with pytest.raises(ValueError, match="both size the KV cache"):
+        check_kv_flags(both, torch.device("cuda"))
+    check_kv_flags(EngineConfig(gpu_memory_utilization=0.5), torch.device("cuda"))
+    check_kv_flags(EngineConfig(kv_cache_memory=GIB), torch.device("cpu"))
