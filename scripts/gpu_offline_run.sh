@@ -27,13 +27,15 @@ printf '#!/bin/sh\nexec %s "$@"\n' "$py" > /tmp/inferd-bin/python
 chmod +x /tmp/inferd-bin/python
 export PATH=/tmp/inferd-bin:$PATH PYTHONUNBUFFERED=1
 log "python: $py"
-log "start-up: $(timeout 240 python -c '
+# One line per stage as it ends: a stage that hangs is the one after the last line.
+timeout 240 python -c '
 import time; t = time.time()
-import torch; a = time.time() - t
-torch.ones(1, device="cuda"); b = time.time() - t
-import transformers, triton
-print(f"torch {torch.__version__} imported in {a:.1f} s, CUDA up at {b:.1f} s, triton "
-      f"{triton.__version__}, transformers {transformers.__version__}")' 2>&1 | tail -1)"
+def said(what): print(time.strftime("%T"), f"start-up: {what} at {time.time() - t:.1f} s", flush=True)
+import torch; said(f"torch {torch.__version__} imported")
+torch.ones(1, device="cuda"); said("CUDA up")
+import triton; said(f"triton {triton.__version__} imported")
+import transformers; said(f"transformers {transformers.__version__} imported")' 2>&1 | tee -a "$out/report.txt"
+log "start-up: exit $?"
 timeout 120 python -m pip install -q --no-index --no-deps --no-compile --no-cache-dir \
     --upgrade --target /tmp/inferd-site "$wheels"/*.whl > /tmp/inferd-install.txt 2>&1
 log "wheels installed: exit $? $(tail -1 /tmp/inferd-install.txt)"
