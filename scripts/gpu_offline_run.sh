@@ -3,11 +3,12 @@
 # embedded model: inferd's missing dependencies come as wheels, the model as the folder that
 # scripts/gpu_standin.py prepares (its configuration and tokenizer; the weights are drawn there).
 #
-#   where the registry is:
+#   where the registry is (--python-version: the GPU machine's Python, 3.12 below):
 #     pip download --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
-#         --platform manylinux_2_28_x86_64 ... -d WHEELS fastapi starlette uvicorn httptools \
-#         pydantic pydantic-core annotated-types typing-inspection llguidance pyzmq msgspec
-#     python scripts/gpu_standin.py prepare PREP     # then leave PREP/model.safetensors behind
+#         --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 \
+#         --platform manylinux_2_31_x86_64 --platform manylinux1_x86_64 \
+#         -r scripts/gpu_offline_wheels.txt -d WHEELS
+#     python scripts/gpu_standin.py prepare PREP     # its config and tokenizer (21 MB)
 #   on the GPU machine:
 #     bash scripts/gpu_offline_run.sh WHEELS PREP OUT
 #
