@@ -4,8 +4,6 @@ activation peak is measured (the accounting is `inferd/memory/gpu_budget.py`).""
 
 from __future__ import annotations
 
-from dataclasses import fields
-
 import torch
 
 from inferd.config import ENGINE_DEFAULTS, EngineConfig
@@ -16,8 +14,7 @@ from inferd.memory.gpu_budget import check_utilization, gpu_kv_budget
 
 def check_kv_flags(config: EngineConfig, device: torch.device) -> None:
     """Refuse a KV sizing flag that would do nothing, before anything loads."""
-    default = next(f.default for f in fields(EngineConfig) if f.name == "gpu_memory_utilization")
-    if config.gpu_memory_utilization == default:
+    if config.gpu_memory_utilization == EngineConfig.gpu_memory_utilization:  # the default
         return
     if device.type != "cuda":
         raise ValueError(
