@@ -15,8 +15,16 @@
 
 /* Loops over a tile's rows and halves are short and constant: unrolled, their accumulators
  * stay in registers (an array the compiler indexes at run time would live in memory). */
+#ifdef INFERD_EMULATED_ISA
+/* tests/emulated_isa.h: the intrinsics are SIMDe's C functions, for a test on a CPU without
+ * this ISA. Unrolled and force-inlined, they took GCC minutes per file; the arithmetic is
+ * the same either way. */
+#define UNROLL
+#define INLINE static inline
+#else
 #define UNROLL _Pragma("GCC unroll 16")
 #define INLINE static inline __attribute__((always_inline))
+#endif
 #define MAX_ACC 8 /* rows x halves of a tile: one register each for their integer sums */
 
 /* `bits` 0 in the functions below: the weights come from unpack_groups's buffer, one vector
@@ -91,7 +99,11 @@ INLINE __m256i pair_dot(__m256i sum, __m256i w, __m256i pair) {
  * may): it computed every vpmaddwd product of the block first, stored each one on the stack
  * and summed them afterwards, which ran the 8-row prefill tile at ~20% of vpmaddwd's peak on
  * an AMD EPYC (Zen 3). No instruction is emitted; the sums are the same integers. */
+#ifdef INFERD_EMULATED_ISA /* an emulated vector may not fit a register */
+INLINE void keep_in_register(__m256i* sum) { (void)sum; }
+#else
 INLINE void keep_in_register(__m256i* sum) { __asm__("" : "+x"(*sum)); }
+#endif
 
 INLINE __m256 block_scales(const BlockMatrix* W, int64_t at) {
     if (W->half_scales)

@@ -13,8 +13,16 @@
 
 /* Loops over a tile's rows and groups are short and constant: unrolled, their accumulators
  * stay in registers (an array the compiler indexes at run time would live in memory). */
+#ifdef INFERD_EMULATED_ISA
+/* tests/emulated_isa.h: the intrinsics are SIMDe's C functions, for a test on a CPU without
+ * this ISA. Unrolled and force-inlined, they took GCC minutes per file; the arithmetic is
+ * the same either way. */
+#define UNROLL
+#define INLINE static inline
+#else
 #define UNROLL _Pragma("GCC unroll 16")
 #define INLINE static inline __attribute__((always_inline))
+#endif
 #define MAX_ACC 24 /* rows x groups of a tile: one register each for their integer sums */
 
 /* The two units (lo, hi) of chunk c of block b of a group: 8 bits, two loads sign-extended;
@@ -54,7 +62,11 @@ INLINE __m512i pair_dot(__m512i sum, __m512i w, __m512i pair) {
  * reassociates the exact integer additions of a whole unrolled weight block (vpmaddwd then
  * vpaddd, no VNNI) and keeps every product on the stack until it sums them (block_dot_avx2.c
  * measured what that costs). No instruction is emitted; the sums are the same integers. */
+#ifdef INFERD_EMULATED_ISA /* an emulated vector may not fit a register */
+INLINE void keep_in_register(__m512i* sum) { (void)sum; }
+#else
 INLINE void keep_in_register(__m512i* sum) { __asm__("" : "+v"(*sum)); }
+#endif
 
 INLINE __m512 block_scales(const BlockMatrix* W, int64_t at) {
     if (W->half_scales)

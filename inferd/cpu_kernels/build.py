@@ -95,7 +95,7 @@ def _run(cmd: list[str], what: str) -> None:
         raise KernelsUnavailable(str(e)) from None
 
 
-def _compile_sources(cc: str, variant: Variant, folder: Path) -> list[Path]:
+def _compile_sources(cc: str, flags: tuple[str, ...], what: str, folder: Path) -> list[Path]:
     """Each source compiled to an object file in `folder`, as many at once as there are
     cores. NOTE: one compiler call for all of them ran one after the other, ~8 s for the
     `avx2` variant on a 2-core AMD EPYC, 6 of them for block_dot_avx2.c (its unrolled tiles);
@@ -104,8 +104,7 @@ def _compile_sources(cc: str, variant: Variant, folder: Path) -> list[Path]:
     objects = [folder / f"{source.stem}.o" for source in sources]
 
     def compile_one(source: Path, obj: Path) -> None:
-        _run([cc, *FLAGS, *target_flags(variant), "-c", str(source), "-o", str(obj)],
-             f"the {variant.name} CPU kernels ({source.name})")  # fmt: skip
+        _run([cc, *flags, "-c", str(source), "-o", str(obj)], f"{what} ({source.name})")
 
     with ThreadPoolExecutor(max_workers=os.cpu_count() or 1) as pool:
         for done in [pool.submit(compile_one, s, o) for s, o in zip(sources, objects)]:
@@ -119,29 +118,39 @@ def build(variant: Variant | str) -> tuple[Path, float | None]:
     variant = BY_NAME[variant] if isinstance(variant, str) else variant
     cc = compiler()
     path = library_path(variant, cc)
+    seconds = compile_library(cc, path, FLAGS + target_flags(variant), variant.needs,
+                              f"inferd's {variant.name} CPU kernels")  # fmt: skip
+    return path, seconds
+
+
+def compile_library(cc: str, path: Path, flags: tuple[str, ...], needs: tuple[str, ...],
+                    what: str) -> float | None:  # fmt: skip
+    """Compile the sources with `flags` into the library `path`, whose feature check refuses a
+    CPU without `needs`; returns the seconds it took, None when `path` was already built.
+    (build() for a variant; the tests also build its code on CPUs without it, emulated.)"""
     # NOTE: a damaged library would crash the process when loaded (SIGSEGV, SIGBUS), so only
     # one that matches the checksum written with it is ever opened (inferd/cache.py).
     if verified(path):
-        return path, None
+        return None
     t0 = time.monotonic()
     path.parent.mkdir(parents=True, exist_ok=True)
     baseline = target_flags(BY_NAME["portable"])
-    needs = [f"-DINFERD_NEEDS_{f.upper()}" for f in variant.needs]
+    defines = [f"-DINFERD_NEEDS_{f.upper()}" for f in needs]
     with tempfile.TemporaryDirectory(dir=path.parent) as tmp:
         check, out = Path(tmp) / "isa_check.o", Path(tmp) / path.name
-        with status(f"compiling inferd's {variant.name} CPU kernels (once per CPU and compiler)"):
-            _run([cc, "-O2", "-fPIC", "-std=c11", *baseline, *needs, "-c", str(CHECK_SOURCE),
+        with status(f"compiling {what} (once per CPU and compiler)"):
+            _run([cc, "-O2", "-fPIC", "-std=c11", *baseline, *defines, "-c", str(CHECK_SOURCE),
                   "-o", str(check)], "the CPU feature check")  # fmt: skip
-            objects = _compile_sources(cc, variant, Path(tmp))
-            _run([cc, *FLAGS, *target_flags(variant), "-shared", *map(str, objects), str(check),
-                  "-o", str(out), "-lm"], f"the {variant.name} CPU kernels")  # fmt: skip
+            objects = _compile_sources(cc, flags, what, Path(tmp))
+            _run([cc, *flags, "-shared", *map(str, objects), str(check), "-o", str(out), "-lm"],
+                 what)  # fmt: skip
         try:  # checksum, then an atomic rename: no process loads a half-written file
             publish(out, path)
         except OSError as e:
             raise KernelsUnavailable(f"cannot write the compiled kernels to {path}: {e}") from e
     seconds = time.monotonic() - t0
-    log.info("built the %s CPU kernels in %.1f s: %s", variant.name, seconds, path)
-    return path, seconds
+    log.info("built %s in %.1f s: %s", what, seconds, path)
+    return seconds
 
 
 def load(path: Path, variant: str | None = None) -> ctypes.CDLL:

@@ -2,10 +2,10 @@
 
 For every layout the GGUF types give (4, 5 and 8 bits; blocks of 16 and 32; fp16 and fp32
 scales; with and without offsets; stacked parts of different layouts; a last group of rows
-padded), in every ISA variant this CPU runs: a row alone gives the same bits as the same row
-at a random place in calls of 2 to 130 rows (tiles of different heights, the remainder tiles,
-and the row chunks the threads share out); and every variant gives the same bits as the
-portable C, the numeric definition's plain form.
+padded), in every ISA variant (emulated where this CPU lacks it, tests/kernel_variants.py):
+a row alone gives the same bits as the same row at a random place in calls of 2 to 130 rows
+(tiles of different heights, the remainder tiles, and the row chunks the threads share out);
+and every variant gives the same bits as the portable C, the numeric definition's plain form.
 """
 
 from __future__ import annotations
@@ -14,10 +14,8 @@ import ctypes
 
 import pytest
 import torch
-from kernel_variants import VARIANT_NAMES, variant_library
+from kernel_variants import VARIANT_NAMES, available_variants, variant_library
 
-from inferd.cpu_info import cpu_flags, machine
-from inferd.cpu_kernels.variants import BY_NAME
 from inferd.layers.gguf_blocks import BlockWeight, stack
 
 RANGES = {8: (-128, 128), 5: (-16, 16), 4: (-8, 8)}
@@ -98,14 +96,10 @@ def test_stacked_parts_of_different_types_are_batch_invariant(kernels):
     check_alone_equals_batched(w, seed=11)
 
 
-def runnable_variants() -> list[str]:
-    return [v for v in VARIANT_NAMES if not BY_NAME[v].missing(cpu_flags(), machine())]
-
-
 @pytest.mark.parametrize("layout", [*LAYOUTS, "mixed"],
                          ids=lambda v: v if isinstance(v, str) else layout_id(v))  # fmt: skip
 def test_every_variant_gives_the_portable_bits(layout):
-    names = runnable_variants()
+    names = available_variants()
     if names == ["portable"]:
         pytest.skip("only the portable kernels run on this CPU: nothing to compare")
     w = mixed_weight() if layout == "mixed" else weight(*layout, seed=5)
