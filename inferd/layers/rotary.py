@@ -6,6 +6,7 @@ bit. The cos/sin of a step are computed once per distinct RoPE config and shared
 
 from __future__ import annotations
 
+import decimal
 import math
 
 import torch
@@ -17,8 +18,27 @@ SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3", "freq_factors")
 
 
 def inv_frequencies(head_dim: int, rope: RopeConfig) -> torch.Tensor:
+    """HF transformers' frequencies, float32, bit for bit (on the same CPU: PyTorch's `pow`
+    is vectorised per instruction set, and its last bit differs between them)."""
     exponent = torch.arange(0, head_dim, 2, dtype=torch.int64).float() / head_dim
-    inv_freq = 1.0 / (rope.theta**exponent)
+    return _scaled(1.0 / (rope.theta**exponent), rope)
+
+
+def portable_inv_frequencies(head_dim: int, rope: RopeConfig) -> torch.Tensor:
+    """The same frequencies from arithmetic that gives the same bits on every CPU, for the C
+    kernels' RoPE tables (whose numbers must not depend on the machine): each power in decimal
+    (software, 40 digits), the scaling in float64 (only +, -, *, /: IEEE rounds each the same
+    everywhere), float32 last. With HF's, the default mode's logits changed with the CPU's
+    vector width from positions of a few dozen on (tests/parity/test_cpu_independence.py)."""
+    with decimal.localcontext() as context:
+        context.prec = 40
+        theta = decimal.Decimal(repr(float(rope.theta)))
+        powers = [float(1 / theta ** (decimal.Decimal(i) / head_dim))
+                  for i in range(0, head_dim, 2)]  # fmt: skip
+    return _scaled(torch.tensor(powers, dtype=torch.float64), rope).float()
+
+
+def _scaled(inv_freq: torch.Tensor, rope: RopeConfig) -> torch.Tensor:
     scaling = rope.scaling or {}
     kind = scaling.get("rope_type", scaling.get("type", "default"))
     if kind == "default":
@@ -28,7 +48,7 @@ def inv_frequencies(head_dim: int, rope: RopeConfig) -> torch.Tensor:
     if kind == "llama3":
         return _llama3_inv_freq(inv_freq, scaling)
     if kind == "freq_factors":  # GGUF's rope_freqs tensor: per-frequency divisors
-        return inv_freq / torch.tensor(scaling["factors"], dtype=torch.float32)
+        return inv_freq / torch.tensor(scaling["factors"], dtype=torch.float32).to(inv_freq.dtype)
     raise ModelLoadError(
         f"unsupported rope_scaling type {kind!r}; supported: {', '.join(SUPPORTED_ROPE_TYPES)}"
     )
@@ -58,6 +78,7 @@ class RotaryEmbedding:
     def __init__(self, head_dim: int, rope: RopeConfig, device: torch.device | None = None):
         self.head_dim = head_dim
         self.inv_freq = inv_frequencies(head_dim, rope).to(device)
+        self.portable_inv_freq = portable_inv_frequencies(head_dim, rope)  # the C kernels'
 
     def cos_sin(
         self, positions: torch.Tensor, dtype: torch.dtype

@@ -167,7 +167,7 @@ class CpuDecoder:
             if any(m is None for m in matrices):
                 return None
             layers.append(_CLayer(parts, matrices, model.config.hidden_size))
-        return cls(layers, scheme.kernels, [r.inv_freq for r in model.rotaries],
+        return cls(layers, scheme.kernels, [r.portable_inv_freq for r in model.rotaries],
                    model.rope_index)  # fmt: skip
 
     def attach_lora(self, slots) -> None:
