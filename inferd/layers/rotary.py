@@ -27,14 +27,13 @@ def inv_frequencies(head_dim: int, rope: RopeConfig) -> torch.Tensor:
 def portable_inv_frequencies(head_dim: int, rope: RopeConfig) -> torch.Tensor:
     """The same frequencies from arithmetic that gives the same bits on every CPU, for the C
     kernels' RoPE tables (whose numbers must not depend on the machine): each power in decimal
-    (software, 40 digits), the scaling in float64 (only +, -, *, /: IEEE rounds each the same
+    (software, 30 digits), the scaling in float64 (only +, -, *, /: IEEE rounds each the same
     everywhere), float32 last. With HF's, the default mode's logits changed with the CPU's
     vector width from positions of a few dozen on (tests/parity/test_cpu_independence.py)."""
     with decimal.localcontext() as context:
-        context.prec = 40
-        theta = decimal.Decimal(repr(float(rope.theta)))
-        powers = [float(1 / theta ** (decimal.Decimal(i) / head_dim))
-                  for i in range(0, head_dim, 2)]  # fmt: skip
+        context.prec = 30  # double needs 17 digits
+        log_theta = decimal.Decimal(repr(float(rope.theta))).ln()
+        powers = [float((-log_theta * i / head_dim).exp()) for i in range(0, head_dim, 2)]
     return _scaled(torch.tensor(powers, dtype=torch.float64), rope).float()
 
 
