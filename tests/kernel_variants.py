@@ -12,6 +12,7 @@ bug in the kernels or their flags.
 from __future__ import annotations
 
 import ctypes
+import functools
 import sysconfig
 from pathlib import Path
 
@@ -55,6 +56,7 @@ def _compiler() -> str:
         pytest.skip(f"no C kernels here: {e}")
 
 
+@functools.cache  # once per process: the key hashes every source (a skip is not cached)
 def emulated_build(name: str) -> build.Kernels:
     """Variant `name`'s code built for HOST with its intrinsics emulated (cached like a real
     variant's library, under a name that says it is emulated)."""

@@ -7,6 +7,7 @@ bit. The cos/sin of a step are computed once per distinct RoPE config and shared
 from __future__ import annotations
 
 import decimal
+import functools
 import math
 
 import torch
@@ -76,8 +77,14 @@ class RotaryEmbedding:
 
     def __init__(self, head_dim: int, rope: RopeConfig, device: torch.device | None = None):
         self.head_dim = head_dim
+        self.rope = rope
         self.inv_freq = inv_frequencies(head_dim, rope).to(device)
-        self.portable_inv_freq = portable_inv_frequencies(head_dim, rope)  # the C kernels'
+
+    @functools.cached_property
+    def portable_inv_freq(self) -> torch.Tensor:
+        """The C kernels' frequencies (portable_inv_frequencies), on first use: only they read
+        them."""
+        return portable_inv_frequencies(self.head_dim, self.rope)
 
     def cos_sin(
         self, positions: torch.Tensor, dtype: torch.dtype
