@@ -26,7 +26,7 @@ from pathlib import Path
 log = logging.getLogger(__name__)
 
 SUM_SUFFIX = ".sum"
-_CHUNK = 8 << 20
+_CHUNK = 256 << 10
 
 
 def cache_dir() -> Path:
@@ -47,10 +47,17 @@ def checksum_of_buffer(data: bytes | bytearray | memoryview) -> str:
 
 def checksum_of(path: Path) -> str:
     """`crc32:<size>:<crc>` of a file's content."""
+    # NOTE: one small buffer, read into again and again. A fresh bytes object per chunk (8 MiB
+    # ones, before) is freed into the calling thread's malloc arena, and where that is not the
+    # main thread's (the tokenizer checks its tables beside the weights' loading), glibc keeps a
+    # freed block at the arena's top resident for good once platform.keep_freed_memory_in_heap
+    # has raised the trim threshold: malloc_trim does not return it. It cost the engine's
+    # process 6-7 MiB for as long as it ran (scripts/rss_batch32.py).
     crc, size = 0, 0
-    with open(path, "rb") as f:
-        while block := f.read(_CHUNK):
-            crc, size = zlib.crc32(block, crc), size + len(block)
+    buffer = bytearray(_CHUNK)
+    with open(path, "rb", buffering=0) as f, memoryview(buffer) as view:
+        while count := f.readinto(buffer):
+            crc, size = zlib.crc32(view[:count], crc), size + count
     return f"crc32:{size}:{crc:08x}"
 
 
