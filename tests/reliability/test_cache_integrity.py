@@ -66,6 +66,23 @@ def test_checksums_of_a_file_and_of_its_bytes_agree(tmp_path):
     assert cache.checksum_of_buffer(data) != cache.checksum_of_buffer(data[:-1] + b"\0")
 
 
+def test_checksum_of_a_file_reads_it_through_one_small_buffer(tmp_path):
+    """Several chunks and a partial one agree with the bytes' checksum, and the file is never
+    held in memory (a big freed block stays resident in a loader thread's arena)."""
+    import tracemalloc
+
+    data = os.urandom(6 * cache._CHUNK + 7)
+    (tmp_path / "f").write_bytes(data)
+    tracemalloc.start()
+    try:
+        got = cache.checksum_of(tmp_path / "f")
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert got == cache.checksum_of_buffer(data)
+    assert peak < 1 << 20 < len(data)
+
+
 def _weight_entry(tmp_path, monkeypatch):
     monkeypatch.setenv("INFERD_CACHE", str(tmp_path))
     source = tmp_path / "model.gguf"
