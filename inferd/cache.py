@@ -51,8 +51,8 @@ def checksum_of(path: Path) -> str:
     # ones, before) is freed into the calling thread's malloc arena, and where that is not the
     # main thread's (the tokenizer checks its tables beside the weights' loading), glibc keeps a
     # freed block at the arena's top resident for good once platform.keep_freed_memory_in_heap
-    # has raised the trim threshold: malloc_trim does not return it. It cost the engine's
-    # process 6-7 MiB for as long as it ran (scripts/rss_batch32.py).
+    # has raised the trim threshold: malloc_trim does not return it, so a chunk's worth stayed
+    # in the engine's resident set for as long as it ran (scripts/rss_batch32.py shows it).
     crc, size = 0, 0
     buffer = bytearray(_CHUNK)
     with open(path, "rb", buffering=0) as f, memoryview(buffer) as view:
