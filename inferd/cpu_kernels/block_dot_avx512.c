@@ -91,6 +91,8 @@ INLINE void tile(const BlockMatrix* W, int64_t g, Panel x, float* y, int64_t ldy
         high[j] = bits == 5 ? group_high(W, g + j) : NULL;
         at[j] = group_scales(W, g + j);
     }
+    UNROLL
+    for (int j = 0; j < GR; j++) prefetch_output(y, ldy, R, (g + j) * GROUP);
     __m512 acc[MAX_ACC];
     UNROLL
     for (int i = 0; i < R * GR; i++) acc[i] = _mm512_setzero_ps();

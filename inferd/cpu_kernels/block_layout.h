@@ -117,6 +117,18 @@ static inline __attribute__((always_inline)) void prefetch_block(
     __builtin_prefetch((const char*)W->scale + (at + ahead * GROUP) * scale_bytes, 0, 3);
 }
 
+/* Asks, at a tile's start, for the cache line of each of its R rows of results from column
+ * `col` (one group's 16 floats), to be written. NOTE: the tile writes its results once, at
+ * its end; the lines of a product of many rows (a 512-token prompt's q/k/v: 3 MiB) are rarely
+ * in cache then, and each tile waited for its stores: on the Zen 5 AMD EPYC (one thread,
+ * scripts/bench_block_kernels.py) the AVX-512 tiles took ~1.13x longer for q/k/v and gate/up
+ * at 512 rows without this, and no row count was slower with it. The AVX2 tiles, twice as
+ * long per result, gained nothing there from it and do without. */
+static inline __attribute__((always_inline)) void prefetch_output(float* y, int64_t ldy, int R,
+                                                                  int64_t col) {
+    for (int m = 0; m < R; m++) __builtin_prefetch(y + m * ldy + col, 1, 3);
+}
+
 /* The activations of a product, quantised by block_gemv.c for every ISA alike, for the rows
  * of one tile (a "panel" of R rows, R = tile_rows(...)), row m of the panel at a constant
  * offset, so that a tile needs one pointer per array:
