@@ -245,7 +245,9 @@ static Tile* make_tiles(const Problem* P, int64_t* count, int64_t* tallest) {
     return tiles;
 }
 
-/* Many units: each thread takes whole units and folds chunk by chunk. */
+/* Many units: each thread takes whole units and folds chunk by chunk; the last units first,
+ * since a prompt's later rows see more keys: the longest units then start early, and the
+ * threads end together. */
 static int by_units(const Problem* P, const Tile* tiles, int64_t units, int64_t tall,
                     float* out) {
     const int64_t slab = tall * P->G * PART(P->D);
@@ -258,7 +260,8 @@ static int by_units(const Problem* P, const Tile* tiles, int64_t units, int64_t 
             failed = 1;
         }
 #pragma omp for schedule(dynamic, 1)
-        for (int64_t u = 0; u < units; u++) {
+        for (int64_t taken = 0; taken < units; taken++) {
+            const int64_t u = units - 1 - taken;
             if (!mem) continue;
             const Tile* T = &tiles[u / P->KV];
             const int64_t kvh = u % P->KV;
