@@ -204,7 +204,8 @@ INLINE void product(const BlockMatrix* W, int64_t g, Panel x, int64_t R, float* 
 
 /* 8 rows of integer sums in registers; fewer at the end of a call, in tiles that keep the
  * instantiations few. */
-int64_t tile_rows(int64_t left) {
+int64_t tile_rows(const BlockMatrix* W, int64_t left) {
+    (void)W;
     static const int64_t heights[] = {8, 6, 4, 3, 2, 1};
     for (int i = 0;; i++)
         if (heights[i] <= left) return heights[i];

@@ -190,10 +190,17 @@ INLINE void product(const BlockMatrix* W, int64_t g, int64_t groups, Panel x, in
     }
 }
 
-/* 12 rows of integer sums for two groups in registers; fewer at the end of a call, in tiles
- * that keep the instantiations few. */
-int64_t tile_rows(int64_t left) {
-    static const int64_t heights[] = {12, 8, 6, 4, 3, 2, 1};
+/* 12 rows of integer sums for two groups in registers, their float sums in memory; or, for the
+ * formats with offsets (Q4_K, Q5_K: one more FMA per row, group and block), 6 rows with both
+ * kinds of sums in registers: the float sums' round trip through memory at every block end cost
+ * those more than the 12 rows' fewer weight unpackings save (one thread on the Zen 5 AMD EPYC,
+ * scripts/bench_block_kernels.py: Q4_K products 1.05-1.08x faster from 16 rows on, the other
+ * formats no faster). With 8 rows or fewer left, the same heights for every format (a call of
+ * 8 rows is one 8-row tile of one group at a time, its sums all in registers), in tiles that keep
+ * the instantiations few. */
+int64_t tile_rows(const BlockMatrix* W, int64_t left) {
+    static const int64_t twelve[] = {12, 8, 6, 4, 3, 2, 1}, six[] = {6, 4, 3, 2, 1};
+    const int64_t* heights = W->offset && left > 8 ? six : twelve;
     for (int i = 0;; i++)
         if (heights[i] <= left) return heights[i];
 }

@@ -112,7 +112,10 @@ static void group_product(const BlockMatrix* W, int64_t g, Panel x, int64_t R, f
 }
 
 /* up to 8 rows against a block unpacked once */
-int64_t tile_rows(int64_t left) { return left < 8 ? left : 8; }
+int64_t tile_rows(const BlockMatrix* W, int64_t left) {
+    (void)W;
+    return left < 8 ? left : 8;
+}
 int64_t tile_groups(int64_t M) {
     (void)M;
     return 1;

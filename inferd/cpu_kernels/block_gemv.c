@@ -141,7 +141,7 @@ int inferd_block_gemv(const float* x, int64_t M, const BlockMatrix* W, float* y,
     float* xo = (float*)(zc + M * nb);
     for (int64_t m = 0; m < M; m += tiles.rows[tiles.count - 1]) {
         tiles.start[tiles.count] = m;
-        tiles.rows[tiles.count++] = tile_rows(M - m);
+        tiles.rows[tiles.count++] = tile_rows(W, M - m);
     }
 #pragma omp parallel for schedule(static) if (M * K >= 1 << 16)
     for (int64_t t = 0; t < tiles.count; t++) {

@@ -130,7 +130,7 @@ static inline __attribute__((always_inline)) void prefetch_output(float* y, int6
 }
 
 /* The activations of a product, quantised by block_gemv.c for every ISA alike, for the rows
- * of one tile (a "panel" of R rows, R = tile_rows(...)), row m of the panel at a constant
+ * of one tile (a "panel" of R rows, R = tile_rows(W, ...)), row m of the panel at a constant
  * offset, so that a tile needs one pointer per array:
  *   xw [K/2, R]: per unit u, each row's pair (a[2u], a[2u + 1]) of a = 256 q1 + q2 as int16
  *      (|a| <= 32639), read as one int32;
@@ -147,10 +147,10 @@ typedef struct {
 /* Each ISA's file defines these (block_dot_avx512.c, block_dot_avx2.c, block_dot_portable.c);
  * the others compile to nothing. */
 #define INTERNAL __attribute__((visibility("hidden"))) /* not exported from the library */
-/* the rows of the next tile when `left` rows (>= 1) are still to do: as many as the registers
- * take. NOTE: from some `left` on, always the variant's largest tile, a divisor of ROW_CHUNK
- * (block_gemv.c), so that a call's chunks of rows start at tiles' starts. */
-INTERNAL int64_t tile_rows(int64_t left);
+/* the rows of the next tile of a product by W when `left` rows (>= 1) are still to do: as many
+ * as the registers take. NOTE: from some `left` on, always the same height for W, a divisor of
+ * ROW_CHUNK (block_gemv.c), so that a call's chunks of rows start at tiles' starts. */
+INTERNAL int64_t tile_rows(const BlockMatrix* W, int64_t left);
 /* groups a work item takes at once for a product of M rows */
 INTERNAL int64_t tile_groups(int64_t M);
 /* unpacked_bytes: bytes a work item of M rows against `groups` groups wants for the groups'
@@ -169,7 +169,7 @@ static inline void unpack_groups(const BlockMatrix* W, int64_t g, int64_t groups
     (void)W, (void)g, (void)groups, (void)to;
 }
 #endif
-/* y [R, ldy] columns 16 g .. 16 (g + groups) - 1 (those below W->N) = the R = tile_rows(...)
+/* y [R, ldy] columns 16 g .. 16 (g + groups) - 1 (those below W->N) = the R = tile_rows(W, ...)
  * rows of a panel against `groups` <= tile_groups(M) groups from g; `unpacked`: those groups
  * from unpack_groups, or NULL. NOTE: the same integer sums either way, so the same bits. */
 INTERNAL void tile_product(const BlockMatrix* W, int64_t g, int64_t groups, Panel x, int64_t R,
