@@ -144,6 +144,9 @@ class EngineConfig:
     max_num_seqs: int | None = None
     max_num_batched_tokens: int | None = None
     kv_cache_memory: int | None = None  # bytes for the KV pool
+    # bytes of packed GGUF blocks the weight cache keeps on disk (loader/weight_cache.py);
+    # None: INFERD_WEIGHT_CACHE_SIZE, else 32 GiB; 0: nothing written
+    weight_cache_size: int | None = None
     gpu_memory_utilization: float = 0.9
     block_size: int = 16
     enable_prefix_caching: bool = True

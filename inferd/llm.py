@@ -13,11 +13,11 @@ from collections.abc import Sequence
 
 from inferd.config import EngineConfig
 from inferd.engine.engine import LLMEngine
-from inferd.engine.memory_trim import malloc_trim
 from inferd.engine_client import TraceFiles
 from inferd.errors import InvalidRequest
 from inferd.loader.catalog import with_engine_defaults
 from inferd.lora_request import LoRARequest
+from inferd.memory_trim import malloc_trim
 from inferd.outputs import EmbeddingRequestOutput, RequestOutput
 from inferd.pooling_params import PoolingParams
 from inferd.sampling_params import SamplingParams

@@ -194,14 +194,20 @@ def run(args: argparse.Namespace) -> int:
         if not removed:
             print("nothing to remove")
         return 0
+    from inferd.loader import weight_cache
+
     entries = inventory(root)
+    limit = weight_cache.budget()
     if args.json:
-        print(json.dumps({"cache_dir": str(root), "entries": [e.to_dict() for e in entries]},
-                         indent=1))  # fmt: skip
+        print(json.dumps({"cache_dir": str(root), "weights_limit_bytes": limit,
+                          "entries": [e.to_dict() for e in entries]}, indent=1))  # fmt: skip
         return 0
     print(f"{root}: {_mib(sum(e.size for e in entries))} in all")
     for kind, what in KINDS.items():
         mine = [e for e in entries if e.kind == kind]
+        if kind == "weights":  # the one kind kept within a size
+            what += (f"; at most {_mib(limit)} (--weight-cache-size, "
+                     "INFERD_WEIGHT_CACHE_SIZE), least recently used removed first")  # fmt: skip
         print(f"{kind:<11} {_mib(sum(e.size for e in mine)):>10}  {what}")
         for e in mine:
             print(f"  {_mib(e.size):>10}  {e.path.name}  {e.label}".rstrip())

@@ -7,7 +7,7 @@ import argparse
 
 def size_arg(text: str) -> int:
     """argparse type: a positive size such as 2GiB, 512MB or 1073741824."""
-    from inferd.commands.memory import parse_size
+    from inferd.sizes import parse_size
 
     try:
         value = parse_size(text)
@@ -16,6 +16,16 @@ def size_arg(text: str) -> int:
     if value < 1:
         raise argparse.ArgumentTypeError(f"size must be positive, got {text!r}")
     return value
+
+
+def cache_size_arg(text: str) -> int:
+    """argparse type: a size that may be 0 (nothing cached)."""
+    from inferd.sizes import parse_size
+
+    try:
+        return parse_size(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from e
 
 
 def _positive_int(text: str) -> int:
@@ -83,6 +93,11 @@ def add_engine_arguments(parser: argparse.ArgumentParser, model_positional: bool
     )
     parser.add_argument("--kv-cache-memory", type=size_arg, default=None,
                         help="bytes for the KV cache, e.g. 2GiB (CPU default 2GiB)")  # fmt: skip
+    parser.add_argument("--weight-cache-size", type=cache_size_arg, default=None,
+                        help="bytes the packed GGUF blocks kept for fast starts may take on disk "
+                             "altogether, least recently used removed first; 0: none kept "
+                             "(default: INFERD_WEIGHT_CACHE_SIZE, else 32GiB; `inferd cache` "
+                             "shows them)")  # fmt: skip
     parser.add_argument(
         "--gpu-memory-utilization",
         type=float,
@@ -213,6 +228,7 @@ def engine_config_from_args(args: argparse.Namespace):
         max_num_seqs=args.max_num_seqs,
         max_num_batched_tokens=args.max_num_batched_tokens,
         kv_cache_memory=args.kv_cache_memory,
+        weight_cache_size=args.weight_cache_size,
         gpu_memory_utilization=args.gpu_memory_utilization,
         block_size=args.block_size,
         enable_prefix_caching=args.enable_prefix_caching,

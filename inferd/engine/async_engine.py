@@ -29,7 +29,6 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from inferd.engine.memory_trim import malloc_trim
 from inferd.engine.progress import StallBound
 from inferd.engine.snapshot import SnapshotBuilder
 from inferd.engine_client import (
@@ -42,6 +41,7 @@ from inferd.engine_client import (
 )
 from inferd.engine_snapshot import EngineSnapshot
 from inferd.errors import EngineDeadError, RequestFailed
+from inferd.memory_trim import malloc_trim
 from inferd.outputs import RequestOutput
 from inferd.pooling_params import PoolingParams
 from inferd.sampling_params import SamplingParams

@@ -28,8 +28,8 @@ from multiprocessing.connection import Connection
 from inferd.engine import ipc
 from inferd.engine.core_output import CoreRequest
 from inferd.engine.frame_pipe import FrameWriter
-from inferd.engine.memory_trim import malloc_trim
 from inferd.engine.progress import StallBound
+from inferd.memory_trim import malloc_trim
 
 log = logging.getLogger(__name__)
 

@@ -23,10 +23,16 @@ class BlockMethod(LinearMethod):
     def __init__(self):
         super().__init__()
         self.blocks: BlockWeight | None = None  # None: the checkpoint had no blocks for it
-        self._shards: dict[int, tuple] = {}  # (q, scale, offset) per shard, until `finish`
+        self._shards: dict[int, BlockWeight] = {}  # packed, per shard, until `finish`
 
-    def take_blocks(self, layer: nn.Module, shard: int, blocks: tuple) -> None:
+    def take_blocks(self, layer: nn.Module, shard: int, blocks: BlockWeight) -> None:
+        """A shard's blocks, packed as they arrive: what a load holds until `finish` is the
+        packed weights (about the file's size), not their unpacked integers."""
         self._shards[shard] = blocks
+        if len(self._shards) == len(layer.shard_sizes):
+            # NOTE: finished as soon as the layer is whole (not when the whole model is), so
+            # that a first load can write its blocks to the weight cache and drop them
+            self.finish(layer)
 
     def finish(self, layer: nn.Module) -> None:
         """One block weight for the whole layer; or, if some shard came dense (not every
@@ -35,13 +41,12 @@ class BlockMethod(LinearMethod):
         shards, self._shards = self._shards, {}
         if not shards:
             return
-        weights = {i: BlockWeight(*p) for i, p in shards.items()}
         sizes = layer.shard_sizes
-        if len(weights) == len(sizes):
-            ordered = [weights[i] for i in range(len(sizes))]
+        if len(shards) == len(sizes):
+            ordered = [shards[i] for i in range(len(sizes))]
             self.install(layer, ordered[0] if len(ordered) == 1 else stack(ordered))
             return
-        for shard, weight in weights.items():
+        for shard, weight in shards.items():
             start = sum(sizes[:shard])
             layer.weight.data[start : start + sizes[shard]] = weight.dequantized()
 

@@ -7,6 +7,7 @@ import torch
 from torch import nn
 
 from inferd.distributed.state import SINGLE, TPGroup
+from inferd.layers.gguf_blocks import BlockWeight, packed
 from inferd.layers.weight_scheme import WeightScheme, as_scheme
 
 
@@ -25,24 +26,16 @@ def load_vocab_rows(param: torch.Tensor, weight, vocab_size: int, tp: TPGroup) -
     param[real:].zero_()
 
 
-def load_vocab_blocks(weight, vocab_size: int, tp: TPGroup) -> tuple | None:
-    """This rank's vocabulary rows as GGUF blocks (q, scale, offset), padding rows zero; None
-    if the checkpoint tensor is not block-quantised."""
+def load_vocab_blocks(weight, vocab_size: int, tp: TPGroup) -> BlockWeight | None:
+    """This rank's vocabulary rows as packed GGUF blocks, padding rows zero; None if the
+    checkpoint tensor is not block-quantised."""
     load_blocks = getattr(weight, "load_blocks", None)  # GGUF weights have blocks
     if load_blocks is None:
         return None
     start, rows = vocab_range(vocab_size, tp)
     real = max(0, min(rows, vocab_size - start))
-    blocks = load_blocks(rows=(start, real))
-    if blocks is None:
-        return None
-
-    def padded(t):
-        if t is None or real == rows:
-            return t
-        return torch.cat([t, t.new_zeros(rows - real, t.shape[1])])
-
-    return tuple(map(padded, blocks))
+    cols = weight.shape[1]
+    return packed(lambda first, n: load_blocks(rows=(start + first, n)), real, cols, rows)
 
 
 def load_vocab(module: nn.Module, weight, vocab_size: int, tp: TPGroup) -> None:

@@ -26,6 +26,8 @@ many rows (prefill) are a GEMM on the blocks, and steps of a few (decode) read t
 from __future__ import annotations
 
 import ctypes
+from collections.abc import Callable
+from typing import NamedTuple
 
 import torch
 from torch import nn
@@ -43,6 +45,33 @@ class BlockMatrix(ctypes.Structure):
 
 
 GROUP = 16  # output rows per group (cpu_kernels/block_gemv.c)
+# A matrix larger than this many weights is unpacked and packed a range of CHUNK_ROWS rows at a
+# time: the unpacked integers (a byte per weight) and their temporaries of a whole embedding
+# would be several times its packed size (an 8B model's: 0.5 G weights), one range is not.
+CHUNK_WEIGHTS, CHUNK_ROWS = 1 << 25, 4096
+
+
+class BlockValues(NamedTuple):
+    """A block-quantised matrix (or a range of its rows) before packing: weight[r, c] =
+    scale[r, c // B] * q[r, c] (+ offset[r, c // B]), B = K / scale.shape[1].
+    `value_range`: the (lowest, highest) q its type can hold (None: q's own), so that every
+    range of rows of one matrix is stored in the same width and can be joined."""
+
+    q: torch.Tensor  # int8 [rows, K]
+    scale: torch.Tensor  # float32 [rows, K / B]
+    offset: torch.Tensor | None = None  # float32 [rows, K / B]
+    value_range: tuple[int, int] | None = None
+    half_scales: bool | None = None  # scales stored as fp16 (exact for the type); None: if exact
+    # q's values all lie in this table of at most 16 int8 values (a codebook type: IQ4_NL,
+    # MXFP4, ...), so that q can be stored as 4-bit indexes into it; None: q is stored itself
+    codebook: tuple[int, ...] | None = None
+    # (super float32 [rows, K / 256], sub int8 [rows, K / B]) with scale[r, b] ==
+    # super[r, b * B // 256] * sub[r, b] exactly (a K-quant's fp16 d times its small integer
+    # sub-block scale), so that scales can be stored in 8 bits; None: not so factored
+    scale_parts: tuple[torch.Tensor, torch.Tensor] | None = None
+    offset_parts: tuple[torch.Tensor, torch.Tensor] | None = None  # the same for offsets
+
+
 FEW_ROWS = 16  # row lookups up to this many ids take the C kernel, one call per row
 
 
@@ -93,13 +122,18 @@ class BlockPart:
     """Rows of a weight in one storage width (see block_gemv.c): 8 bits, q itself; 4 and 5
     bits, `stored` = q + zero. Tensors in the kernels' group layout (block_layout.h)."""
 
-    def __init__(self, q: torch.Tensor, scale: torch.Tensor, offset: torch.Tensor | None):
+    def __init__(self, q: torch.Tensor, scale: torch.Tensor, offset: torch.Tensor | None,
+                 value_range: tuple[int, int] | None = None,
+                 half_scales: bool | None = None, codebook: tuple[int, ...] | None = None,
+                 scale_parts=None, offset_parts=None):  # fmt: skip
+        """q, scale, offset and the storage facts of a BlockValues (codebook and the factored
+        scales: not used yet, q and the scales are stored themselves)."""
         rows, k = q.shape
         q = q.to(torch.int8)  # every GGUF type's integers fit
         self.group = k // scale.shape[1]
         if self.group not in (16, 32) or k % 32 or k != self.group * scale.shape[1]:
             raise ValueError(f"unsupported block layout: {k} inputs, {scale.shape[1]} blocks")
-        lo, hi = int(q.min()), int(q.max())
+        lo, hi = value_range if value_range is not None else (int(q.min()), int(q.max()))
         self.bits = 8 if hi - lo >= 32 else 4 if hi - lo < 16 else 5
         self.zero = 0 if self.bits == 8 else -lo
         self.high = None
@@ -112,7 +146,9 @@ class BlockPart:
                 self.high = _pack_bits(_units(stored >> 4).flatten(2)).flatten(1)
         scale = scale.float()
         half = scale.half()
-        self.scale = _by_group(half if torch.equal(half.float(), scale) else scale)
+        if half_scales is None:
+            half_scales = torch.equal(half.float(), scale)
+        self.scale = _by_group(half if half_scales else scale)
         self.offset = None if offset is None else _by_group(offset.float())
         self.shape = (rows, k)
         self._describe()
@@ -227,10 +263,15 @@ class BlockWeight(nn.Module):
     """A linear layer's weight as one or more `BlockPart`s stacked along the output."""
 
     def __init__(self, q: torch.Tensor | None = None, scale: torch.Tensor | None = None,
-                 offset: torch.Tensor | None = None,
+                 offset: torch.Tensor | None = None, value_range: tuple[int, int] | None = None,
+                 half_scales: bool | None = None, codebook: tuple[int, ...] | None = None,
+                 scale_parts=None, offset_parts=None,
                  parts: list[BlockPart] | None = None):  # fmt: skip
         super().__init__()
-        self.parts = parts if parts is not None else [BlockPart(q, scale, offset)]
+        if parts is None:
+            parts = [BlockPart(q, scale, offset, value_range, half_scales, codebook, scale_parts,
+                               offset_parts)]  # fmt: skip
+        self.parts = parts
         self.lib = None  # the C kernels, looked up at the first product
         for i, p in enumerate(self.parts):  # so that module-level size accounting sees them
             self.register_buffer(f"part{i}_q", p.q, persistent=False)
@@ -341,3 +382,69 @@ def _same_layout(a: BlockPart, b: BlockPart) -> bool:
     return (a.bits, a.zero, a.group, a.scale.dtype, a.offset is None) == (
         b.bits, b.zero, b.group, b.scale.dtype, b.offset is None
     )  # fmt: skip
+
+
+def packed(load: Callable[[int, int], BlockValues | None], rows: int, cols: int,
+           padded_rows: int | None = None) -> BlockWeight | None:  # fmt: skip
+    """A [rows, cols] matrix packed from `load(first, count)` (its blocks for those rows, or
+    None when it has none), a range of rows at a time where it is large, so that the unpacked
+    values of only one range exist at once (`CHUNK_WEIGHTS`); zero rows up to `padded_rows`
+    (a vocabulary shard's padding). None when the matrix has no blocks."""
+    total = padded_rows or rows
+    step = rows if rows * cols <= CHUNK_WEIGHTS else CHUNK_ROWS
+    builder, start = None, 0
+    while True:
+        count = min(rows - start, step)
+        values = load(start, count)
+        if values is None:
+            return None
+        last = start + count == rows
+        if last and total > rows:
+            values = _with_zero_rows(values, total - rows)
+        if builder is None and last:
+            return BlockWeight(*values)  # one range: nothing to join
+        builder = builder or _PartBuilder(total)
+        builder.add(start, BlockPart(*values))
+        if last:
+            return BlockWeight(parts=[builder.part()])
+        start += count
+
+
+def _with_zero_rows(values: BlockValues, count: int) -> BlockValues:
+    def padded(t: torch.Tensor | None) -> torch.Tensor | None:
+        return None if t is None else torch.cat([t, t.new_zeros(count, t.shape[1])])
+
+    return values._replace(q=padded(values.q), scale=padded(values.scale),
+                           offset=padded(values.offset))  # fmt: skip
+
+
+class _PartBuilder:
+    """One BlockPart of `rows` rows, filled from parts of consecutive rows of the same layout,
+    each (but the last) a whole number of groups: their packed tensors are copied into place,
+    one part at a time."""
+
+    def __init__(self, rows: int):
+        self.rows = rows
+        self.tensors: dict[str, torch.Tensor] = {}
+        self.facts: dict[str, int] = {}
+
+    def add(self, first_row: int, part: BlockPart) -> None:
+        if first_row % GROUP:
+            raise ValueError("parts join at whole groups of rows only")
+        stored, facts = part.stored()
+        if not self.tensors:
+            groups = -(-self.rows // GROUP)
+            self.tensors = {k: t.new_empty((groups, *t.shape[1:])) for k, t in stored.items()}
+            self.facts = {**facts, "rows": self.rows}
+        elif {k: v for k, v in facts.items() if k != "rows"} != {
+            k: v for k, v in self.facts.items() if k != "rows"
+        } or stored.keys() != self.tensors.keys():
+            raise ValueError(f"a range of rows is stored as {facts}, the first as {self.facts}")
+        g = first_row // GROUP
+        for key, t in stored.items():
+            if t.dtype != self.tensors[key].dtype:
+                raise ValueError(f"a range of rows has {key} in {t.dtype}")
+            self.tensors[key][g : g + t.shape[0]] = t
+
+    def part(self) -> BlockPart:
+        return BlockPart.restored(self.tensors, self.facts)

@@ -20,6 +20,7 @@ import torch
 from torch import nn
 
 from inferd.distributed.state import SINGLE, TPGroup
+from inferd.layers.gguf_blocks import packed
 from inferd.layers.weight_scheme import WeightScheme, as_scheme
 
 
@@ -75,14 +76,20 @@ class Linear(nn.Module):
         cols = self.col_range if param_name == "weight" else None
         if param_name == "weight" and self.quant_method.wants_blocks:
             load_blocks = getattr(weight, "load_blocks", None)  # GGUF weights have blocks
-            blocks = load_blocks(rows, cols) if load_blocks else None
-            if blocks is not None:
-                expected = (self.shard_sizes[shard], self.in_features)
-                if tuple(blocks[0].shape) != expected:
-                    raise ValueError(f"shape mismatch: checkpoint {tuple(blocks[0].shape)} vs "
-                                     f"{expected}")  # fmt: skip
-                self.quant_method.take_blocks(self, shard, blocks)
-                return
+            if load_blocks is not None:
+                start, count = rows
+
+                def load(first: int, n: int):
+                    return load_blocks((start + first, n), cols)
+
+                blocks = packed(load, count, self.in_features)
+                if blocks is not None:
+                    expected = (self.shard_sizes[shard], self.in_features)
+                    if tuple(blocks.shape) != expected:
+                        raise ValueError(f"shape mismatch: checkpoint {tuple(blocks.shape)} vs "
+                                         f"{expected}")  # fmt: skip
+                    self.quant_method.take_blocks(self, shard, blocks)
+                    return
         tensor = weight.load(target.dtype, rows=rows, cols=cols)
         start = sum(self.shard_sizes[:shard])
         dest = target[start : start + self.shard_sizes[shard]]

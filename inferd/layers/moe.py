@@ -35,7 +35,7 @@ from torch import nn
 from inferd.config import ModelConfig
 from inferd.distributed.state import SINGLE, TPGroup
 from inferd.layers.activation import gated
-from inferd.layers.gguf_blocks import BlockWeight, stack
+from inferd.layers.gguf_blocks import BlockWeight, packed, stack
 from inferd.layers.linear_method import DenseMethod, LinearMethod, dropped
 from inferd.layers.weight_scheme import WeightScheme, as_scheme
 
@@ -53,9 +53,9 @@ class ExpertBlocks(LinearMethod):
     def __init__(self):
         super().__init__()
         self.blocks: nn.ModuleList | None = None  # None: the checkpoint had no blocks for them
-        self._shards: dict[tuple[int, int], tuple] = {}  # (expert, shard) → (q, scale, offset)
+        self._shards: dict[tuple[int, int], BlockWeight] = {}  # (expert, shard) → packed
 
-    def take_blocks(self, layer: nn.Module, shard, blocks: tuple) -> None:
+    def take_blocks(self, layer: nn.Module, shard, blocks: BlockWeight) -> None:
         self._shards[shard] = blocks
 
     def finish(self, layer: nn.Module) -> None:
@@ -67,14 +67,14 @@ class ExpertBlocks(LinearMethod):
         if len(shards) == experts * len(sizes):
             per_expert = []
             for e in range(experts):
-                parts = [BlockWeight(*shards[e, s]) for s in range(len(sizes))]
+                parts = [shards[e, s] for s in range(len(sizes))]
                 per_expert.append(parts[0] if len(parts) == 1 else stack(parts))
             self.blocks = nn.ModuleList(per_expert)
             layer.weight = dropped(layer.weight)
             return
         for (e, s), parts in shards.items():
             start = sum(sizes[:s])
-            layer.weight.data[e, start : start + sizes[s]] = BlockWeight(*parts).dequantized()
+            layer.weight.data[e, start : start + sizes[s]] = parts.dequantized()
 
     def kernel_for(self, rows: int) -> str:
         return "gemm" if self.blocks is None else "blocks"
@@ -123,7 +123,8 @@ class ExpertLinear(nn.Module):
             raise ValueError(f"shape {tuple(weight.shape)}, the model expects {expected}")
         blocks = None
         if self.quant_method.wants_blocks and hasattr(weight, "load_blocks"):
-            blocks = weight.load_blocks()
+            rows = expected[0]
+            blocks = packed(lambda first, n: weight.load_blocks((first, n)), rows, self.in_features)
         if blocks is not None:
             self.quant_method.take_blocks(self, (expert, shard), blocks)
         else:

@@ -1,11 +1,15 @@
 """A GGUF file's packed blocks as a cache entry (mode `gguf-blocks`), for a fast warm start.
 
 Unpacking a GGUF file's blocks and laying them out for the C kernels (layers/gguf_blocks.py)
-costs ~0.6 s of every start for the embedded model. After the first load, the block parts of
-every layer that keeps blocks are written once as a weight-cache entry (weight_cache.py: about
-the file's own size); every start, the first included, then maps it copy-on-write and rebuilds
-the parts around the mapped tensors, with no unpacking; a thread then moves the mapped bytes
-into huge pages at the same addresses (huge_pages.py).
+costs seconds per GB of file. The first load writes the block parts of every layer that keeps
+blocks to a weight-cache entry (weight_cache.py: about the file's own size) while it packs
+them, a layer at a time, each dropped from memory once written (`_StreamedEntry`): a first load
+holds the process, one tensor of the file being unpacked, and the layers not yet written, never
+the file's pages and a packed copy and the entry at once. Every start, the first included,
+then serves the blocks from the entry, mapped copy-on-write, the parts rebuilt around the
+mapped tensors with no unpacking; a thread moves the mapped bytes into huge pages at the same
+addresses (huge_pages.py). Where the entry cannot be written (the cache's size, a full or
+read-only disk) the blocks are packed into memory at every start, and that is said once.
 The entry holds blocks only: the few dense tensors (norm gains, biases, unquantised matrices)
 are read from the GGUF file each time, so one entry serves every model dtype and every mode
 that keeps blocks.
@@ -15,34 +19,26 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import os
 from pathlib import Path
 
 import torch
 
 from inferd.distributed.state import TPGroup
+from inferd.errors import ModelLoadError
 from inferd.layers.block_method import BlockMethod
 from inferd.layers.gguf_blocks import BlockPart, BlockWeight
 from inferd.loader import huge_pages, weight_cache
 from inferd.loader.checkpoint import Checkpoint
+from inferd.loader.gguf_quants import PACKED_BITS, type_name
+from inferd.memory_trim import trim_now
 from inferd.progress import status
 
 log = logging.getLogger(__name__)
 
 MODE = "gguf-blocks-2"  # part of the cache key: change it when the layout changes
 _DTYPES = {"U8": torch.uint8, "F16": torch.float16, "F32": torch.float32, "BF16": torch.bfloat16}
-
-
-def _block_modules(model: torch.nn.Module) -> dict[str, BlockWeight]:
-    """module name → its blocks (a tied LM head shares the embedding's method: stored once)."""
-    out: dict[str, BlockWeight] = {}
-    seen: set[int] = set()
-    for name, module in model.named_modules():
-        method = getattr(module, "quant_method", None)
-        if isinstance(method, BlockMethod) and method.blocks is not None and id(method) not in seen:
-            seen.add(id(method))
-            out[name] = method.blocks
-    return out
 
 
 def start_checking(source: Path, rank: int, world: int) -> None:
@@ -59,60 +55,176 @@ def stop_checking(source: Path, rank: int, world: int) -> None:
         weight_cache.stop_checking(weight_cache.entry_path(source, MODE, rank, world))
 
 
-def load_weights(model, checkpoint: Checkpoint, tp: TPGroup) -> None:
+def load_weights(model, checkpoint: Checkpoint, tp: TPGroup, cache_bytes: int | None = None
+                 ) -> None:  # fmt: skip
     """Fill a model whose scheme keeps blocks: blocks from the cache entry when there is one
-    that fits, the rest from the file; else everything from the file, then write the entry."""
+    that fits, the rest from the file; else everything from the file, the entry written as
+    the blocks are packed (`cache_bytes`: the cache's size, weight_cache.budget)."""
     path = None
     if weight_cache.enabled():
         path = weight_cache.entry_path(checkpoint.path, MODE, tp.rank, tp.world_size)
-    preloaded = _restore(model, path) if path is not None and path.exists() else None
-    if preloaded is None:
-        with torch.no_grad(), status(f"packing {checkpoint.path.name}'s quantised blocks"):
-            model.load_weights(checkpoint.weights(), frozenset())
-        if path is not None:
-            with status("caching the packed blocks"):
-                saved = _save(model, path, checkpoint, tp)
-            if saved and _restore(model, path) is not None:
-                _rebuild_decoder(model)  # the blocks now live in the entry, as on later starts
-    else:
+    shapes = _block_shapes(model)
+    preloaded = _restore(model, path, shapes) if path is not None and path.exists() else None
+    if preloaded is not None:
         with torch.no_grad():
             model.load_weights(checkpoint.weights(), preloaded)
+        return
+    entry = _StreamedEntry.start(model, checkpoint, tp, path, shapes, cache_bytes)
+    with torch.no_grad(), status(f"packing {checkpoint.path.name}'s quantised blocks"):
+        model.load_weights(_streamed(checkpoint.weights(), entry), frozenset())
+    trim_now()  # the load's temporaries go back to the system
 
 
-def _rebuild_decoder(model) -> None:
-    """The C decoder copies its layers' block pointers when the model is finalised: after the
-    blocks moved, it is built again around the new ones (nothing else keeps such pointers)."""
-    if getattr(model, "cpu_decoder", None) is not None:
-        from inferd.models.cpu_decoder import CpuDecoder
-
-        model.cpu_decoder = CpuDecoder.for_model(model)
-
-
-def _save(model, path, checkpoint: Checkpoint, tp: TPGroup) -> bool:
-    """Write the model's blocks as the entry at `path`; whether an entry was written."""
-    tensors, layout = {}, []
-    for name, weight in _block_modules(model).items():
-        facts = []
-        for i, part in enumerate(weight.parts):
-            stored, part_facts = part.stored()
-            tensors.update({f"{name}#{i}.{key}": t.contiguous() for key, t in stored.items()})
-            facts.append(part_facts)
-        layout.append({"module": name, "parts": facts})
-    if not layout:
-        return False  # nothing was block-quantised: nothing worth caching
-    info = {"model": str(checkpoint.path), "name": checkpoint.config.name, "mode": MODE,
-            "source_bytes": checkpoint.path.stat().st_size, "rank": tp.rank,
-            "world": tp.world_size}  # fmt: skip
-    return weight_cache.write_entry(path, tensors, {"layout": json.dumps(layout)}, info)
+def _streamed(weights, entry: _StreamedEntry | None):
+    """The checkpoint's weights, the entry written as each layer's blocks are packed.
+    NOTE: the entry is finished, and its mapped blocks installed, when the model asks for the
+    tensor after the last: before `load_weights` finalises the model (the C decoder takes the
+    blocks' addresses then)."""
+    for pair in weights:
+        yield pair
+        if entry is not None:
+            entry.write_packed()
+    if entry is not None:
+        entry.finish()
 
 
-def _restore(model, path) -> frozenset[str] | None:
+def _block_shapes(model) -> dict[str, tuple[int, int]]:
+    """Module name → (out, in) of every layer whose method keeps blocks, before loading drops
+    their dense matrices (a tied LM head shares the embedding's method: counted once)."""
+    out, seen = {}, set()
+    for name, module in model.named_modules():
+        method = getattr(module, "quant_method", None)
+        if isinstance(method, BlockMethod) and id(method) not in seen:
+            seen.add(id(method))
+            out[name] = tuple(module.weight.shape)
+    return out
+
+
+class _StreamedEntry:
+    """The cache entry of a first load, written while the model loads: each layer's blocks
+    go to the file as soon as they are packed and are dropped from memory, so that a first
+    load holds about one layer besides what is already written (the packed copy of the
+    whole model, in memory, is what made a first load need several times the file's size).
+    At the end the entry is mapped and its blocks installed, as on a cached start. If writing
+    fails (a disk that fills up meanwhile), what was written is mapped all the same from the
+    unfinished file (deleted: its pages live as long as the mapping) and the rest is kept in
+    memory: the model runs; the next start packs again."""
+
+    def __init__(self, model, path: Path, writer: weight_cache.EntryWriter, info: dict,
+                 shapes: dict, cache_bytes: int):  # fmt: skip
+        self.model, self.path, self.writer, self.info = model, path, writer, info
+        self.shapes, self.cache_bytes = shapes, cache_bytes
+        self.layout: list[dict] = []
+        self.failed = False
+
+    @classmethod
+    def start(cls, model, checkpoint: Checkpoint, tp: TPGroup, path: Path | None,
+              shapes: dict, cache_bytes: int | None) -> _StreamedEntry | None:  # fmt: skip
+        """None (said once, as a warning) when there is no room for the entry: the blocks then
+        stay in memory, packed from the file."""
+        if path is None or not shapes:
+            return None
+        cache_bytes = weight_cache.budget(cache_bytes)
+        estimate = packed_bytes(checkpoint)
+        try:
+            why = weight_cache.room_for(estimate, path.parent, cache_bytes)
+            if why is None:
+                room = 4096 + 8192 * len(shapes)  # the header: names and layout facts
+                writer = weight_cache.EntryWriter(path, room)
+        except OSError as e:
+            why = str(e)
+        if why is not None:
+            log.warning("not caching %s's packed blocks (%s): it runs from the file, packed "
+                        "at every start", checkpoint.path.name, why)  # fmt: skip
+            return None
+        info = {"model": str(checkpoint.path), "name": checkpoint.config.name, "mode": MODE,
+                "source_bytes": checkpoint.path.stat().st_size, "rank": tp.rank,
+                "world": tp.world_size}  # fmt: skip
+        return cls(model, path, writer, info, shapes, cache_bytes)
+
+    def write_packed(self) -> None:
+        """Write the blocks of every layer packed since the last call, then drop them."""
+        if self.failed:
+            return
+        for name, method, weight in _packed_layers(self.model):
+            facts = []
+            try:
+                for i, part in enumerate(weight.parts):
+                    stored, part_facts = part.stored()
+                    for key, t in stored.items():
+                        self.writer.write(f"{name}#{i}.{key}", t)
+                    facts.append(part_facts)
+            except OSError as e:
+                log.warning("could not finish caching the packed blocks at %s (%s): the rest "
+                            "stay in memory", self.path, e)  # fmt: skip
+                self.failed = True
+                return
+            self.layout.append({"module": name, "parts": facts})
+            method.blocks = None  # in the entry now; mapped back in at the end
+
+    def finish(self) -> None:
+        metadata = {"layout": json.dumps(self.layout)}
+        if not self.failed:
+            try:
+                self.writer.commit(metadata, self.info, self.cache_bytes)
+            except OSError as e:
+                log.warning("could not cache the packed blocks at %s: %s", self.path, e)
+                self.failed = True
+        if not self.failed:
+            entry = weight_cache.map_entry(self.path, written_now=True)
+        else:  # the layers already written are read back from the unfinished file
+            entry = weight_cache.map_unfinished(self.writer, metadata)
+            self.writer.abort()
+        if entry is None or not _install(self.model, *entry, self.shapes, self.path.name):
+            raise ModelLoadError(f"the packed blocks written to {self.path} do not read back")
+
+
+def _packed_layers(model):
+    """(name, method, blocks) of each layer whose method holds packed blocks now."""
+    seen = set()
+    for name, module in model.named_modules():
+        method = getattr(module, "quant_method", None)
+        if isinstance(method, BlockMethod) and method.blocks is not None and id(method) not in seen:
+            seen.add(id(method))
+            yield name, method, method.blocks
+
+
+def packed_bytes(checkpoint: Checkpoint) -> int:
+    """About what the file's blocks take packed (gguf_quants.PACKED_BITS), for the room an
+    entry needs; its dense tensors are not in the entry."""
+    total = 0.0
+    for info in checkpoint.gguf.tensors.values():
+        if is_packed(info):
+            total += math.prod(info.shape) * PACKED_BITS[type_name(info.ggml_type)] / 8
+    return int(total)
+
+
+def is_packed(info) -> bool:
+    """Whether a GGUF tensor (a GGUFTensorInfo) is held as packed blocks (a quantised matrix)."""
+    return type_name(info.ggml_type) in PACKED_BITS and len(info.shape) >= 2
+
+
+def _restore(model, path, shapes: dict) -> frozenset[str] | None:
     """Install the cached blocks into the model's block methods; the names of the weights
     they replace, or None (nothing changed) when the entry does not fit this model."""
     entry = weight_cache.map_entry(path)
     if entry is None:
         return None
-    mapped, header, base = entry
+    installed = _install(model, *entry, shapes, path.name)
+    if installed is None:
+        return None
+    try:
+        os.utime(path)  # recently used: eviction keeps it
+    except OSError:
+        pass
+    return installed
+
+
+def _install(model, mapped, header: dict, base: int, shapes: dict, what: str
+             ) -> frozenset[str] | None:  # fmt: skip
+    """Install the blocks of a mapped entry (`header`: its safetensors header, data from byte
+    `base`) into the model's block methods, checking each against `shapes`; the names of the
+    weights they replace, or None (nothing changed) when they do not fit this model."""
 
     def tensor(key: str) -> torch.Tensor:
         info = header[key]
@@ -127,29 +239,24 @@ def _restore(model, path) -> frozenset[str] | None:
     try:
         layout = json.loads(header["__metadata__"]["layout"])
         for entry_facts in layout:
-            module = modules.get(entry_facts["module"])
-            method = getattr(module, "quant_method", None)
+            name = entry_facts["module"]
+            method = getattr(modules.get(name), "quant_method", None)
             if not isinstance(method, BlockMethod):
                 return None
             parts = []
             for i, facts in enumerate(entry_facts["parts"]):
-                prefix = f"{entry_facts['module']}#{i}."
+                prefix = f"{name}#{i}."
                 stored = {k[len(prefix) :]: tensor(k) for k in header if k.startswith(prefix)}
                 parts.append(BlockPart.restored(stored, facts))
             blocks = BlockWeight(parts=parts)
-            # the dense matrix's shape, or, where blocks replaced it (a first load), theirs
-            shape = module.weight.shape if method.blocks is None else method.blocks.shape
-            if tuple(blocks.shape) != tuple(shape):
+            if tuple(blocks.shape) != shapes.get(name):
                 return None
-            plan.append((entry_facts["module"], module, method, blocks))
+            plan.append((name, modules[name], method, blocks))
     except (KeyError, ValueError, TypeError):
         return None
     for _, module, method, blocks in plan:
         method.install(module, blocks)
-    model._block_cache_mmap = mapped  # the blocks point into it: keep it alive
-    huge_pages.start_moving(mapped, path.name)
-    try:
-        os.utime(path)  # recently used: eviction keeps it
-    except OSError:
-        pass
+    # the blocks point into the mapping: keep it alive (a second one, after a failed write)
+    model._block_cache_mmaps = [*getattr(model, "_block_cache_mmaps", []), mapped]
+    huge_pages.start_moving(mapped, what)
     return frozenset(f"{name}.weight" for name, *_ in plan)

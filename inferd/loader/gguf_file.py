@@ -213,6 +213,18 @@ class GGUFFile:
         if dontneed is not None:
             self._mmap.madvise(dontneed)
 
+    def release_tensor(self, name: str) -> None:
+        """Drop the whole pages of one tensor from this process's resident memory once it has
+        been read: a first load then holds no more than the tensor being converted of the file,
+        not the whole file beside what it was converted to."""
+        dontneed = getattr(mmap, "MADV_DONTNEED", None)
+        info = self.tensors[name]
+        page = mmap.PAGESIZE
+        start = -(-info.offset // page) * page
+        stop = (info.offset + info.n_bytes) // page * page
+        if dontneed is not None and stop > start:
+            self._mmap.madvise(dontneed, start, stop - start)
+
     def _tensor_record(self, cur: _Cursor) -> tuple[str, tuple[int, ...], int, int]:
         name = cur.string()
         n_dims = cur.u32()

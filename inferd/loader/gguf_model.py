@@ -214,6 +214,12 @@ class GGUFWeight:
         return self.record.gguf_qk_permuted and self.target.endswith(target_endings)
 
     def load(self, dtype: torch.dtype, rows=None, cols=None) -> torch.Tensor:
+        try:
+            return self._load(dtype, rows, cols)
+        finally:
+            self.gguf.release_tensor(self.name)  # NOTE: what was read was copied
+
+    def _load(self, dtype: torch.dtype, rows, cols) -> torch.Tensor:
         sliced = self._raw(rows, cols)
         if sliced is None:
             w = dequantize(self._bytes(), self.info.ggml_type, self.shape, torch.float32)
@@ -231,19 +237,31 @@ class GGUFWeight:
         return w.to(dtype)
 
     def load_blocks(self, rows=None, cols=None):
-        """The requested part as (q, scale, offset) block quantisation (see gguf_quants.unpack),
+        """The requested part as BlockValues (q, scale, offset: see gguf_quants.unpack),
         or None when the tensor is not block-quantised or the slice cuts through blocks."""
+        try:
+            return self._load_blocks(rows, cols)
+        finally:
+            self.gguf.release_tensor(self.name)  # NOTE: unpacking copies what it reads
+
+    def _load_blocks(self, rows, cols):
         info = self.info
         if not is_block_quantized(info.ggml_type) or len(self.shape) != 2:
             return None
         sliced = self._raw(rows, cols)
         if sliced is None:
             return None
-        parts = unpack(sliced[0], info.ggml_type, sliced[1])
+        values = unpack(sliced[0], info.ggml_type, sliced[1])
         if self._permuted(("q_proj.weight", "k_proj.weight")):
-            parts = tuple(p if p is None else _unpermute_rope(p, self.config.head_dim)
-                          for p in parts)  # fmt: skip
-        return parts
+            head_dim = self.config.head_dim
+
+            def rows_unpermuted(t):
+                return None if t is None else _unpermute_rope(t, head_dim)
+
+            values = values._replace(q=rows_unpermuted(values.q),
+                                     scale=rows_unpermuted(values.scale),
+                                     offset=rows_unpermuted(values.offset))  # fmt: skip
+        return values
 
 
 def gguf_weights(gguf: GGUFFile, config: ModelConfig) -> Iterator[tuple[str, GGUFWeight]]:

@@ -17,6 +17,7 @@ import numpy as np
 import torch
 
 from inferd.errors import ModelLoadError
+from inferd.layers.gguf_blocks import BlockValues
 
 F32, F16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0 = 0, 1, 2, 3, 6, 7, 8
 Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, BF16 = 10, 11, 12, 13, 14, 30
@@ -32,6 +33,16 @@ TYPE_NAMES = {
     F32: "F32", F16: "F16", BF16: "BF16", Q4_0: "Q4_0", Q4_1: "Q4_1", Q5_0: "Q5_0",
     Q5_1: "Q5_1", Q8_0: "Q8_0", Q2_K: "Q2_K", Q3_K: "Q3_K", Q4_K: "Q4_K", Q5_K: "Q5_K",
     Q6_K: "Q6_K",
+}  # fmt: skip
+
+
+# Bits per weight of each GGUF type as inferd's blocks hold it (inferd/layers/gguf_blocks.py):
+# q in 4, 5 or 8 bits (whichever its type's range needs; Q6_K's 6-bit q in 8), scales in fp16
+# where the file's are (the *_0 and *_1 types), else fp32, offsets in fp32, per sub-block of 32
+# (16 for Q2_K, Q3_K, Q6_K). Exact for the embedded model (tests/parity/test_memory_counts.py).
+PACKED_BITS: dict[str, float] = {
+    "Q4_0": 4.5, "Q4_1": 5.5, "Q5_0": 5.5, "Q5_1": 6.5, "Q8_0": 8.5,
+    "Q2_K": 8.0, "Q3_K": 6.0, "Q4_K": 6.0, "Q5_K": 7.0, "Q6_K": 10.0,
 }  # fmt: skip
 
 
@@ -219,10 +230,21 @@ def is_block_quantized(ggml_type: int) -> bool:
     return ggml_type in _UNPACKERS
 
 
-def unpack(raw: np.ndarray, ggml_type: int, shape: tuple[int, int]) -> Unpacked:
-    """Bytes of one 2-D block-quantised tensor → (q int8 [rows, cols], scale float32
-    [rows, cols / B], offset float32 [rows, cols / B] or None), B the sub-block size (16 or 32):
-    weight[r, c] = scale[r, c // B] * q[r, c] + offset[r, c // B], exactly as `dequantize`."""
+# Per type: the range of its integers q (every matrix of the type is stored in the width it
+# needs, whatever its own values), and whether its block scales are fp16 values of the file.
+_STORAGE: dict[int, tuple[tuple[int, int], bool]] = {
+    Q4_0: ((-8, 7), True), Q4_1: ((0, 15), True), Q5_0: ((-16, 15), True),
+    Q5_1: ((0, 31), True), Q8_0: ((-128, 127), True), Q2_K: ((0, 3), False),
+    Q3_K: ((-4, 3), False), Q4_K: ((0, 15), False), Q5_K: ((0, 31), False),
+    Q6_K: ((-32, 31), False),
+}  # fmt: skip
+
+
+def unpack(raw: np.ndarray, ggml_type: int, shape: tuple[int, int]) -> BlockValues:
+    """Bytes of one 2-D block-quantised tensor → its BlockValues: q int8 [rows, cols], scale
+    float32 [rows, cols / B], offset float32 [rows, cols / B] or None, B the sub-block size
+    (16 or 32): weight[r, c] = scale[r, c // B] * q[r, c] + offset[r, c // B], exactly as
+    `dequantize`; and the type's storage facts."""
     with warnings.catch_warnings():  # read-only: the unpackers only read (no 250 MB copy)
         warnings.simplefilter("ignore", UserWarning)
         data = torch.from_numpy(np.asarray(raw))
@@ -234,4 +256,5 @@ def unpack(raw: np.ndarray, ggml_type: int, shape: tuple[int, int]) -> Unpacked:
     q = q.to(torch.int8).reshape(rows, cols)
     scale = scale.reshape(rows, cols // group)
     offset = None if offset is None else offset.reshape(rows, cols // group)
-    return q, scale, offset
+    value_range, half_scales = _STORAGE[ggml_type]
+    return BlockValues(q, scale, offset, value_range, half_scales)

@@ -14,8 +14,12 @@ is never read again. `checksum` (inferd/cache.py: size and CRC-32 of the .safete
 checked every time the entry is mapped (`start_checking` lets that run in a thread beside other
 start-up work, such as the tokenizer's loading): a damaged entry (random bytes, truncation, a broken
 header, a missing or unreadable description) is logged with its path, deleted and rebuilt, never
-loaded. Writing an entry removes the other entries of the same model, mode and
-rank (one copy per model and mode) and the oldest entries beyond `KEEP`.
+loaded. Writing an entry removes the other entries of the same model, mode and rank (one copy
+per model and mode), and the least recently used entries while all of them together exceed the
+cache's size (`--weight-cache-size`, `INFERD_WEIGHT_CACHE_SIZE`; `budget()`): an entry that
+would not fit on its own, or on the disk, is not written (the model runs from its file).
+An entry is written a tensor at a time (`EntryWriter`), so writing one never holds a second
+copy of the weights in memory.
 The only mode today is `gguf-blocks` (loader/gguf_cache.py): a GGUF file's packed blocks,
 about the file's size. Dense copies (bf16, let alone float32) of a quantised file are never
 written: modes that need them dequantise at load. `INFERD_WEIGHT_CACHE=0` turns caching off.
@@ -28,6 +32,7 @@ import json
 import logging
 import mmap
 import os
+import shutil
 import struct
 import tempfile
 import threading
@@ -38,11 +43,14 @@ from pathlib import Path
 import torch
 
 from inferd.cache import checksum_of, checksum_of_buffer, discard, write_text_atomically
+from inferd.sizes import parse_size
 
 log = logging.getLogger(__name__)
 
 _FORMAT = 4  # 3: entries carry a checksum; 4: block parts in groups of 16 rows (block_gemv.c)
-KEEP = 4  # entries kept; older ones are removed
+DEFAULT_BUDGET = 32 << 30  # bytes of entries kept, unless set otherwise
+_DTYPE_NAMES = {torch.uint8: "U8", torch.int8: "I8", torch.float16: "F16",
+                torch.float32: "F32", torch.bfloat16: "BF16"}  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -76,41 +84,117 @@ def entry_path(source: Path, mode: str, rank: int, world: int) -> Path:
     return directory() / f"{hashlib.sha256(ident.encode()).hexdigest()[:32]}.safetensors"
 
 
+def budget(configured: int | None = None) -> int:
+    """Bytes the weight cache may hold: `configured` (the --weight-cache-size flag), else
+    INFERD_WEIGHT_CACHE_SIZE, else DEFAULT_BUDGET. 0: nothing is written."""
+    if configured is not None:
+        return configured
+    text = os.environ.get("INFERD_WEIGHT_CACHE_SIZE")
+    if not text:
+        return DEFAULT_BUDGET
+    try:
+        return parse_size(text)
+    except ValueError as e:
+        raise ValueError(f"INFERD_WEIGHT_CACHE_SIZE: {e}") from None
+
+
+def room_for(nbytes: int, where: Path, cache_bytes: int) -> str | None:
+    """Make room for an entry of about `nbytes` among the entries in `where` (removing the
+    least recently used while the cache would exceed `cache_bytes`); None when it fits, else
+    why it cannot be written (the cache's size, or the disk's free space)."""
+    if nbytes > cache_bytes:
+        return (f"its {nbytes / 2**30:.2f} GiB exceed the weight cache's size of "
+                f"{cache_bytes / 2**30:.2f} GiB (--weight-cache-size)")  # fmt: skip
+    where.mkdir(parents=True, exist_ok=True)
+    evict_old(where, cache_bytes - nbytes)
+    free = shutil.disk_usage(where).free
+    if nbytes + (256 << 20) > free:  # and a margin: the disk is not ours alone
+        return f"the disk holding {where} has {free / 2**30:.2f} GiB free"
+    return None
+
+
+class EntryWriter:
+    """An entry written a tensor at a time, in safetensors' layout (8 bytes of header length,
+    the JSON header, then the tensors' bytes back to back). The header goes last, into room
+    kept for it at the start and padded with spaces (which JSON ignores), so that the caller
+    can free each tensor once it is written. Methods raise OSError (a full or read-only
+    disk); `abort` then removes what was written."""
+
+    def __init__(self, path: Path, header_room: int):
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, name = tempfile.mkstemp(dir=path.parent, suffix=".part")
+        self.path, self.tmp = path, Path(name)
+        self.file = os.fdopen(fd, "wb")
+        self.room = -(-header_room // 8) * 8  # the data starts 8-byte aligned
+        self.tensors: dict[str, dict] = {}
+        self.size = 0  # bytes of tensor data so far
+        self.file.seek(8 + self.room)
+
+    def write(self, key: str, tensor: torch.Tensor) -> None:
+        t = tensor.contiguous()
+        n = t.numel() * t.element_size()
+        self.file.write(memoryview(t.view(torch.uint8).reshape(-1).numpy()))
+        self.tensors[key] = {"dtype": _DTYPE_NAMES[t.dtype], "shape": list(t.shape),
+                             "data_offsets": [self.size, self.size + n]}  # fmt: skip
+        self.size += n
+
+    def commit(self, metadata: dict[str, str], info: dict, cache_bytes: int) -> None:
+        """Write the header, then publish the entry with its description (the checksum
+        first), then keep the cache within `cache_bytes`."""
+        from inferd.version import __version__
+
+        header = json.dumps({"__metadata__": metadata, **self.tensors}).encode()
+        if len(header) > self.room:
+            raise OSError(f"the header needs {len(header)} bytes, {self.room} were kept")
+        self.file.seek(0)
+        self.file.write(struct.pack("<Q", self.room) + header + b" " * (self.room - len(header)))
+        self.file.close()
+        description = {**info, "bytes": self.tmp.stat().st_size,
+                       "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+                       "inferd": __version__, "torch": torch.__version__,
+                       "checksum": checksum_of(self.tmp)}  # fmt: skip
+        # NOTE: the description (with the checksum) goes first: a reader never finds the new
+        # tensors beside a stale checksum (an entry's bytes are a function of its key).
+        write_text_atomically(self.path.with_suffix(".json"),
+                              json.dumps(description, indent=1) + "\n")  # fmt: skip
+        os.replace(self.tmp, self.path)
+        same = ("model", "mode", "rank", "world")
+        for other in entries(self.path.parent):
+            if other.path != self.path and all(other.info.get(k) == info.get(k) for k in same):
+                remove(other)  # an earlier conversion of the same model (older file or version)
+        evict_old(self.path.parent, cache_bytes, keep=self.path)
+
+    def abort(self) -> None:
+        try:
+            self.file.close()
+        except OSError:
+            pass
+        self.tmp.unlink(missing_ok=True)
+
+
 def write_entry(path: Path, tensors: dict[str, torch.Tensor], header: dict[str, str],
-                info: dict) -> bool:  # fmt: skip
+                info: dict, cache_bytes: int | None = None) -> bool:  # fmt: skip
     """Write the tensors (with `header` as safetensors metadata) and the JSON description
     beside them, each atomically. A full or read-only disk only costs start-up time: it is
     logged and False returned."""
-    from safetensors.torch import save_file
-
-    from inferd.version import __version__
-
-    path.parent.mkdir(parents=True, exist_ok=True)
+    cache_bytes = budget(cache_bytes)
+    room = len(json.dumps({"__metadata__": header})) + 256 * (len(tensors) + 1)
+    writer = None
     try:
-        with tempfile.NamedTemporaryFile(dir=path.parent, suffix=".part", delete=False) as tmp:
-            tmp_path = Path(tmp.name)
-        save_file(tensors, str(tmp_path), metadata=header)
-        description = {**info, "bytes": tmp_path.stat().st_size,
-                       "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-                       "inferd": __version__, "torch": torch.__version__,
-                       "checksum": checksum_of(tmp_path)}  # fmt: skip
-        # NOTE: the description (with the checksum) goes first: a reader never finds the new
-        # tensors beside a stale checksum (an entry's bytes are a function of its key).
-        write_text_atomically(path.with_suffix(".json"), json.dumps(description, indent=1) + "\n")
-        os.replace(tmp_path, path)
+        writer = EntryWriter(path, room)
+        for key, t in tensors.items():
+            writer.write(key, t)
+        writer.commit(header, info, cache_bytes)
     except OSError as e:
+        if writer is not None:
+            writer.abort()
         log.warning("could not cache converted weights at %s: %s", path, e)
         return False
-    same = ("model", "mode", "rank", "world")
-    for other in entries(path.parent):
-        if other.path != path and all(other.info.get(k) == info.get(k) for k in same):
-            remove(other)  # an earlier conversion of the same model (older file or version)
-    evict_old(path.parent)
     return True
 
 
 def entries(where: Path | None = None) -> list[CacheEntry]:
-    """Every complete entry, oldest first."""
+    """Every complete entry, least recently used first."""
     where = where or directory()
     found = []
     for path in sorted(where.glob("*.safetensors"), key=lambda p: p.stat().st_mtime):
@@ -127,14 +211,28 @@ def remove(entry: CacheEntry) -> None:
     entry.path.with_suffix(".json").unlink(missing_ok=True)
 
 
-def evict_old(where: Path) -> None:
-    """Keep the `KEEP` newest entries. Files of earlier versions (a .safetensors without its
-    .json: dense copies, some of them float32) are removed too."""
+def evict_old(where: Path, cache_bytes: int, keep: Path | None = None) -> None:
+    """Remove the least recently used entries (a load marks its entry used) while all of them
+    exceed `cache_bytes`, sparing `keep`. Files of earlier versions (a .safetensors without its
+    .json: dense copies, some of them float32) are removed too. A process that has an entry
+    mapped keeps reading it: the file goes when the last mapping does."""
     for path in where.glob("*.safetensors"):
         if not path.with_suffix(".json").exists():
             path.unlink(missing_ok=True)
-    for stale in entries(where)[:-KEEP]:
-        remove(stale)
+    for part in where.glob("*.part"):  # a writer killed a day ago (not one at work now)
+        try:
+            if time.time() - part.stat().st_mtime > 86400:
+                part.unlink()
+        except OSError:
+            pass
+    found = entries(where)
+    total = sum(e.bytes for e in found)
+    for entry in found:
+        if total <= cache_bytes:
+            break
+        if entry.path != keep:
+            total -= entry.bytes
+            remove(entry)
 
 
 class _Check:
@@ -182,9 +280,28 @@ def _map(path: Path) -> mmap.mmap:
         return mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_COPY)
 
 
-def map_entry(path: Path) -> tuple[mmap.mmap, dict, int] | None:
+def map_unfinished(writer: EntryWriter, metadata: dict[str, str]
+                   ) -> tuple[mmap.mmap, dict, int] | None:  # fmt: skip
+    """What an EntryWriter wrote before it failed, mapped as `map_entry` maps an entry (its
+    header from the writer's memory; the file lacks one), or None if even that cannot be read."""
+    try:
+        writer.file.flush()
+        mapped = _map(writer.tmp)
+    except (OSError, ValueError):
+        return None
+    return mapped, {"__metadata__": metadata, **writer.tensors}, 8 + writer.room
+
+
+def map_entry(path: Path, written_now: bool = False) -> tuple[mmap.mmap, dict, int] | None:
     """(copy-on-write mapping, safetensors header, offset of the data), or None when there is
-    no entry or it is damaged (then logged, deleted: the caller rebuilds it)."""
+    no entry or it is damaged (then logged, deleted: the caller rebuilds it). `written_now`:
+    this process has just written it, checksum included, so it is not read again to check it
+    (which would bring the whole entry into this process's resident memory while the blocks
+    it was written from are still there)."""
+    if written_now:
+        mapped = _map(path)
+        (header_len,) = struct.unpack_from("<Q", mapped, 0)
+        return mapped, json.loads(mapped[8 : 8 + header_len]), 8 + header_len
     check = _checks.pop(path, None)
     if not path.is_file():
         return None

@@ -3,26 +3,18 @@
 Forced dtypes and quantisations hold every weight densely (`weights.weight_bytes`). The default
 mode on a CPU where inferd's C kernels run keeps a GGUF file's own blocks instead
 (inferd/layers/weight_scheme.py, docs/performance.md): about the file's size, each quantised
-type in the layout of inferd/layers/gguf_blocks.py (BLOCK_BITS below), and nothing more at any
-step size (every step multiplies by the blocks). Tensors the file does not quantise (norms, an
-F16 file's matrices) are held densely in float32.
+type in the layout of inferd/layers/gguf_blocks.py (gguf_quants.PACKED_BITS), and nothing
+more at any step size (every step multiplies by the blocks). Tensors the file does not
+quantise (norms, an F16 file's matrices) are held densely in float32.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
+from inferd.loader.gguf_quants import PACKED_BITS
 from inferd.memory.weights import CheckpointWeights, weight_bytes
 
-# Bits per weight of each GGUF type as inferd's blocks hold it: q in 4, 5 or 8 bits (whichever
-# its range needs; Q6_K's 6-bit q in 8), scales in fp16 where exact (the *_0 and *_1 types),
-# else fp32, offsets in fp32, per sub-block of 32 (16 for Q2_K, Q3_K, Q6_K). Exact for the
-# embedded model (tests/parity/test_memory_counts.py); a 4/5-bit row whose length is not a
-# multiple of 64 is held in 8 bits.
-BLOCK_BITS: dict[str, float] = {
-    "Q4_0": 4.5, "Q4_1": 5.5, "Q5_0": 5.5, "Q5_1": 6.5, "Q8_0": 8.5,
-    "Q2_K": 8.0, "Q3_K": 6.0, "Q4_K": 6.0, "Q5_K": 7.0, "Q6_K": 10.0,
-}  # fmt: skip
 DENSE_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}
 
 
@@ -63,8 +55,8 @@ def block_plan(checkpoint: CheckpointWeights) -> WeightPlan:
     """The default mode's weights on a GGUF file: the blocks, and float32 for the rest."""
     held = 0
     for type_name, (params, _) in checkpoint.by_type.items():
-        if type_name in BLOCK_BITS:
-            held += round(params * BLOCK_BITS[type_name] / 8)
+        if type_name in PACKED_BITS:
+            held += round(params * PACKED_BITS[type_name] / 8)
         else:
             held += params * DENSE_BYTES["fp32"]
     return WeightPlan("gguf", "fp32", held, "the file's blocks, at every step size")

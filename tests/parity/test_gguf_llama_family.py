@@ -100,14 +100,14 @@ def test_block_cache_restores_the_same_model(tmp_path, monkeypatch, c_kernels):
     from inferd.loader import gguf_cache
 
     monkeypatch.setenv("INFERD_CACHE", str(tmp_path / "cache"))
-    loads = []
-    real_restore = gguf_cache._restore
+    loads = []  # what each install from an entry (written now, or found) replaced
+    real_install = gguf_cache._install
 
-    def restore(model, entry):
-        loads.append(real_restore(model, entry))
+    def install(*args):
+        loads.append(real_install(*args))
         return loads[-1]
 
-    monkeypatch.setattr(gguf_cache, "_restore", restore)
+    monkeypatch.setattr(gguf_cache, "_install", install)
     path = tmp_path / "tiny-qwen2.gguf"
     write_tiny_gguf(path, "qwen2")
     ids = [int(i) for i in np.random.default_rng(2).integers(0, VOCAB, 16)]
@@ -121,7 +121,7 @@ def test_block_cache_restores_the_same_model(tmp_path, monkeypatch, c_kernels):
     first = logits()  # unpacks the file and writes the cache
     # ... then serves from the entry: the C decoder's layers point into it, not at the blocks
     # the load packed (freed once replaced)
-    memory = models[0]._block_cache_mmap
+    (memory,) = models[0]._block_cache_mmaps
     start = ctypes.addressof(ctypes.c_char.from_buffer(memory))
     layers = models[0].cpu_decoder.layers
     assert layers and all(start <= layer.spec.qkv.parts[0].q < start + len(memory)
@@ -140,6 +140,6 @@ def test_block_cache_restores_the_same_model(tmp_path, monkeypatch, c_kernels):
     assert len(list(cached.parent.glob("*.safetensors"))) == 1
     cached.write_bytes(cached.read_bytes()[:4096])  # a damaged cache is ignored, then rewritten
     assert torch.equal(logits(), first)
-    assert loads[3] is None and loads[4] == loads[0]  # refused, then the rewritten entry
+    assert loads[3] == loads[0]  # refused (not installed), then the entry written again
     assert torch.equal(logits(), first)
-    assert loads[5] == loads[0]
+    assert len(loads) == 5 and loads[4] == loads[0]

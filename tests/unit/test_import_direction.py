@@ -29,6 +29,8 @@ BASE: dict[str, set[str]] = {
     "step_timing": set(),
     "engine_snapshot": set(),
     "block_hashes": set(),
+    "memory_trim": set(),
+    "sizes": set(),
     "lora_request": {"errors"},  # which adapter a request runs under (plain data)
     "platform": {"cpu_info"},
     "structured_params": {"errors"},

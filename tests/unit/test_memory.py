@@ -193,7 +193,7 @@ def test_activation_terms():
 
 # ---- parsing and the command -----------------------------------------------------------------
 def test_parse_size():
-    from inferd.commands.memory import parse_size
+    from inferd.sizes import parse_size
 
     assert parse_size("80GiB") == 80 * GiB
     assert parse_size("80GB") == 80 * 10**9
