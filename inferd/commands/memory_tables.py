@@ -85,6 +85,8 @@ def render(console, est, checkpoint, source: str, measured) -> None:
     if tp > 1:
         rows.append((f"per device ({est.dtype})", *_gb(dev.weights), f"TP={tp}"))
     _print(console, "Weights", ("precision", "GB", "GiB", "note"), rows)
+    if plan.blocks:
+        _print_loading(console, plan, dev.overhead.bytes)
 
     _print_decode_reads(console, est, cfg)
 
@@ -146,6 +148,18 @@ def render(console, est, checkpoint, source: str, measured) -> None:
                ("what", "predicted", "measured", "why"),
                [(what, _bin(pred), _bin(got), why) for what, pred, got, why in measured.rows])
     # fmt: on
+
+
+def _print_loading(console, plan, overhead: int) -> None:
+    """What loading a GGUF file's blocks takes (loader/gguf_cache.py): a first load packs them
+    a layer at a time into the weight cache's entry, a cached one maps that entry."""
+    _print(console, "Loading (resident memory, with the runtime)", ("load", "bytes", "how"), [
+        ("first", _bin(overhead + plan.held + plan.unpacking),
+         f"runtime + the blocks, packed a layer at a time and written to the weight cache "
+         f"(mapped back as written) + one range of rows being unpacked ({_bin(plan.unpacking)})"),
+        ("cached", _bin(overhead + plan.held), "runtime + the cache entry, mapped"),
+        ("weight cache entry", _bin(plan.held), "on disk (`inferd cache`; --weight-cache-size)"),
+    ])
 
 
 def _mlp_how(cfg) -> str:

@@ -12,9 +12,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from inferd.layers.gguf_blocks import CHUNK_WEIGHTS
 from inferd.loader.gguf_quants import PACKED_BITS
 from inferd.memory.weights import CheckpointWeights, weight_bytes
 
+# Bytes per weight a range of rows takes while it is unpacked: q (1 byte) and the unpackers'
+# byte- and 16-bit temporaries of the same shape.
+UNPACK_BYTES_PER_WEIGHT = 4
 DENSE_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}
 
 
@@ -26,6 +30,9 @@ class WeightPlan:
     compute_dtype: str  # the GEMMs' and activations' precision: fp32 or bf16
     held: int  # after load, and at every step after it
     note: str = ""
+    # a first load's transient beyond `held`: the blocks of one range of rows unpacked at a time
+    # (inferd/layers/gguf_blocks.py `packed`), before they are packed and written out
+    unpacking: int = 0
 
     @property
     def total(self) -> int:
@@ -59,4 +66,5 @@ def block_plan(checkpoint: CheckpointWeights) -> WeightPlan:
             held += round(params * PACKED_BITS[type_name] / 8)
         else:
             held += params * DENSE_BYTES["fp32"]
-    return WeightPlan("gguf", "fp32", held, "the file's blocks, at every step size")
+    return WeightPlan("gguf", "fp32", held, "the file's blocks, at every step size",
+                      unpacking=UNPACK_BYTES_PER_WEIGHT * CHUNK_WEIGHTS)  # fmt: skip
