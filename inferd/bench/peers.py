@@ -24,6 +24,9 @@ PEER_NAMES = {
     "llamacpp": "llamacpp",
     "llama.cpp": "llamacpp",
     "llama_cpp": "llamacpp",
+    # llama.cpp's benchmark program: the engine without the bindings (llama_bench.py)
+    "llama-bench": "llama-bench",
+    "llamabench": "llama-bench",
     "hf": "hf",
     "transformers": "hf",
     # inferd itself without --speculative-config (the speculative decoding speed-up in one run)
@@ -44,15 +47,23 @@ def parse_peers(text: str | None) -> list[str]:
         if not part:
             continue
         if part not in PEER_NAMES:
-            raise ValueError(f"--compare accepts llamacpp, hf and nospec, got {part!r}")
+            raise ValueError(f"--compare accepts llamacpp, llama-bench, hf and nospec, got "
+                             f"{part!r}")  # fmt: skip
         if PEER_NAMES[part] not in names:
             names.append(PEER_NAMES[part])
     return names
 
 
 def load_peer(name: str, model_path: str, *, n_ctx: int, dtype: str, threads: int | None,
-              device: str = "cpu"):  # fmt: skip
+              device: str = "cpu", llama_bench: str | None = None):  # fmt: skip
     gguf = str(model_path).endswith(".gguf")
+    if name == "llama-bench":
+        if not gguf:
+            raise PeerUnavailable(f"llama-bench peer skipped: it runs GGUF files, and "
+                                  f"{model_path} is not one")  # fmt: skip
+        from inferd.bench.llama_bench import LlamaBenchSystem
+
+        return LlamaBenchSystem(model_path, threads=threads, program=llama_bench)
     if name == "llamacpp":
         if not gguf:
             raise PeerUnavailable(f"llama.cpp peer skipped: it runs GGUF files, and {model_path} "

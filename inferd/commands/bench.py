@@ -86,8 +86,13 @@ def _workload_arguments(p: argparse.ArgumentParser, prompts_flag: str = "--num-p
 
 def _local_arguments(p: argparse.ArgumentParser) -> None:
     add_engine_arguments(p)  # its --seed seeds the workload too, as vLLM's benchmarks do
-    p.add_argument("--compare", help="peers on the same workload: llamacpp,hf, and nospec "
-                   "(inferd without --speculative-config) (default: none)")  # fmt: skip
+    p.add_argument("--compare", help="peers on the same workload: llamacpp, llama-bench "
+                   "(llama.cpp's benchmark program, one sequence: bench latency with a batch of "
+                   "one), hf, and nospec (inferd without --speculative-config) "
+                   "(default: none)")  # fmt: skip
+    p.add_argument("--llama-bench", metavar="PATH",
+                   help="the llama-bench program for --compare llama-bench (default: "
+                        "$INFERD_LLAMA_BENCH, else llama-bench on PATH)")  # fmt: skip
     p.add_argument("--hf-dtype", help="HF peer dtype (default: the dtype inferd runs in)")
     p.add_argument("--structured-outputs", metavar="JSON",
                    help="also run every request constrained by this spec (StructuredOutputsParams "
@@ -211,7 +216,13 @@ def _run_local(args: argparse.Namespace) -> int:
         raise ValueError("--compare nospec needs --speculative-config (it measures its speed-up)")
     if args.temperature > 0 and set(peer_names) - {"nospec"}:
         raise ValueError("--temperature > 0: the llamacpp and hf peers decode greedily only")
+    if "llama-bench" in peer_names and args.mode != "latency":
+        raise ValueError("--compare llama-bench runs one sequence at a time: use it with "
+                         "bench latency (--preset single or prefill512)")  # fmt: skip
     spec = workload_spec(args)
+    if "llama-bench" in peer_names and spec.num_prompts != 1:
+        raise ValueError(f"--compare llama-bench runs one sequence at a time, and the batch has "
+                         f"{spec.num_prompts}: use --num-prompts 1")  # fmt: skip
     env_start = report.environment()
     structured = _structured_spec(args)
     if structured is not None and peer_names:
@@ -311,7 +322,8 @@ def _load_peer(name: str, inferd, args: argparse.Namespace, n_ctx: int):
     try:
         dtype = args.hf_dtype or inferd.info["dtype"]
         return load_peer(name, inferd.model_path, n_ctx=n_ctx, dtype=dtype, threads=args.threads,
-                         device=inferd.info["device"]), None  # fmt: skip
+                         device=inferd.info["device"],
+                         llama_bench=args.llama_bench), None  # fmt: skip
     except PeerUnavailable as e:
         return None, str(e)
 

@@ -153,13 +153,15 @@ def render(console, est, checkpoint, source: str, measured) -> None:
 def _print_loading(console, plan, overhead: int) -> None:
     """What loading a GGUF file's blocks takes (loader/gguf_cache.py): a first load packs them
     a layer at a time into the weight cache's entry, a cached one maps that entry."""
-    _print(console, "Loading (resident memory, with the runtime)", ("load", "bytes", "how"), [
+    unpacking = _bin(plan.unpacking)
+    rows = [
         ("first", _bin(overhead + plan.held + plan.unpacking),
-         f"runtime + the blocks, packed a layer at a time and written to the weight cache "
-         f"(mapped back as written) + one range of rows being unpacked ({_bin(plan.unpacking)})"),
+         "runtime + the blocks, packed a layer at a time and written to the weight cache "
+         f"(mapped back as written) + one range of rows being unpacked ({unpacking})"),
         ("cached", _bin(overhead + plan.held), "runtime + the cache entry, mapped"),
         ("weight cache entry", _bin(plan.held), "on disk (`inferd cache`; --weight-cache-size)"),
-    ])
+    ]  # fmt: skip
+    _print(console, "Loading (resident memory, with the runtime)", ("load", "bytes", "how"), rows)
 
 
 def _mlp_how(cfg) -> str:

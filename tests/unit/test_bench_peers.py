@@ -26,3 +26,30 @@ def test_hf_peer_runs_an_hf_folder_on_the_given_device(tmp_path):
     assert [(t.prompt_tokens, t.output_tokens) for t in timings] == [(4, 3), (2, 5)]
     assert all(t.start <= t.first_token <= t.end for t in timings)
     peer.close()
+
+
+def test_llama_bench_peer_reads_its_report_into_a_request_timing(tmp_path, monkeypatch):
+    from inferd.bench import llama_bench
+    from inferd.bench.peers import parse_peers
+
+    assert parse_peers("llamacpp,llama-bench") == ["llamacpp", "llama-bench"]
+    report = ('[{"n_prompt": 128, "n_gen": 0, "avg_ns": 500000000, "avg_ts": 256.0},'
+              ' {"n_prompt": 0, "n_gen": 128, "avg_ns": 2000000000, "avg_ts": 64.0}]')  # fmt: skip
+    seconds = llama_bench.parse_report(report)
+    assert seconds == {"pp": 0.5, "tg": 2.0}
+    t = llama_bench.request_timing(BenchRequest([1] * 128, 128), 10.0, seconds)
+    # the first token ends the prefill; the other 127 are 127/128 of the 128-token decode
+    assert (t.start, t.first_token, t.end) == (10.0, 10.5, 10.5 + 2.0 * 127 / 128)
+    assert (t.prompt_tokens, t.output_tokens) == (128, 128)
+    prefill_only = llama_bench.request_timing(BenchRequest([1] * 8, 1), 0.0, {"pp": 0.25})
+    assert prefill_only.first_token == prefill_only.end == 0.25
+    with pytest.raises(ValueError, match="no report"):
+        llama_bench.parse_report("error: failed to load model")
+    monkeypatch.delenv("INFERD_LLAMA_BENCH", raising=False)
+    monkeypatch.setenv("PATH", str(tmp_path))
+    gguf = tmp_path / "m.gguf"
+    gguf.write_bytes(b"GGUF")
+    with pytest.raises(PeerUnavailable, match="no llama-bench program"):
+        load_peer("llama-bench", str(gguf), n_ctx=512, dtype="float32", threads=1)
+    with pytest.raises(PeerUnavailable, match="it runs GGUF files"):
+        load_peer("llama-bench", str(tmp_path), n_ctx=512, dtype="float32", threads=1)
