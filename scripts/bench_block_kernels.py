@@ -9,6 +9,11 @@ CPU time of the calling thread (one OpenMP and one PyTorch thread), so another p
 machine costs less than it would in wall-clock time; still, quote only ratios from one run
 (products bound by memory bandwidth, the LM head's at few rows, feel other processes anyway).
 
+Called again and again, a matrix stays in the CPU's caches, where a decode step reads every
+weight from memory (a model is larger than the caches): `--cold MIB` reads a buffer of that
+many MiB (more than the last-level cache) before each timed call, so the call reads its
+weights from memory, as in a decode step.
+
 `--earlier PACKAGE` also times an earlier tree's block kernels in the same process, interleaved
 with this tree's: a copy of that tree's `inferd` renamed so both import, e.g.
 
@@ -68,11 +73,14 @@ def matrices(layer: int, package: str = "inferd") -> dict[str, BlockWeight]:
     }
 
 
-def cpu_seconds(fn, budget: float) -> float:
-    """Median CPU time of `fn` over at least 3 runs and about `budget` seconds."""
+def cpu_seconds(fn, budget: float, evict=None) -> float:
+    """Median CPU time of `fn` over at least 3 runs and about `budget` seconds (`evict`: called
+    before each run, untimed)."""
     fn()  # warm: first-touch pages, caches
     times: list[float] = []
     while len(times) < 3 or (sum(times) < budget and len(times) < 50):
+        if evict is not None:
+            evict()
         t0 = time.thread_time()
         fn()
         times.append(time.thread_time() - t0)
@@ -88,8 +96,12 @@ def main() -> None:
     parser.add_argument("--json", help="write the medians (ms) here")
     parser.add_argument("--against", help="an earlier run's --json: print ratios to its blocks")
     parser.add_argument("--earlier", help="an earlier tree's inferd, renamed (see above)")
+    parser.add_argument("--cold", type=int, default=0, help="MiB read before each call")
     args = parser.parse_args()
     torch.set_num_threads(1)
+    evict = None
+    if args.cold:  # every line of the buffer read and written: through every cache level
+        evict = functools.partial(torch.ones(args.cold << 18).add_, 1.0)  # float32: 2^18 a MiB
     methods = args.methods.split(",") + (["earlier"] if args.earlier else [])
     found: dict[str, float] = {}
     base = json.load(open(args.against)) if args.against else {}
@@ -99,7 +111,7 @@ def main() -> None:
             continue
         dense = {"bf16": w.dense(torch.bfloat16) if "bf16" in methods else None,
                  "fp32": w.dense(torch.float32) if "fp32" in methods else None}  # fmt: skip
-        layouts = ", ".join(f"{p.shape[0]}x{p.bits}-bit/{p.group}" for p in w.parts)
+        layouts = ", ".join(p.summary() for p in w.parts)
         print(f"{name} ({layouts}); ms per call, one thread, CPU time")
         for m in HEAD_ROWS if name.startswith("head") else ROWS:
             x = torch.randn(m, w.shape[1])
@@ -109,7 +121,7 @@ def main() -> None:
                     "fp32": functools.partial(F.linear, x, dense["fp32"])}  # fmt: skip
             line = [f"  M={m:<4}"]
             for method in methods:
-                ms = 1e3 * cpu_seconds(runs[method], args.budget)
+                ms = 1e3 * cpu_seconds(runs[method], args.budget, evict)
                 found[f"{name}|{m}|{method}"] = ms
                 line.append(f"{method} {ms:9.3f}")
             if "blocks" in methods:

@@ -16,13 +16,19 @@
 #define __AVX512F__ 1
 #define __AVX512BW__ 1
 #define __AVX512VL__ 1
-/* two intrinsics this SIMDe version lacks, from ones it has, */
+/* three intrinsics this SIMDe version lacks, from ones it has, */
 static inline simde__m512i inferd_emulated_cvtepu8_epi16(simde__m256i a) {
     const simde__m256i lo = simde_mm256_cvtepu8_epi16(simde_mm256_castsi256_si128(a));
     const simde__m256i hi = simde_mm256_cvtepu8_epi16(simde_mm256_extracti128_si256(a, 1));
     return simde_mm512_inserti64x4(simde_mm512_castsi256_si512(lo), hi, 1);
 }
 #define _mm512_cvtepu8_epi16(a) inferd_emulated_cvtepu8_epi16(a)
+static inline simde__m512i inferd_emulated_cvtepi8_epi32(simde__m128i a) {
+    const simde__m256i lo = simde_mm256_cvtepi8_epi32(a);
+    const simde__m256i hi = simde_mm256_cvtepi8_epi32(simde_mm_srli_si128(a, 8));
+    return simde_mm512_inserti64x4(simde_mm512_castsi256_si512(lo), hi, 1);
+}
+#define _mm512_cvtepi8_epi32(a) inferd_emulated_cvtepi8_epi32(a)
 #define _cvtu32_mask32(a) ((simde__mmask32)(a))
 /* and one it gets wrong: its masked store writes zeros to the lanes left out */
 static inline void inferd_emulated_mask_storeu_ps(void* to, simde__mmask16 keep, simde__m512 a) {

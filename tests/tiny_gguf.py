@@ -10,19 +10,20 @@ import numpy as np
 HIDDEN, HEADS, KV_HEADS, HEAD_DIM, INTER, LAYERS, VOCAB = 128, 4, 2, 32, 256, 2, 512
 
 
-def write_tiny_gguf(path, arch: str) -> None:
+def tiny_writer(path, arch: str, hidden: int = HIDDEN, inter: int = INTER,
+                head_dim: int = HEAD_DIM, layers: int = LAYERS):  # fmt: skip
+    """A GGUFWriter with the metadata of a tiny model of these sizes (HEADS query heads,
+    KV_HEADS key/value heads, VOCAB tokens), to which the caller adds the tensors."""
     import gguf
-    from gguf.constants import GGMLQuantizationType as T
 
-    rng = np.random.default_rng(0)
     writer = gguf.GGUFWriter(str(path), arch)
-    writer.add_block_count(LAYERS)
-    writer.add_embedding_length(HIDDEN)
-    writer.add_feed_forward_length(INTER)
+    writer.add_block_count(layers)
+    writer.add_embedding_length(hidden)
+    writer.add_feed_forward_length(inter)
     writer.add_head_count(HEADS)
     writer.add_head_count_kv(KV_HEADS)
-    writer.add_key_length(HEAD_DIM)
-    writer.add_value_length(HEAD_DIM)
+    writer.add_key_length(head_dim)
+    writer.add_value_length(head_dim)
     writer.add_rope_freq_base(10000.0)
     writer.add_layer_norm_rms_eps(1e-5)
     writer.add_context_length(256)
@@ -35,6 +36,15 @@ def write_tiny_gguf(path, arch: str) -> None:
     writer.add_bos_token_id(1)
     writer.add_eos_token_id(2)
     writer.add_unk_token_id(0)
+    return writer
+
+
+def write_tiny_gguf(path, arch: str) -> None:
+    import gguf
+    from gguf.constants import GGMLQuantizationType as T
+
+    rng = np.random.default_rng(0)
+    writer = tiny_writer(path, arch)
 
     def quantised(name, rows, cols, qtype, scale=0.08):
         data = (rng.standard_normal((rows, cols)) * scale).astype(np.float32)

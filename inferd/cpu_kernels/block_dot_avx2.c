@@ -35,13 +35,19 @@
 typedef struct {
     const uint8_t* q;       /* the group's q, plus 16 h */
     const uint16_t* fifth;  /* 5 bits: the group's fifth bits, 16-bit words, plus h */
+    const uint8_t* high2;   /* 6 bits: the group's high bits, plus 16 h */
     const __m256i* w;       /* UNPACKED: the half's unit u at w[u] */
     int64_t at;             /* its first scale: the group's, plus 8 h */
+    int64_t sup;            /* factored: its first super-block factor, the group's plus 8 h */
+    __m128i table;          /* CODED: the codebook, 16 int8 */
 } Half;
 
 INLINE Half half_of(const BlockMatrix* W, int64_t g, int h, const int bits, const __m256i* w) {
-    Half p = {group_q(W, g) + 16 * h, NULL, w + h * (W->K / 2), group_scales(W, g) + 8 * h};
+    Half p = {group_q(W, g) + 16 * h, NULL, NULL, w + h * (W->K / 2),
+              group_scales(W, g) + 8 * h, group_supers(W, g) + 8 * h, _mm_setzero_si128()};
     if (bits == 5) p.fifth = (const uint16_t*)group_high(W, g) + h;
+    if (bits == 6) p.high2 = group_high(W, g) + 16 * h;
+    if (bits == CODED) p.table = _mm_loadu_si128((const __m128i*)W->codebook);
     return p;
 }
 
@@ -61,6 +67,16 @@ INLINE __m256i fifth_words(const uint16_t* at) {
     return _mm256_sign_epi16(sixteen, _mm256_and_si256(_mm256_set1_epi16((short)bits), select));
 }
 
+/* s with the two high bits of unit pair k (0-3) of h (a byte of 6-bit high bits widened to
+ * each int16 lane, block_layout.h) added at its bits 4-5: a shift, an AND, an add. */
+INLINE __m256i with_high2(__m256i s, __m256i h, const int k) {
+    const int shift = HIGH2_SHIFT(k);
+    const __m256i at = shift < 0   ? _mm256_slli_epi16(h, -shift)
+                       : shift > 0 ? _mm256_srli_epi16(h, shift)
+                                   : h;
+    return _mm256_add_epi16(s, _mm256_and_si256(at, _mm256_set1_epi16(0x30)));
+}
+
 /* The two half-units (lo, hi) of chunk c of block b (block_layout.h). */
 INLINE void unit_pair(Half p, int64_t b, int64_t c, const int B, const int bits, __m256i* lo,
                       __m256i* hi) {
@@ -75,6 +91,14 @@ INLINE void unit_pair(Half p, int64_t b, int64_t c, const int B, const int bits,
         *hi = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i*)(p.q + 32 * uhi)));
         return;
     }
+    if (bits == CODED) { /* looked up as bytes (vpshufb), then sign-extended */
+        const __m128i w = _mm_loadu_si128((const __m128i*)(p.q + 32 * (b * (B / 4) + c)));
+        const __m128i nibble = _mm_set1_epi8(0x0F);
+        *lo = _mm256_cvtepi8_epi16(_mm_shuffle_epi8(p.table, _mm_and_si128(w, nibble)));
+        *hi = _mm256_cvtepi8_epi16(
+            _mm_shuffle_epi8(p.table, _mm_and_si128(_mm_srli_epi16(w, 4), nibble)));
+        return;
+    }
     const __m256i w =
         _mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i*)(p.q + 32 * (b * (B / 4) + c))));
     *lo = _mm256_and_si256(w, _mm256_set1_epi16(0x0F));
@@ -82,6 +106,12 @@ INLINE void unit_pair(Half p, int64_t b, int64_t c, const int B, const int bits,
     if (bits == 5) { /* the fifth bits of a unit: one uint32, this half's 16 of them */
         *lo = _mm256_add_epi16(*lo, fifth_words(p.fifth + 2 * ulo));
         *hi = _mm256_add_epi16(*hi, fifth_words(p.fifth + 2 * uhi));
+    }
+    if (bits == 6) { /* chunks c and c ^ 1 share these bytes: loaded once when unrolled */
+        const __m256i h = _mm256_cvtepu8_epi16(
+            _mm_loadu_si128((const __m128i*)(p.high2 + 32 * (b * (B / 8) + c / 2))));
+        *lo = with_high2(*lo, h, 2 * (int)(c % 2));
+        *hi = with_high2(*hi, h, 2 * (int)(c % 2) + 1);
     }
 }
 
@@ -105,10 +135,27 @@ INLINE void keep_in_register(__m256i* sum) { (void)sum; }
 INLINE void keep_in_register(__m256i* sum) { __asm__("" : "+x"(*sum)); }
 #endif
 
-INLINE __m256 block_scales(const BlockMatrix* W, int64_t at) {
+/* The 8 rows' float scales of weight block b of half p: factored, super * sub (the scale:
+ * block_layout.h's scale_at). */
+INLINE __m256 factored(const void* sub, const float* super, int64_t at, int64_t sup) {
+    const __m128i s = _mm_loadl_epi64((const __m128i*)((const int8_t*)sub + at));
+    return _mm256_mul_ps(_mm256_loadu_ps(super + sup), _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(s)));
+}
+
+/* fp16 tested first: the scales of most types (Q4_0, Q5_0, Q8_0) */
+INLINE __m256 block_scales(const BlockMatrix* W, Half p, int64_t b, const int B) {
     if (W->half_scales)
-        return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)((const uint16_t*)W->scale + at)));
-    return _mm256_loadu_ps((const float*)W->scale + at);
+        return _mm256_cvtph_ps(
+            _mm_loadu_si128((const __m128i*)((const uint16_t*)W->scale + p.at + b * GROUP)));
+    if (W->scale_super)
+        return factored(W->scale, W->scale_super, p.at + b * GROUP, p.sup + b * B / 256 * GROUP);
+    return _mm256_loadu_ps((const float*)W->scale + p.at + b * GROUP);
+}
+
+INLINE __m256 block_offsets(const BlockMatrix* W, Half p, int64_t b, const int B) {
+    if (W->offset_super)
+        return factored(W->offset, W->offset_super, p.at + b * GROUP, p.sup + b * B / 256 * GROUP);
+    return _mm256_loadu_ps((const float*)W->offset + p.at + b * GROUP);
 }
 
 /* R panel rows against HR halves of group g from half h0 (rows 16 g + 8 h0 ..). The R x HR
@@ -123,10 +170,12 @@ INLINE void tile(const BlockMatrix* W, int64_t g, int h0, Panel x, float* y, int
     __m256 acc[MAX_ACC];
     UNROLL
     for (int i = 0; i < R * HR; i++) acc[i] = _mm256_setzero_ps();
-    const uint8_t *q = group_q(W, g), *high = bits == 5 ? group_high(W, g) : NULL;
-    const int64_t at = group_scales(W, g); /* NOTE: out of the loop: a division (by W->B) */
+    const uint8_t *q = group_q(W, g), *high = bits == 5 || bits == 6 ? group_high(W, g) : NULL;
+    /* NOTE: out of the loop: a division (by W->B) */
+    const int size = scale_bytes(W);
+    const char* scales = (const char*)W->scale + group_scales(W, g) * size;
     for (int64_t b = 0; b < nb; b++) {
-        if (bits != UNPACKED) prefetch_block(W, q, high, at, b, bits, B);
+        if (bits != UNPACKED) prefetch_block(q, high, scales, size, b, bits, B);
         __m256i s[MAX_ACC];
         UNROLL
         for (int m = 0; m < R; m++) {
@@ -152,7 +201,7 @@ INLINE void tile(const BlockMatrix* W, int64_t g, int h0, Panel x, float* y, int
         }
         UNROLL
         for (int h = 0; h < HR; h++) {
-            const __m256 scale = block_scales(W, p[h].at + b * GROUP);
+            const __m256 scale = block_scales(W, p[h], b, B);
             UNROLL
             for (int m = 0; m < R; m++) {
                 const int i = m * HR + h;
@@ -160,7 +209,7 @@ INLINE void tile(const BlockMatrix* W, int64_t g, int h0, Panel x, float* y, int
                 acc[i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s[i]), _mm256_mul_ps(scale, d), acc[i]);
             }
             if (W->offset) {
-                const __m256 o = _mm256_loadu_ps(W->offset + p[h].at + b * GROUP);
+                const __m256 o = block_offsets(W, p[h], b, B);
                 UNROLL
                 for (int m = 0; m < R; m++)
                     acc[m * HR + h] = _mm256_fmadd_ps(o, _mm256_broadcast_ss(x.xo + b * R + m),
@@ -225,9 +274,11 @@ static void group_product(const BlockMatrix* W, int64_t g, Panel x, int64_t R, f
         product_of(W->B == 16, W, g, x, R, y, ldy, UNPACKED, w);
         return;
     }
-    switch (W->bits) { /* bits and B are constants in each instantiation: its loops unroll */
+    switch (q_format(W)) { /* it and B are constants in each instantiation: its loops unroll */
         case 4: product_of(W->B == 16, W, g, x, R, y, ldy, 4, NULL); break;
         case 5: product_of(W->B == 16, W, g, x, R, y, ldy, 5, NULL); break;
+        case 6: product_of(W->B == 16, W, g, x, R, y, ldy, 6, NULL); break;
+        case CODED: product_of(W->B == 16, W, g, x, R, y, ldy, CODED, NULL); break;
         default: product_of(W->B == 16, W, g, x, R, y, ldy, 8, NULL);
     }
 }
@@ -267,14 +318,23 @@ static void unpack_group(const BlockMatrix* W, int64_t g, __m256i* to, const int
     }
 }
 
+INLINE void unpack_group_of(int b16, const BlockMatrix* W, int64_t g, __m256i* to,
+                            const int bits) {
+    if (b16)
+        unpack_group(W, g, to, bits, 16);
+    else
+        unpack_group(W, g, to, bits, 32);
+}
+
 void unpack_groups(const BlockMatrix* W, int64_t g, int64_t groups, void* to) {
     for (int64_t j = 0; j < groups; j++) {
         __m256i* w = (__m256i*)to + j * W->K;
-        const int b16 = W->B == 16;
-        switch (W->bits) {
-            case 4: b16 ? unpack_group(W, g + j, w, 4, 16) : unpack_group(W, g + j, w, 4, 32); break;
-            case 5: b16 ? unpack_group(W, g + j, w, 5, 16) : unpack_group(W, g + j, w, 5, 32); break;
-            default: b16 ? unpack_group(W, g + j, w, 8, 16) : unpack_group(W, g + j, w, 8, 32);
+        switch (q_format(W)) {
+            case 4: unpack_group_of(W->B == 16, W, g + j, w, 4); break;
+            case 5: unpack_group_of(W->B == 16, W, g + j, w, 5); break;
+            case 6: unpack_group_of(W->B == 16, W, g + j, w, 6); break;
+            case CODED: unpack_group_of(W->B == 16, W, g + j, w, CODED); break;
+            default: unpack_group_of(W->B == 16, W, g + j, w, 8);
         }
     }
 }

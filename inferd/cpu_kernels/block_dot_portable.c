@@ -40,13 +40,26 @@ static inline void add_fifth(int16_t q[GROUP], uint32_t bits) {
     for (int r = 0; r < GROUP; r++) q[r] = (int16_t)(q[r] + ((bits & (1u << r)) ? 16 : 0));
 }
 
-static void unpack_block(const BlockMatrix* W, int64_t g, int64_t b, Block* out) {
-    const int64_t B = W->B, units = B / 2, at = group_scales(W, g) + b * GROUP;
-    const uint8_t* q = group_q(W, g);
-    for (int r = 0; r < GROUP; r++) {
-        out->scale[r] = scale_at(W, at + r);
-        out->offset[r] = W->offset ? W->offset[at + r] : 0.0f;
+/* The block's 16 scales or offsets as floats (block_layout.h's scale_at, offset_at), a loop
+ * per form: one loop branching on the form per row was not vectorised, and the one-row
+ * products of 8-bit and Q4_K weights took ~1.06x as long. */
+static void block_floats(const void* values, const float* super, int half, int64_t at,
+                         int64_t sup, float to[GROUP]) {
+    if (super) {
+        const int8_t* sub = (const int8_t*)values + at;
+        for (int r = 0; r < GROUP; r++) to[r] = super[sup + r] * (float)sub[r];
+    } else if (half) {
+        for (int r = 0; r < GROUP; r++) to[r] = half_to_float(((const uint16_t*)values)[at + r]);
+    } else {
+        memcpy(to, (const float*)values + at, sizeof(float) * GROUP);
     }
+}
+
+static void unpack_block(const BlockMatrix* W, int64_t g, int64_t b, Block* out) {
+    const int64_t B = W->B, units = B / 2, at = block_at(W, g, b), sup = super_at(W, g, b);
+    const uint8_t* q = group_q(W, g);
+    block_floats(W->scale, W->scale_super, (int)W->half_scales, at, sup, out->scale);
+    if (W->offset) block_floats(W->offset, W->offset_super, 0, at, sup, out->offset);
     if (W->bits == 8) {
         for (int64_t u = 0; u < units; u++) {
             const int8_t* p = (const int8_t*)q + 32 * (b * units + u);
@@ -57,8 +70,8 @@ static void unpack_block(const BlockMatrix* W, int64_t g, int64_t b, Block* out)
         }
         return;
     }
-    /* 4 and 5 bits: chunk c's byte 2r + i holds unit c in its low nibble, unit c + B/4 in its
-     * high one (block_layout.h) */
+    /* 4, 5 and 6 bits (and indexes): chunk c's byte 2r + i holds unit c in its low nibble,
+     * unit c + B/4 in its high one (block_layout.h) */
     const int16_t zero = (int16_t)W->zero;
     for (int64_t c = 0; c < B / 4; c++) {
         const uint8_t* p = q + 32 * (b * (B / 4) + c);
@@ -77,6 +90,25 @@ static void unpack_block(const BlockMatrix* W, int64_t g, int64_t b, Block* out)
             add_fifth(out->odd[u], even_bits(fifth >> 1));
         }
     }
+    if (W->bits == 6) { /* byte 2r + i of the 32 of chunks c - c % 2 and the next holds chunk
+                         * c's units' two high bits from bit 4 (c % 2) (block_layout.h) */
+        for (int64_t c = 0; c < B / 4; c++) {
+            const uint8_t* h = group_high(W, g) + 32 * (b * (B / 8) + c / 2);
+            const int shift = 4 * (int)(c % 2);
+            for (int r = 0; r < GROUP; r++) {
+                out->even[c][r] += (int16_t)(((h[2 * r] >> shift) & 3) << 4);
+                out->odd[c][r] += (int16_t)(((h[2 * r + 1] >> shift) & 3) << 4);
+                out->even[c + B / 4][r] += (int16_t)(((h[2 * r] >> (shift + 2)) & 3) << 4);
+                out->odd[c + B / 4][r] += (int16_t)(((h[2 * r + 1] >> (shift + 2)) & 3) << 4);
+            }
+        }
+    }
+    if (W->codebook) /* the nibbles are indexes (zero 0): q = codebook[index] */
+        for (int64_t u = 0; u < units; u++)
+            for (int r = 0; r < GROUP; r++) {
+                out->even[u][r] = W->codebook[out->even[u][r]];
+                out->odd[u][r] = W->codebook[out->odd[u][r]];
+            }
 }
 
 /* A panel of R rows against group g, a block of the group's weights unpacked at a time. */

@@ -5,9 +5,13 @@
  * 16 for Q6_K/Q3_K/Q2_K) and, for the types that have one, one float offset per block:
  *     w[n, k] = scale[n, k/B] * q[n, k] + offset[n, k/B].
  * Every GGUF type converts to this form without changing a single weight value. q is stored in
- * one of three widths, picked from the values' range so that the bytes read per token stay
- * close to the GGUF file's: 8 bits (q itself, int8), or 4 and 5 bits (s = q + zero, zero one
- * constant per matrix; 5 bits: 4 of them as for 4, plus one bit apart).
+ * one of four widths, picked from the values' range so that the bytes read per token stay
+ * close to the GGUF file's: 8 bits (q itself, int8), or 4, 5 and 6 bits (s = q + zero, zero
+ * one constant per matrix; 5 and 6 bits: 4 of them as for 4, the others apart); or, for a type
+ * whose q take at most 16 values (a codebook), 4-bit indexes into a table of those values.
+ * Scales are fp16 where that is exact, else fp32; a K-quant's scales and offsets are stored
+ * factored as the file has them, a float per 256 inputs times an int8 per block, whose product
+ * is exact in float32: the same scale, in fewer bytes.
  *
  * Layout: lanes are output rows. The rows are in groups of 16 (the last padded with zeros: the
  * product never writes them), and per group, for each pair of inputs (2u, 2u + 1), a "unit" of
@@ -23,7 +27,7 @@
  * d / 512, a 16-bit integer. Per output n, activation row m and weight block b, the integer sum
  *     isum = sum_{k in b} q[n, k] * a[m, k]
  * is exact in int32 (vpdpwssd, or vpmaddwd + vpaddd: one int32 lane per row, a pair of products
- * each; |q| <= 128 and |a| <= 32639 over B <= 32 inputs; 4/5-bit weights multiply s <= 31 and
+ * each; |q| <= 128 and |a| <= 32639 over B <= 32 inputs; 4/5/6-bit weights multiply s <= 63 and
  * start the sum from -zero * (the block's sum of a), which removes the zero point: below 2^28),
  * and each output then takes, for b = 0, 1, ... in order, the same IEEE float operations:
  *     acc = fma(float(isum), scale[n, b] * dx[m, b], acc)       (dx = d / 256)
@@ -120,14 +124,24 @@ static void quantize_row(const float* xrow, int64_t K, int64_t B, int64_t zero, 
  * has few groups: a multiple of every variant's largest tile (tile_rows). */
 #define ROW_CHUNK 96
 
+/* Whether the kernels run W's layout: K a multiple of 32 (of 256 with factored scales or
+ * offsets), B 16 or 32, bits 4, 5, 6 or 8 (5 and 6 with their high bits), a codebook only for
+ * 4-bit indexes (zero 0), factored scales of int8 (not fp16). */
+static int supported(const BlockMatrix* W) {
+    const int64_t K = W->K, bits = W->bits;
+    const int factored = W->scale_super || W->offset_super;
+    return K > 0 && K % XBLOCK == 0 && (W->B == 16 || W->B == 32) &&
+           (bits == 4 || bits == 5 || bits == 6 || bits == 8) &&
+           (bits == 4 || bits == 8 || W->high) && (!W->codebook || (bits == 4 && !W->zero)) &&
+           (!factored || K % 256 == 0) && (!W->offset_super || W->offset) &&
+           (!W->scale_super || !W->half_scales);
+}
+
 /* y [M, ldy] (columns 0..N-1) = x [M, K] . w^T. Returns 0, -1 if the layout is not supported
- * (K not a multiple of 32, B not 16 or 32, bits not 4, 5 or 8, M < 1, ldy < N), -2 if out of
- * memory. */
+ * (`supported`, or M < 1, ldy < N), -2 if out of memory. */
 int inferd_block_gemv(const float* x, int64_t M, const BlockMatrix* W, float* y, int64_t ldy) {
     const int64_t K = W->K, B = W->B, N = W->N, nb = K / B;
-    if (K <= 0 || K % XBLOCK || (B != 16 && B != 32) || M < 1 || N < 0 || ldy < N ||
-        (W->bits != 4 && W->bits != 5 && W->bits != 8))
-        return -1;
+    if (!supported(W) || M < 1 || N < 0 || ldy < N) return -1;
     if (N == 0) return 0;
     /* one buffer: the tiles' starts and rows, then xw [M, K/2] int32, dx [M, K/32], zc and xo
      * [M, nb] */
@@ -210,10 +224,10 @@ void inferd_block_dequantize(const BlockMatrix* W, int64_t first, int64_t rows, 
             const int64_t lo = g * GROUP > first ? g * GROUP : first;
             const int64_t hi = (g + 1) * GROUP < first + rows ? (g + 1) * GROUP : first + rows;
             for (int64_t n = lo; n < hi; n++) {
-                const int64_t r = n - g * GROUP, at = group_scales(W, g) + r;
+                const int r = (int)(n - g * GROUP);
                 for (int64_t b = 0; b < nb; b++) {
-                    const float s = scale_at(W, at + b * GROUP);
-                    const float o = W->offset ? W->offset[at + b * GROUP] : 0.0f;
+                    const int64_t at = block_at(W, g, b) + r, sup = super_at(W, g, b) + r;
+                    const float s = scale_at(W, at, sup), o = offset_at(W, at, sup);
                     for (int64_t k = b * B; k < (b + 1) * B; k++)
                         row[k] = s * (float)q[32 * (k / 2) + 2 * r + k % 2] + o;
                 }

@@ -22,22 +22,45 @@
 #define XBLOCK 32 /* activation quantisation block */
 #define RESIDUAL_SHIFT 8 /* q2 counts in steps of 1 / 256 of q1's */
 
-/* A group's bytes in W->q: 16 rows x K weights, in 8 or 4 bits (5 bits: 4 here, the fifth in
- * W->high, one uint32 per unit). A unit is the 16 rows x 2 inputs (2u, 2u + 1) one int32 lane
- * per row multiplies: 8 bits, 32 bytes per unit (byte 2r + i = q of row r, input 2u + i, as
- * int8); 4/5 bits, 32 bytes per chunk c of block b, byte 2r + i holding unit b*B/2 + c in its
- * low nibble and unit b*B/2 + c + B/4 in its high one (both units of a chunk in one block). */
+/* A group's bytes in W->q: 16 rows x K weights, in 8 or 4 bits (5 and 6 bits: 4 here, the rest
+ * in W->high). A unit is the 16 rows x 2 inputs (2u, 2u + 1) one int32 lane per row multiplies:
+ * 8 bits, 32 bytes per unit (byte 2r + i = q of row r, input 2u + i, as int8); 4/5/6 bits,
+ * 32 bytes per chunk c of block b, byte 2r + i holding unit b*B/2 + c in its low nibble and unit
+ * b*B/2 + c + B/4 in its high one (both units of a chunk in one block). With W->codebook the
+ * nibbles are indexes: q = codebook[nibble].
+ * W->high, 5 bits: one uint32 per unit, bit 2r + i the fifth bit of byte 2r + i's value.
+ * W->high, 6 bits: per block b and pair of chunks (2p, 2p + 1), 32 bytes, byte 2r + i holding
+ * the two high bits of four units' values, from bit 0: chunk 2p's low nibble's unit, its high
+ * nibble's, chunk 2p + 1's low nibble's, its high nibble's (HIGH2_SHIFT). Why: a byte widened
+ * to an int16 lane then serves four units, each taking its bits to 4-5 with a shift and an AND
+ * (one fewer for the third); bit planes, as for 5 bits, took a mask or a sign per unit and bit
+ * (AVX2: 4 vector operations per half unit and plane, against ~2.75 for both bits here). */
 static inline const uint8_t* group_q(const BlockMatrix* W, int64_t g) {
     return W->q + g * (W->bits == 8 ? 16 : 8) * W->K;
 }
 
 static inline const uint8_t* group_high(const BlockMatrix* W, int64_t g) {
-    return W->high + g * 2 * W->K; /* K / 2 units of 4 bytes */
+    return W->high + g * (W->bits == 6 ? 4 : 2) * W->K; /* 5 bits: K / 2 units of 4 bytes */
 }
 
-/* A group's 16 block scales (then offsets) are contiguous: [N/16, K/B, 16]. */
+/* How far right a byte of 6-bit high bits (widened to an int16 lane) is shifted to bring the
+ * bits of its unit k (0-3: chunk 2p's low nibble, its high, chunk 2p + 1's low, its high) to
+ * bits 4-5; negative: to the left. */
+#define HIGH2_SHIFT(k) (2 * (k) - 4)
+
+/* How a tile reads q, a constant in each of its instantiations: the width W->bits (4, 5, 6 or
+ * 8), or CODED for 4-bit indexes into W->codebook. */
+#define CODED 1
+static inline int q_format(const BlockMatrix* W) { return W->codebook ? CODED : (int)W->bits; }
+
+/* A group's 16 block scales (then offsets) are contiguous: [N/16, K/B, 16]; factored, their
+ * super-block factors likewise, [N/16, K/256, 16]. */
 static inline int64_t group_scales(const BlockMatrix* W, int64_t g) {
     return g * W->K / W->B * GROUP;
+}
+
+static inline int64_t group_supers(const BlockMatrix* W, int64_t g) {
+    return g * W->K / 256 * GROUP;
 }
 
 static inline uint32_t fifth_bits(const uint8_t* high, int64_t u) {
@@ -53,13 +76,17 @@ static inline void unpack_unit(const BlockMatrix* W, int64_t g, int64_t u, int16
         for (int j = 0; j < 32; j++) out[j] = (int8_t)q[32 * u + j];
         return;
     }
-    const int64_t B = W->B, b = u / (B / 2), within = u % (B / 2);
-    const uint8_t* chunk = q + 32 * (b * (B / 4) + within % (B / 4));
-    const int shift = within < B / 4 ? 0 : 4;
+    const int64_t B = W->B, b = u / (B / 2), within = u % (B / 2), c = within % (B / 4);
+    const uint8_t* chunk = q + 32 * (b * (B / 4) + c);
+    const int nibble = within < B / 4 ? 0 : 1;
     const uint32_t fifth = W->bits == 5 ? fifth_bits(group_high(W, g), u) : 0;
+    const uint8_t* high2 = W->bits == 6 ? group_high(W, g) + 32 * (b * (B / 8) + c / 2) : NULL;
+    const int k = 2 * (int)(c % 2) + nibble; /* this unit's bits in a byte of high2 */
     for (int j = 0; j < 32; j++) {
-        const int s = ((chunk[j] >> shift) & 0xF) | (int)((fifth >> j) & 1) << 4;
-        out[j] = (int16_t)(s - W->zero);
+        int s = (chunk[j] >> 4 * nibble) & 0xF;
+        if (W->bits == 5) s |= (int)((fifth >> j) & 1) << 4;
+        if (high2) s |= ((high2[j] >> 2 * k) & 3) << 4;
+        out[j] = (int16_t)(W->codebook ? W->codebook[s] : s - W->zero);
     }
 }
 
@@ -90,14 +117,40 @@ static inline float half_to_float(uint16_t h) {
 #endif
 }
 
-static inline float scale_at(const BlockMatrix* W, int64_t i) {
-    return W->half_scales ? half_to_float(((const uint16_t*)W->scale)[i])
-                          : ((const float*)W->scale)[i];
+/* Where weight block b of group g has its 16 scales (and offsets) and their super-block
+ * factors: W->scale[i + r] and W->scale_super[s + r] are row r's. */
+static inline int64_t block_at(const BlockMatrix* W, int64_t g, int64_t b) {
+    return group_scales(W, g) + b * GROUP;
+}
+
+static inline int64_t super_at(const BlockMatrix* W, int64_t g, int64_t b) {
+    return group_supers(W, g) + b * W->B / 256 * GROUP;
+}
+
+/* The scale (offset) at i (and s), as a float. Factored: the float32 product of its two
+ * factors, which gguf_blocks.py stores only where it is the scale bit for bit (a K-quant's: an
+ * fp16 value times an integer of at most 8 bits, exact). */
+static inline float scale_at(const BlockMatrix* W, int64_t i, int64_t s) {
+    if (W->half_scales) return half_to_float(((const uint16_t*)W->scale)[i]);
+    if (W->scale_super) return W->scale_super[s] * (float)((const int8_t*)W->scale)[i];
+    return ((const float*)W->scale)[i];
+}
+
+static inline float offset_at(const BlockMatrix* W, int64_t i, int64_t s) {
+    if (!W->offset) return 0.0f;
+    if (W->offset_super) return W->offset_super[s] * (float)((const int8_t*)W->offset)[i];
+    return ((const float*)W->offset)[i];
+}
+
+/* The bytes of a scale: 4, 2 (fp16) or 1 (an int8 factor). */
+static inline int scale_bytes(const BlockMatrix* W) {
+    return W->scale_super ? 1 : W->half_scales ? 2 : 4;
 }
 
 /* Asks for a group's bytes PREFETCH_AHEAD bytes of its q beyond weight block b, and for the
- * fifth bits and scales of the block as far ahead (q, high, at: group_q, group_high,
- * group_scales). NOTE: the hardware's prefetchers alone left the products short of the
+ * high bits and scales of the block as far ahead (q, high: group_q, group_high; scales: the
+ * group's first scale, of `size` bytes each, scale_bytes). The tiles work the scales' address
+ * out once: per block, it took 8 instructions of ~120 in a one-row AVX2 tile. NOTE: the hardware's prefetchers alone left the products short of the
  * memory's bandwidth: on a 2-core Intel Xeon (AVX-512 tiles, two threads) the LM head of one
  * row went from 9.2 to 6.7 ms with this (a plain read of as many bytes takes 6.2 ms there), a
  * decode step of 8 sequences from 26.5 to 16.7 ms and a 512-token prefill step from ~400 to
@@ -106,15 +159,16 @@ static inline float scale_at(const BlockMatrix* W, int64_t i) {
 
 /* NOTE: always inlined: out of line, GCC finds it without effects and deletes its calls. */
 static inline __attribute__((always_inline)) void prefetch_block(
-    const BlockMatrix* W, const uint8_t* q, const uint8_t* high, int64_t at, int64_t b, int bits,
+    const uint8_t* q, const uint8_t* high, const char* scales, int size, int64_t b, int bits,
     int B) {
     const int block_bytes = bits == 8 ? GROUP * B : GROUP * B / 2;
     const int64_t ahead = b + PREFETCH_AHEAD / block_bytes;
     for (int l = 0; l < block_bytes; l += 64)
         __builtin_prefetch(q + b * block_bytes + PREFETCH_AHEAD + l, 0, 3);
     if (bits == 5) __builtin_prefetch(high + 2 * B * ahead, 0, 3);
-    const int scale_bytes = W->half_scales ? 2 : 4;
-    __builtin_prefetch((const char*)W->scale + (at + ahead * GROUP) * scale_bytes, 0, 3);
+    if (bits == 6)
+        for (int l = 0; l < 4 * B; l += 64) __builtin_prefetch(high + 4 * B * ahead + l, 0, 3);
+    __builtin_prefetch(scales + ahead * GROUP * size, 0, 3);
 }
 
 /* Asks, at a tile's start, for the cache line of each of its R rows of results from column
@@ -156,11 +210,11 @@ INTERNAL int64_t tile_groups(int64_t M);
 /* unpacked_bytes: bytes a work item of M rows against `groups` groups wants for the groups'
  * weights unpacked once for all its tiles (0: its tiles unpack the weights as they go, which
  * costs nothing more where an item holds one tile). unpack_groups: `groups` groups from g
- * unpacked into `to` (unpacked_bytes of them, 32-byte aligned). */
-#ifdef INFERD_ISA_AVX2
+ * unpacked into `to` (unpacked_bytes of them, 64-byte aligned). */
+#if defined(INFERD_ISA_AVX2) || defined(INFERD_ISA_AVX512)
 INTERNAL int64_t unpacked_bytes(const BlockMatrix* W, int64_t groups, int64_t M);
 INTERNAL void unpack_groups(const BlockMatrix* W, int64_t g, int64_t groups, void* to);
-#else /* the other variants' tiles always unpack as they go */
+#else /* the portable tile unpacks a block at a time for all its rows anyway */
 static inline int64_t unpacked_bytes(const BlockMatrix* W, int64_t groups, int64_t M) {
     (void)W, (void)groups, (void)M;
     return 0;

@@ -7,11 +7,18 @@
 /* One block-quantised matrix, or a row range of a stacked one, its rows in groups of 16 (the
  * last padded): the layout is block_gemv.c's opening comment. */
 typedef struct {
-    const uint8_t* q;     /* [ceil(N/16), 16 * K * bits / 8] (5 bits: their low 4) */
-    const uint8_t* high;  /* 5 bits: [ceil(N/16), 2 K] fifth bits, else NULL */
-    const void* scale;    /* [ceil(N/16), K / B, 16] fp16 or fp32 */
-    const float* offset;  /* [ceil(N/16), K / B, 16] or NULL */
+    const uint8_t* q;     /* [ceil(N/16), 16 * K * bits / 8] (5 and 6 bits: their low 4) */
+    const uint8_t* high;  /* 5 bits: [ceil(N/16), 2 K] fifth bits; 6 bits: [ceil(N/16), 4 K]
+                           * the two high bits; else NULL */
+    const void* scale;    /* [ceil(N/16), K / B, 16] fp16 or fp32; int8 with scale_super */
+    const void* offset;   /* [ceil(N/16), K / B, 16] fp32, int8 with offset_super; or NULL */
     int64_t N, K, B, bits, zero, half_scales;
+    /* Factored scales (K a multiple of 256): scale[n, b] = scale_super[n, b B / 256] times the
+     * int8 in `scale`, [ceil(N/16), K / 256, 16]; NULL: `scale` holds the scales. The same for
+     * offsets. */
+    const float* scale_super;
+    const float* offset_super;
+    const int8_t* codebook; /* 16 values: q = codebook[its 4-bit index] (bits 4, zero 0); or NULL */
 } BlockMatrix;
 
 int inferd_block_gemv(const float* x, int64_t M, const BlockMatrix* W, float* y, int64_t ldy);

@@ -28,7 +28,7 @@ import torch
 from inferd.distributed.state import TPGroup
 from inferd.errors import ModelLoadError
 from inferd.layers.block_method import BlockMethod
-from inferd.layers.gguf_blocks import BlockPart, BlockWeight
+from inferd.layers.gguf_blocks import CHUNK_WEIGHTS, BlockPart, BlockWeight
 from inferd.loader import huge_pages, weight_cache
 from inferd.loader.checkpoint import Checkpoint
 from inferd.loader.gguf_quants import PACKED_BITS, type_name
@@ -37,7 +37,11 @@ from inferd.progress import status
 
 log = logging.getLogger(__name__)
 
-MODE = "gguf-blocks-2"  # part of the cache key: change it when the layout changes
+# What a first load holds unpacked at once beyond the packed blocks: one range of rows of a
+# matrix (gguf_blocks.CHUNK_WEIGHTS weights), as q (a byte each) and the unpackers' byte- and
+# 16-bit temporaries of the same shape.
+UNPACKING_BYTES = 4 * CHUNK_WEIGHTS
+MODE = "gguf-blocks-3"  # part of the cache key: change it when the layout changes
 _DTYPES = {"U8": torch.uint8, "F16": torch.float16, "F32": torch.float32, "BF16": torch.bfloat16}
 
 

@@ -258,9 +258,14 @@ class GGUFWeight:
             def rows_unpermuted(t):
                 return None if t is None else _unpermute_rope(t, head_dim)
 
-            values = values._replace(q=rows_unpermuted(values.q),
-                                     scale=rows_unpermuted(values.scale),
-                                     offset=rows_unpermuted(values.offset))  # fmt: skip
+            def parts_unpermuted(parts):
+                return None if parts is None else tuple(map(rows_unpermuted, parts))
+
+            v = values
+            values = v._replace(q=rows_unpermuted(v.q), scale=rows_unpermuted(v.scale),
+                                offset=rows_unpermuted(v.offset),
+                                scale_parts=parts_unpermuted(v.scale_parts),
+                                offset_parts=parts_unpermuted(v.offset_parts))  # fmt: skip
         return values
 
 

@@ -18,6 +18,7 @@ import torch
 
 from inferd.errors import ModelLoadError
 from inferd.layers.gguf_blocks import BlockValues
+from inferd.loader import gguf_iquants
 
 F32, F16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0 = 0, 1, 2, 3, 6, 7, 8
 Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, BF16 = 10, 11, 12, 13, 14, 30
@@ -37,12 +38,14 @@ TYPE_NAMES = {
 
 
 # Bits per weight of each GGUF type as inferd's blocks hold it (inferd/layers/gguf_blocks.py):
-# q in 4, 5 or 8 bits (whichever its type's range needs; Q6_K's 6-bit q in 8), scales in fp16
-# where the file's are (the *_0 and *_1 types), else fp32, offsets in fp32, per sub-block of 32
-# (16 for Q2_K, Q3_K, Q6_K). Exact for the embedded model (tests/parity/test_memory_counts.py).
+# q in 4, 5, 6 or 8 bits (whichever its type's range needs: Q2_K's and Q3_K's in 4), per
+# sub-block of 32 (16 for Q2_K, Q3_K, Q6_K) a scale, and an offset for the types with one: fp16
+# for the *_0 and *_1 types; the K-quants' factored as the file has them, an int8 per sub-block
+# and a float32 per 256 weights (Q4_K: 4 + 2 x (8/32 + 32/256) = 4.75). Exact for the embedded
+# model (tests/parity/test_memory_counts.py).
 PACKED_BITS: dict[str, float] = {
     "Q4_0": 4.5, "Q4_1": 5.5, "Q5_0": 5.5, "Q5_1": 6.5, "Q8_0": 8.5,
-    "Q2_K": 8.0, "Q3_K": 6.0, "Q4_K": 6.0, "Q5_K": 7.0, "Q6_K": 10.0,
+    "Q2_K": 5.25, "Q3_K": 4.625, "Q4_K": 4.75, "Q5_K": 5.75, "Q6_K": 6.625,
 }  # fmt: skip
 
 
@@ -134,25 +137,45 @@ def _k_sub_blocks(qs: torch.Tensor) -> torch.Tensor:
     return (q & 0xF).reshape(n, 8, 32)
 
 
-def _k_scales(b: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Q4_K/Q5_K: per sub-block scale d * sc and offset -dmin * m, [n, 8, 1]."""
-    n = b.shape[0]
+# The K-quants' unpackers also give, with `parts`, their scales' factors (and their offsets'):
+# (super float32 [n, 1], sub int8 [n, S]) per block of 256, the file's fp16 d (or -dmin) and
+# its small integer sub-block scales, whose product is the scale exactly (BlockValues).
+Factors = tuple[torch.Tensor, torch.Tensor]
+WithParts = tuple[torch.Tensor, torch.Tensor, torch.Tensor | None, Factors, Factors | None]
+
+
+def _k_quant(q: torch.Tensor, d: torch.Tensor, sc: torch.Tensor, dmin: torch.Tensor | None,
+             m: torch.Tensor | None, parts: bool) -> Unpacked | WithParts:  # fmt: skip
+    """q with scale d * sc and offset dmin * m [n, S, 1], from super-block floats d and dmin
+    (negated: -(x * m) and (-x) * m are the same float, -0.0 included) [n, 1] and sub-block
+    integers sc and m as float32 [n, S]; with `parts`, also the factors."""
+    n, subs = sc.shape
+    scale = (d * sc).reshape(n, subs, 1)
+    offset = None if dmin is None else (dmin * m).reshape(n, subs, 1)
+    if not parts:
+        return q, scale, offset
+    offset_parts = None if dmin is None else (dmin, m.to(torch.int8))
+    return q, scale, offset, (d, sc.to(torch.int8)), offset_parts
+
+
+def _k_scales(b: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Q4_K/Q5_K: d, the 8 sub-block scales, -dmin and the 8 mins (_k_quant's)."""
     scale, minimum = _k_scale_min(b[:, 4:16])
-    return (_f16(b, 0) * scale).reshape(n, 8, 1), -(_f16(b, 2) * minimum).reshape(n, 8, 1)
+    return _f16(b, 0), scale, -_f16(b, 2), minimum
 
 
-def _q4_k(b: torch.Tensor) -> Unpacked:
-    return _k_sub_blocks(b[:, 16:144]), *_k_scales(b)
+def _q4_k(b: torch.Tensor, parts: bool = False) -> Unpacked | WithParts:
+    return _k_quant(_k_sub_blocks(b[:, 16:144]), *_k_scales(b), parts)
 
 
-def _q5_k(b: torch.Tensor) -> Unpacked:
+def _q5_k(b: torch.Tensor, parts: bool = False) -> Unpacked | WithParts:
     q = _k_sub_blocks(b[:, 48:176]) | (_bits(b[:, 16:48], 8) << 4)
-    return q, *_k_scales(b)
+    return _k_quant(q, *_k_scales(b), parts)
 
 
-def _q6_k(b: torch.Tensor) -> Unpacked:
+def _q6_k(b: torch.Tensor, parts: bool = False) -> Unpacked | WithParts:
     n = b.shape[0]
-    d = (_f16(b, 208) * b[:, 192:208].contiguous().view(torch.int8).float()).reshape(n, 16, 1)
+    sc = b[:, 192:208].contiguous().view(torch.int8).float()
     ql = b[:, 0:128].reshape(n, 2, 1, 64) >> torch.tensor([0, 4], dtype=torch.uint8).view(
         1, 1, 2, 1
     )
@@ -162,20 +185,19 @@ def _q6_k(b: torch.Tensor) -> Unpacked:
     )
     qh = (qh & 3).reshape(n, 8, 32)
     q = (ql | (qh << 4)).to(torch.int8) - 32
-    return q.reshape(n, 16, 16), d, None
+    return _k_quant(q.reshape(n, 16, 16), _f16(b, 208), sc, None, None, parts)
 
 
-def _q2_k(b: torch.Tensor) -> Unpacked:
+def _q2_k(b: torch.Tensor, parts: bool = False) -> Unpacked | WithParts:
     n = b.shape[0]
     scales = b[:, 0:16]
-    dl = (_f16(b, 80) * (scales & 0xF).float()).reshape(n, 16, 1)
-    ml = (_f16(b, 82) * (scales >> 4).float()).reshape(n, 16, 1)
     shifts = torch.tensor([0, 2, 4, 6], dtype=torch.uint8).view(1, 1, 4, 1)
     q = ((b[:, 16:80].reshape(n, 2, 1, 32) >> shifts) & 3).reshape(n, 16, 16)
-    return q, dl, -ml
+    return _k_quant(q, _f16(b, 80), (scales & 0xF).float(), -_f16(b, 82),
+                    (scales >> 4).float(), parts)  # fmt: skip
 
 
-def _q3_k(b: torch.Tensor) -> Unpacked:
+def _q3_k(b: torch.Tensor, parts: bool = False) -> Unpacked | WithParts:
     n = b.shape[0]
     s = b[:, 96:108]
     low = s[:, 0:8].reshape(n, 1, 8) >> torch.tensor([0, 4], dtype=torch.uint8).view(1, 2, 1)
@@ -183,11 +205,14 @@ def _q3_k(b: torch.Tensor) -> Unpacked:
         1, 4, 1
     )
     scales = (low.reshape(n, 16) & 0xF) | ((high.reshape(n, 16) & 3) << 4)
-    dl = (_f16(b, 108) * (scales.to(torch.int8) - 32).float()).reshape(n, 16, 1)
     shifts = torch.tensor([0, 2, 4, 6], dtype=torch.uint8).view(1, 1, 4, 1)
     ql = ((b[:, 32:96].reshape(n, 2, 1, 32) >> shifts) & 3).reshape(n, 16, 16)
     qh = (_bits(b[:, 0:32], 8).reshape(n, 16, 16)) ^ 1  # the offset applies where the bit is 0
-    return ql.to(torch.int8) - (qh << 2).to(torch.int8), dl, None
+    q = ql.to(torch.int8) - (qh << 2).to(torch.int8)
+    return _k_quant(q, _f16(b, 108), (scales.to(torch.int8) - 32).float(), None, None, parts)
+
+
+_WITH_PARTS = (_q2_k, _q3_k, _q4_k, _q5_k, _q6_k)  # take `parts`
 
 
 def _dequantize_blocks(b: torch.Tensor, fn) -> torch.Tensor:
@@ -200,6 +225,12 @@ _UNPACKERS: dict[int, Callable[[torch.Tensor], Unpacked]] = {
     Q4_0: _q4_0, Q4_1: _q4_1, Q5_0: _q5_0, Q5_1: _q5_1, Q8_0: _q8_0,
     Q2_K: _q2_k, Q3_K: _q3_k, Q4_K: _q4_k, Q5_K: _q5_k, Q6_K: _q6_k,
 }  # fmt: skip
+
+# The codebook and grid types (IQ1_S … IQ4_XS, TQ1_0, TQ2_0, MXFP4, NVFP4): gguf_iquants.py.
+BLOCK_LAYOUT.update(gguf_iquants.BLOCK_LAYOUT)
+TYPE_NAMES.update(gguf_iquants.TYPE_NAMES)
+PACKED_BITS.update(gguf_iquants.PACKED_BITS)
+_UNPACKERS.update(gguf_iquants.UNPACKERS)
 
 # Rows dequantised per chunk: bounds the float32 temporaries of huge tensors (the embedding).
 _CHUNK_BLOCKS = 1 << 16
@@ -250,11 +281,20 @@ def unpack(raw: np.ndarray, ggml_type: int, shape: tuple[int, int]) -> BlockValu
         data = torch.from_numpy(np.asarray(raw))
     _, nbytes = BLOCK_LAYOUT[ggml_type]
     blocks = data.reshape(-1, nbytes)
-    q, scale, offset = _UNPACKERS[ggml_type](blocks)
+    if ggml_type in gguf_iquants.TYPES:  # with their codebooks and factored scales
+        return gguf_iquants.block_values(blocks, ggml_type, *shape)
+    fn = _UNPACKERS[ggml_type]
+    q, scale, offset, *parts = fn(blocks, parts=True) if fn in _WITH_PARTS else fn(blocks)
     rows, cols = shape
     group = q.shape[-1]
     q = q.to(torch.int8).reshape(rows, cols)
     scale = scale.reshape(rows, cols // group)
     offset = None if offset is None else offset.reshape(rows, cols // group)
+
+    def per_row(factors):  # a super-block per 256 inputs along a row, as the blocks are
+        return None if factors is None else (factors[0].reshape(rows, cols // 256),
+                                             factors[1].reshape(rows, cols // group))  # fmt: skip
+
+    scale_parts, offset_parts = (per_row(f) for f in parts) if parts else (None, None)
     value_range, half_scales = _STORAGE[ggml_type]
-    return BlockValues(q, scale, offset, value_range, half_scales)
+    return BlockValues(q, scale, offset, value_range, half_scales, None, scale_parts, offset_parts)

@@ -47,7 +47,9 @@ from inferd.sizes import parse_size
 
 log = logging.getLogger(__name__)
 
-_FORMAT = 4  # 3: entries carry a checksum; 4: block parts in groups of 16 rows (block_gemv.c)
+# 3: entries carry a checksum; 4: block parts in groups of 16 rows (block_gemv.c); 5: 6-bit q,
+# codebook indexes and factored scales (gguf_blocks.py)
+_FORMAT = 5
 DEFAULT_BUDGET = 32 << 30  # bytes of entries kept, unless set otherwise
 _DTYPE_NAMES = {torch.uint8: "U8", torch.int8: "I8", torch.float16: "F16",
                 torch.float32: "F32", torch.bfloat16: "BF16"}  # fmt: skip

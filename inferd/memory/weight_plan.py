@@ -12,13 +12,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from inferd.layers.gguf_blocks import CHUNK_WEIGHTS
+from inferd.loader.gguf_cache import UNPACKING_BYTES
 from inferd.loader.gguf_quants import PACKED_BITS
 from inferd.memory.weights import CheckpointWeights, weight_bytes
 
-# Bytes per weight a range of rows takes while it is unpacked: q (1 byte) and the unpackers'
-# byte- and 16-bit temporaries of the same shape.
-UNPACK_BYTES_PER_WEIGHT = 4
 DENSE_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}
 
 
@@ -67,4 +64,4 @@ def block_plan(checkpoint: CheckpointWeights) -> WeightPlan:
         else:
             held += params * DENSE_BYTES["fp32"]
     return WeightPlan("gguf", "fp32", held, "the file's blocks, at every step size",
-                      unpacking=UNPACK_BYTES_PER_WEIGHT * CHUNK_WEIGHTS)  # fmt: skip
+                      unpacking=UNPACKING_BYTES)  # fmt: skip

@@ -55,7 +55,7 @@ def test_unpacked_blocks_are_the_dequantised_weights_bit_for_bit(ggml_type):
     assert part.group == (16 if ggml_type in (gq.Q2_K, gq.Q3_K, gq.Q6_K) else 32)
     # stored in as few bits as the type needs (random blocks use the whole range)
     expected_bits = {gq.Q2_K: 4, gq.Q3_K: 4, gq.Q4_0: 4, gq.Q4_1: 4, gq.Q4_K: 4, gq.Q5_0: 5,
-                     gq.Q5_1: 5, gq.Q5_K: 5}  # fmt: skip
+                     gq.Q5_1: 5, gq.Q5_K: 5, gq.Q6_K: 6}  # fmt: skip
     assert part.bits == expected_bits.get(ggml_type, 8)
     assert torch.equal(blocks.dequantized(), dense)
     assert torch.equal(blocks.dequantized(torch.tensor([5, 1])), dense[[5, 1]])
