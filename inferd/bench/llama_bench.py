@@ -9,7 +9,8 @@ two durations llama-bench reports: the first token when the prefill ends (a pref
 first token's logits), the last after (output - 1) / output of the decode's duration (the first
 token came from the prefill). One request at a time: llama-bench runs no concurrent
 sequences, so it takes part in `bench latency` with a batch of one only. The process start and
-the model's load (and llama.cpp's repacking of some types) are not part of the timing.
+the model's load (and llama.cpp's repacking of some types) are not part of the timing: an
+iteration's duration, whence its throughputs, is the span of the request's timing.
 
 The program is `--llama-bench PATH`, else `$INFERD_LLAMA_BENCH`, else `llama-bench` on PATH
 (docs/benchmarks.md says how to build it from the llama-cpp-python sdist).
@@ -63,6 +64,7 @@ def request_timing(r: BenchRequest, start: float, seconds: dict[str, float]) -> 
 
 class LlamaBenchSystem:
     name = "llama-bench"
+    times_itself = True  # an iteration lasts what its timings span (bench/latency.py)
 
     def __init__(self, model_path: str, *, threads: int | None, program: str | None = None):
         self.program = find_program(program)

@@ -53,3 +53,22 @@ def test_llama_bench_peer_reads_its_report_into_a_request_timing(tmp_path, monke
         load_peer("llama-bench", str(gguf), n_ctx=512, dtype="float32", threads=1)
     with pytest.raises(PeerUnavailable, match="it runs GGUF files"):
         load_peer("llama-bench", str(tmp_path), n_ctx=512, dtype="float32", threads=1)
+
+
+def test_a_system_that_times_itself_lasts_what_its_timings_span():
+    from inferd.bench.latency import run_latency
+    from inferd.bench.metrics import RequestTiming
+
+    class SelfTimed:  # as llama-bench: reported durations, not this process's clock
+        name, load_seconds, info, times_itself = "self-timed", 0.0, {}, True
+
+        def generate(self, requests):
+            (r,) = requests
+            return [RequestTiming(100.0, 100.5, 102.5, r.prompt_len, r.output_len)]
+
+        def close(self):
+            pass
+
+    (result,) = run_latency([SelfTimed()], [], [[BenchRequest([1] * 8, 4)]] * 2)
+    assert result.iteration.median == 2.5
+    assert result.iteration_output_throughput == 4 / 2.5
