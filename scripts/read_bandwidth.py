@@ -30,8 +30,10 @@ def main() -> None:
         buffer.sum()
         rates.append(buffer.numel() * 4 / (time.perf_counter() - t0) / 1e9)
     rates = rates[2:]  # the first runs fault pages in and warm up
-    print(f"read bandwidth, {args.threads} threads, {args.gib:g} GiB buffer: median "
-          f"{statistics.median(rates):.1f} GB/s (min {min(rates):.1f}, max {max(rates):.1f})")
+    print(
+        f"read bandwidth, {args.threads} threads, {args.gib:g} GiB buffer: median "
+        f"{statistics.median(rates):.1f} GB/s (min {min(rates):.1f}, max {max(rates):.1f})"
+    )
 
 
 if __name__ == "__main__":
