@@ -85,9 +85,9 @@ class LlamaCppSystem:
             import llama_cpp
         except ImportError as e:
             raise PeerUnavailable(
-                "llama.cpp peer skipped: llama-cpp-python is not installed "
-                "(pip install 'inferd[bench]', or pip install llama-cpp-python; it compiles "
-                "llama.cpp, minutes on 2 cores)"
+                f"llama.cpp peer skipped: llama-cpp-python does not import ({e}; pip install "
+                "'inferd[bench]', or pip install llama-cpp-python; it compiles llama.cpp, "
+                "minutes on 2 cores)"
             ) from e
         threads = threads or os.cpu_count() or 1
         t0 = time.perf_counter()
