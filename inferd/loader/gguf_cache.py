@@ -74,8 +74,13 @@ def load_weights(model, checkpoint: Checkpoint, tp: TPGroup, cache_bytes: int | 
             model.load_weights(checkpoint.weights(), preloaded)
         return
     entry = _StreamedEntry.start(model, checkpoint, tp, path, shapes, cache_bytes)
-    with torch.no_grad(), status(f"packing {checkpoint.path.name}'s quantised blocks"):
-        model.load_weights(_streamed(checkpoint.weights(), entry), frozenset())
+    try:
+        with torch.no_grad(), status(f"packing {checkpoint.path.name}'s quantised blocks"):
+            model.load_weights(_streamed(checkpoint.weights(), entry), frozenset())
+    except BaseException:
+        if entry is not None:
+            entry.writer.abort()  # a tensor the model refused: no unfinished file left behind
+        raise
     trim_now()  # the load's temporaries go back to the system
 
 

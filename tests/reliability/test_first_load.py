@@ -139,3 +139,21 @@ def test_a_cache_folder_that_cannot_be_written_runs_the_model_from_its_file(
         model = load(path)
     assert caplog.text.count("not caching tiny.gguf's packed blocks") == 1
     assert model.cpu_decoder is not None and torch.isfinite(logits_of(model)).all()
+
+
+def test_a_load_that_fails_halfway_leaves_no_unfinished_entry(tiny, monkeypatch, c_kernels):
+    from inferd.layers.block_method import BlockMethod
+
+    real_take, taken = BlockMethod.take_blocks, []
+
+    def take_blocks(self, layer, shard, blocks):
+        taken.append(shard)
+        if len(taken) > 4:
+            raise ValueError("a tensor the model cannot take")
+        real_take(self, layer, shard, blocks)
+
+    monkeypatch.setattr(BlockMethod, "take_blocks", take_blocks)
+    with pytest.raises(ModelLoadError, match="a tensor the model cannot take"):
+        load(tiny)
+    weights = tiny.parent / "cache" / "weights"
+    assert not list(weights.glob("*.part")) and not list(weights.glob("*.safetensors"))
