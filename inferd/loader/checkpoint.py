@@ -85,7 +85,8 @@ def open_checkpoint(model: str | Path | None) -> Checkpoint:
         return _open_gguf(default_model_path())
     path = Path(model).expanduser()
     if not path.exists():
-        from inferd.loader.catalog import known_names, resolve
+        from inferd.loader.catalog import known_names
+        from inferd.loader.short_name import resolve
 
         if (named := resolve(str(model))) is not None:
             return _open_gguf(named)

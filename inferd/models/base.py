@@ -11,7 +11,6 @@ steps take the layers' own forward.
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import dataclass
 
 import torch
 from torch import nn
@@ -27,6 +26,7 @@ from inferd.layers.moe import ExpertLinear, SparseMoE
 from inferd.layers.norm import RMSNorm, scheme_norm
 from inferd.layers.rotary import RotaryEmbedding, kernel_cos_sin
 from inferd.layers.weight_scheme import WeightScheme, as_scheme
+from inferd.models.cpu_decoder import CpuDecoder
 
 # checkpoint sub-name → (our fused module, shard index)
 STACKED_PARAMS = {
@@ -36,24 +36,6 @@ STACKED_PARAMS = {
     "gate_proj": ("gate_up_proj", 0),
     "up_proj": ("gate_up_proj", 1),
 }
-
-
-@dataclass(frozen=True)
-class DecoderLayerParts:
-    """One decoder layer spelled out, as code that runs a layer without its forward (the C
-    decoder layer) needs it. Every architecture's layer says which norms it has:
-
-        h += post_attention_norm(attention(input_norm(h)))       (no post norm: h += attention)
-        h += post_mlp_norm(mlp(pre_mlp_norm(h)))                  (no post norm: h += mlp)
-    """
-
-    input_norm: RMSNorm
-    attention: SelfAttention
-    pre_mlp_norm: RMSNorm
-    mlp: nn.Module  # a GatedMLP (gate_up_proj, down_proj, act), or a SparseMoE (layers/moe.py)
-    activation: str  # the config's hidden_act
-    post_attention_norm: RMSNorm | None = None  # Gemma's sandwich norms
-    post_mlp_norm: RMSNorm | None = None
 
 
 class DecoderBody(nn.Module):
@@ -71,7 +53,7 @@ class DecoderBody(nn.Module):
 
 class CausalLM(nn.Module):
     """Base of all architectures. Subclasses provide `make_layer` and `norm_offset`; their
-    decoder layers provide `parts()` (a DecoderLayerParts)."""
+    decoder layers provide `parts()` (a DecoderLayerParts, decoder_layer_parts.py)."""
 
     norm_offset = False  # Gemma's RMSNorm scales by (1 + w)
 
@@ -198,8 +180,6 @@ class CausalLM(nn.Module):
             and not self.tp.enabled
             and self.c_decoder_computes_layers()
         ):
-            from inferd.models.cpu_decoder import CpuDecoder
-
             self.cpu_decoder = CpuDecoder.for_model(self)
 
     def c_decoder_computes_layers(self) -> bool:

@@ -8,7 +8,7 @@ independent of the others (docs/performance.md). The contract, checked once at l
 (`for_model`) and per step (`serves`):
 
 * **What it needs from the model.** Every decoder layer spells itself out as a
-  `DecoderLayerParts` (models/base.py): its norms, attention and MLP, and which of Gemma's
+  `DecoderLayerParts` (decoder_layer_parts.py): its norms, attention and MLP, and which of Gemma's
   sandwich norms it has. The four projections must hold GGUF blocks (`BlockMethod`, at most
   `MAX_PARTS` row ranges each), the activation must be one the kernel knows, and the model is
   not split across ranks.
@@ -27,6 +27,7 @@ from __future__ import annotations
 import ctypes
 
 import torch
+from torch import nn
 
 from inferd.attention.backend import ForwardContext
 from inferd.attention.cpu_backend import C_CACHE_DTYPES, CpuAttentionBackend, CpuAttentionMetadata
@@ -34,7 +35,7 @@ from inferd.layers.block_method import BlockMethod
 from inferd.layers.gguf_blocks import MAX_PARTS, BlockMatrix
 from inferd.layers.linear import Linear
 from inferd.layers.rotary import kernel_cos_sin
-from inferd.models.base import CausalLM, DecoderLayerParts
+from inferd.models.decoder_layer_parts import DecoderLayerParts
 
 _P, _I, _F = ctypes.c_void_p, ctypes.c_int64, ctypes.c_float
 LORA_MAX_PARTS = 4  # INFERD_LORA_MAX_PARTS in cpu_kernels/kernels.h
@@ -148,9 +149,10 @@ class CpuDecoder:
         self._caches_served = None  # (the caches list, whether the C layer takes its dtypes)
 
     @classmethod
-    def for_model(cls, model: CausalLM) -> CpuDecoder | None:
-        """The decoder for a loaded model, or None when the model does not meet the contract
-        (see the module docstring)."""
+    def for_model(cls, model: nn.Module) -> CpuDecoder | None:
+        """The decoder for a loaded model (a CausalLM of base.py, which builds its decoder here
+        and so is not imported), or None when the model does not meet the contract (see the
+        module docstring)."""
         scheme = model.scheme
         if model.tp.enabled or scheme.kernels is None or not scheme.blocks:
             return None

@@ -14,7 +14,8 @@ from inferd.layers.attention import SelfAttention
 from inferd.layers.norm import scheme_norm
 from inferd.layers.weight_scheme import WeightScheme
 from inferd.models.architecture import GGUF_TENSORS, Architecture
-from inferd.models.base import CausalLM, DecoderLayerParts
+from inferd.models.base import CausalLM
+from inferd.models.decoder_layer_parts import DecoderLayerParts
 from inferd.models.llama import GatedMLP
 
 

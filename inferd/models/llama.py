@@ -17,7 +17,8 @@ from inferd.layers.moe import SparseMoE
 from inferd.layers.norm import scheme_norm
 from inferd.layers.weight_scheme import WeightScheme, as_scheme
 from inferd.models.architecture import Architecture
-from inferd.models.base import CausalLM, DecoderLayerParts
+from inferd.models.base import CausalLM
+from inferd.models.decoder_layer_parts import DecoderLayerParts
 
 
 class GatedMLP(nn.Module):
