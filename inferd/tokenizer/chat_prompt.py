@@ -9,10 +9,14 @@ the template's markers from typed ones.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
+from tokenizers import Tokenizer as Backend
+
+from inferd.tokenizer.compact_bpe import CompactBPE
 from inferd.tokenizer.content_format import STRING, flatten_text_parts
 from inferd.tokenizer.text_guard import (
+    SpecialTokenGuard,
     check_unicode,
     check_unicode_in,
     encode_unlocked,
@@ -21,11 +25,23 @@ from inferd.tokenizer.text_guard import (
 
 if TYPE_CHECKING:
     from inferd.tokenizer.chat_template import ChatTemplate
-    from inferd.tokenizer.tokenizer import Tokenizer
+
+
+class PromptTokenizer(Protocol):
+    """What a prompt is built with: tokenizer.py's `Tokenizer`, which builds its chat prompts
+    here (so this module names what it reads instead of importing the class)."""
+
+    special_tokens: dict[str, str]  # name → text (bos_token, ...): template variables
+
+    @property
+    def backend(self) -> Backend | CompactBPE: ...
+
+    @property
+    def special_token_guard(self) -> SpecialTokenGuard: ...
 
 
 def build_chat_prompt(
-    tokenizer: Tokenizer,
+    tokenizer: PromptTokenizer,
     template: ChatTemplate | None,
     messages: list[dict[str, Any]],
     add_generation_prompt: bool,

@@ -19,20 +19,35 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
-if TYPE_CHECKING:
-    from inferd.tokenizer.tokenizer import Tokenizer
+from tokenizers import Tokenizer as Backend
+
+from inferd.tokenizer.compact_bpe import CompactBPE
+
+
+class ExportedTokenizer(Protocol):
+    """What an export reads: tokenizer.py's `Tokenizer`, which describes itself with
+    `tokenizer_config` (so this module names what it reads instead of importing the class)."""
+
+    special_tokens: dict[str, str]  # name → text (bos_token, ...)
+
+    @property
+    def backend(self) -> Backend | CompactBPE: ...
+
+    @property
+    def chat_template(self) -> str | None: ...
+
 
 TOKENIZER_CLASS = "PreTrainedTokenizerFast"  # HF's class for a bare tokenizer.json (4 and 5)
 FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json")
 
 
-def special_tokens_map(tok: Tokenizer) -> dict[str, str]:
+def special_tokens_map(tok: ExportedTokenizer) -> dict[str, str]:
     return dict(tok.special_tokens)
 
 
-def tokenizer_config(tok: Tokenizer, model_max_length: int | None = None) -> dict[str, Any]:
+def tokenizer_config(tok: ExportedTokenizer, model_max_length: int | None = None) -> dict[str, Any]:
     """tokenizer_config.json's contents: the class, the named special tokens, the added tokens
     (id → content and flags, as HF writes them), the chat template, and the longest sequence
     when known (the served model's max_model_len)."""
@@ -61,7 +76,7 @@ def tokenizer_config(tok: Tokenizer, model_max_length: int | None = None) -> dic
     return config
 
 
-def export_tokenizer(tok: Tokenizer, directory: str | Path) -> list[Path]:
+def export_tokenizer(tok: ExportedTokenizer, directory: str | Path) -> list[Path]:
     """Write the three files into `directory` (created if needed; files of these names are
     replaced); returns their paths."""
     folder = Path(directory)

@@ -25,6 +25,7 @@ from inferd.tokenizer.chat_prompt import build_chat_prompt
 from inferd.tokenizer.compact_bpe import CompactBPE
 from inferd.tokenizer.gguf_backend import load_gguf_backend
 from inferd.tokenizer.gguf_vocab import GEMMA_ARCHITECTURES, GGUFVocab
+from inferd.tokenizer.hf_export import tokenizer_config
 from inferd.tokenizer.hf_tokenizer_files import (
     NAMED_SPECIALS,
     add_config_tokens,
@@ -226,8 +227,6 @@ class Tokenizer:
     def hf_tokenizer_config(self, model_max_length: int | None = None) -> dict[str, Any]:
         """tokenizer_config.json's contents for this tokenizer (hf_export.py), as
         `inferd export-tokenizer` writes it and `/tokenizer_info` returns it."""
-        from inferd.tokenizer.hf_export import tokenizer_config
-
         return tokenizer_config(self, model_max_length)
 
     # --- properties ------------------------------------------------------------------------------
