@@ -5,14 +5,10 @@ best candidates alone, whether the kept set ends inside the window."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import torch
 
+from inferd.engine.sampling_row import SamplingRow
 from inferd.sampling_params import SamplingParams
-
-if TYPE_CHECKING:
-    from inferd.engine.sampler import SamplingRow
 
 
 def restrict_to_allowed(

@@ -17,12 +17,9 @@ off are not touched at all (bit-for-bit).
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import torch
 
-if TYPE_CHECKING:
-    from inferd.engine.sampler import SamplingRow
+from inferd.engine.sampling_row import SamplingRow
 
 
 def apply_logit_processors(logits: torch.Tensor, rows: list[SamplingRow]) -> torch.Tensor:

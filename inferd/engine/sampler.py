@@ -56,28 +56,12 @@ from inferd.engine.filters import filtered, keep_mask, restrict_to_allowed, row_
 from inferd.engine.grammar_mask import GrammarMasks
 from inferd.engine.logprobs import position_logprobs, prompt_logprobs
 from inferd.engine.penalties import apply_logit_processors
+from inferd.engine.sampling_row import SamplingRow
 from inferd.outputs import PositionLogprobs
-from inferd.sampling_params import SamplingParams
 
 __all__ = ["SampleResult", "Sampler", "SamplingRow", "make_generator", "prompt_logprobs"]
 
 CANDIDATES = 1024  # logits a filtered row looks at before falling back to a full sort
-
-
-@dataclass
-class SamplingRow:
-    """One row of the batch's logits."""
-
-    params: SamplingParams
-    prompt_token_ids: list[int]  # for repetition_penalty
-    output_token_ids: list[int]  # generated so far (penalties, min_tokens)
-    generator: torch.Generator | None  # the request's own when params.seed is set
-    eos_token_ids: tuple[int, ...] = ()  # held back while len(output) < min_tokens
-    # Structured outputs: the tokens the sequence's grammar allows here (the step record's
-    # bitmask: int32 words, little-endian bytes), None when free.
-    grammar_mask: bytes | None = None
-    # Record the generator's state after this row's draw (a seeded row verifying drafts).
-    keep_generator_state: bool = False
 
 
 @dataclass
