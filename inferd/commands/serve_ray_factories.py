@@ -1,5 +1,5 @@
 """What `inferd serve --ray` runs inside the Ray workers, built from the same flags and helpers
-as `inferd serve` (inferd/commands/serve.py): `make_engine` in each engine replica, and
+as `inferd serve` (serve_args.py, serve_startup.py): `make_engine` in each engine replica, and
 `make_settings` in the ingress, for the model the replicas describe. inferd/ray_serve/ calls them
 without knowing the flags (they travel as `functools.partial`s of these functions)."""
 
@@ -9,22 +9,22 @@ import argparse
 import logging
 import sys
 
+from inferd.commands.serve_startup import ServedModel, set_chat_template, show_startup_logs
+
 
 def _worker_logging(args: argparse.Namespace) -> None:
     """A Ray worker has none of the CLI's logging set-up: the same level, format and quiet."""
-    from inferd.commands.serve import _show_startup_logs
     from inferd.progress import set_quiet
 
     logging.basicConfig(level=args.log_level, stream=sys.stderr,
                         format="%(levelname)s %(name)s: %(message)s")  # fmt: skip
     set_quiet(args.quiet)
-    _show_startup_logs()
+    show_startup_logs()
 
 
 def make_engine(args: argparse.Namespace):
     """In each replica: the engine as `inferd serve` builds it, behind its EngineClient."""
     from inferd.commands.engine_args import engine_config_from_args
-    from inferd.commands.serve import ServedModel, _set_chat_template
     from inferd.commands.serve_features import with_request_limits
     from inferd.commands.startup_gc import engine_started
     from inferd.engine.async_engine import AsyncEngine
@@ -38,7 +38,7 @@ def make_engine(args: argparse.Namespace):
     template = load_chat_template(args.chat_template) if args.chat_template else None
     engine = LLMEngine(with_request_limits(engine_config_from_args(args), args))
     engine_started()
-    _set_chat_template(ServedModel.of_engine(engine), template)
+    set_chat_template(ServedModel.of_engine(engine), template)
     # The blocks a prefix hit can cover: the full-attention pool's (sliding layers keep only
     # their window, so it bounds nothing), else the one pool.
     plan, block_size = engine.setup.kv_plan, engine.config.block_size
