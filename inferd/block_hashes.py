@@ -5,7 +5,8 @@ definition, so a router's match is exactly the blocks a replica will not compute
 
 Block i's hash covers tokens [0, (i + 1) * block_size): two prompts share cached blocks exactly
 as far as their hash lists agree. The first block's parent is a root (the engine's model identity,
-so blocks of different weights never match), mixed with the request's `cache_salt` if it has one.
+so blocks of different weights never match), mixed with the request's `cache_salt` if it has one
+and its LoRA adapter if it runs under one (`prompt_root`).
 """
 
 from __future__ import annotations
@@ -36,10 +37,18 @@ def adapter_root(root: bytes, lora) -> bytes:
     return hashlib.sha256(root + b"lora\0" + lora.identity.encode("utf-8")).digest()
 
 
+def prompt_root(root: bytes, salt: str | None, lora) -> bytes:
+    """The first block's parent for a request: the root mixed with its `cache_salt`, then with
+    its adapter (a LoRARequest or None). NOTE: the engine's cache and the routers both start
+    here, so a router's names are the ones a replica's cache registers."""
+    return adapter_root(salted_root(root, salt), lora)
+
+
 def prompt_block_hashes(token_ids: Sequence[int], block_size: int, root: bytes,
-                        salt: str | None = None) -> list[bytes]:  # fmt: skip
-    """The chained hashes of every full block of `token_ids`."""
-    parent, hashes = salted_root(root, salt), []
+                        salt: str | None = None, lora=None) -> list[bytes]:  # fmt: skip
+    """The chained hashes of every full block of `token_ids`, for a request with this
+    `cache_salt` and adapter."""
+    parent, hashes = prompt_root(root, salt, lora), []
     for start in range(0, len(token_ids) - block_size + 1, block_size):
         parent = block_hash(parent, token_ids[start : start + block_size])
         hashes.append(parent)

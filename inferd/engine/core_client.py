@@ -237,7 +237,8 @@ class AsyncCoreClient:
         loads = [None if r.dead else len(r.active) for r in self.replicas]
         try:
             replica = self.replicas[self.router.choose(request.prompt_token_ids,
-                                                       request.cache_salt, loads)]  # fmt: skip
+                                                       request.cache_salt, loads,
+                                                       request.lora_request)]  # fmt: skip
         except NoReplica as e:
             raise EngineDeadError(str(e)) from e
         future = self._loop.create_future()

@@ -7,12 +7,12 @@
     least-loaded  the one with the fewest unfinished requests (the lowest index on ties)
 
 "Holds" is judged the way the KV cache names blocks: by the chained sha256 of each full block of
-the prompt (inferd/block_hashes.py, the KV cache's own definition), so a prefix
-the router saw go to a replica has the names that replica's cache registered it under. The
-router remembers, per block name, the replica it last sent it to, as many names as the replicas'
+the prompt under the request's cache_salt and LoRA adapter (inferd/block_hashes.py, the KV
+cache's own definition), so a prefix the router saw go to a replica has the names that
+replica's cache registered it under. The router remembers, per block name, the replica it last sent it to, as many names as the replicas'
 pools hold blocks (least recently routed forgotten first), a stand-in for what each cache still
 holds. Load is what the front end knows exactly: requests sent to a replica and not yet finished.
-Dead replicas (None in `loads`) are never chosen.
+Dead replicas (None in `loads`) are never chosen; with one live replica nothing is hashed.
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ import itertools
 from collections import OrderedDict
 
 from inferd.block_hashes import prompt_block_hashes
+from inferd.lora_request import LoRARequest
 
 POLICIES = ("prefix", "round-robin", "least-loaded")
 
@@ -41,17 +42,22 @@ class Router:
         self._turn = itertools.count()
 
     def choose(self, prompt_token_ids: list[int], cache_salt: str | None,
-               loads: list[int | None]) -> int:  # fmt: skip
+               loads: list[int | None], lora: LoRARequest | None = None) -> int:  # fmt: skip
+        """The replica for a request with this prompt, `cache_salt` and adapter."""
         live = [i for i, n in enumerate(loads) if n is not None]
         if not live:
             raise NoReplica("every engine core replica is dead")
+        if len(live) == 1:
+            # NOTE: nothing to choose, so nothing is hashed: hashing costs a sha256 pass over
+            # the prompt, on the server's event loop.
+            return live[0]
         least = min(live, key=lambda i: (loads[i], i))
         if self.policy == "least-loaded":
             return least
         if self.policy == "round-robin":
             turn = next(self._turn)
             return live[turn % len(live)]
-        hashes = self.block_names(prompt_token_ids, cache_salt)
+        hashes = self.block_names(prompt_token_ids, cache_salt, lora)
         best, held = self._longest_holder(hashes, set(live))
         chosen = least
         if best is not None and held and loads[best] - loads[least] <= self.slack:
@@ -59,9 +65,11 @@ class Router:
         self._remember(hashes, chosen)
         return chosen
 
-    def block_names(self, token_ids: list[int], cache_salt: str | None) -> list[bytes]:
-        """The chained names of the prompt's full blocks, as the replicas' caches compute them."""
-        return prompt_block_hashes(token_ids, self.block_size, self.hash_root, cache_salt)
+    def block_names(self, token_ids: list[int], cache_salt: str | None,
+                    lora: LoRARequest | None = None) -> list[bytes]:  # fmt: skip
+        """The chained names of the prompt's full blocks, as the replicas' caches compute them
+        (salt and adapter included: an adapter's blocks are its own)."""
+        return prompt_block_hashes(token_ids, self.block_size, self.hash_root, cache_salt, lora)
 
     def _longest_holder(self, hashes: list[bytes], live: set[int]) -> tuple[int | None, int]:
         """(the replica holding the longest leading run of these blocks, its length)."""

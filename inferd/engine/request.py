@@ -26,7 +26,7 @@ import enum
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from inferd.block_hashes import adapter_root, block_hash, salted_root
+from inferd.block_hashes import block_hash, prompt_root
 from inferd.lora_request import LoRARequest
 
 if TYPE_CHECKING:
@@ -142,8 +142,7 @@ def update_block_hashes(seq: Sequence, block_size: int, root: bytes) -> None:
             parent = seq.block_hashes[-1]
         else:
             # NOTE: the adapter is part of the root: no block is shared across adapters.
-            req = seq.request
-            parent = adapter_root(salted_root(root, req.cache_salt), req.lora)
+            parent = prompt_root(root, seq.request.cache_salt, seq.request.lora)
         seq.block_hashes.append(
             block_hash(parent, seq.token_ids[i * block_size : (i + 1) * block_size])
         )

@@ -60,6 +60,7 @@ class BlockTable:
 PREFIX_HIT = "prefix_hit"  # sent to the replica holding the longest prefix
 NO_MATCH = "no_prefix_match"  # no replica holds a block of it: the least loaded
 OVERLOADED = "prefix_replica_busy"  # the best match is too busy: the least loaded
+ONLY_REPLICA = "only_replica"  # one replica to send it to: nothing chosen, nothing hashed
 
 
 def rank(

@@ -3,7 +3,8 @@
 prompt's leading blocks, unless that replica is much busier than the least loaded one; prompts
 no replica holds go to the least loaded replica. Load is the router's own count of the requests
 it has on each replica or is sending there (exact with one ingress, and current within a burst,
-where Serve's queue-length cache lags), or Serve's count when that is higher.
+where Serve's queue-length cache lags), or Serve's count when that is higher. With a single
+replica there is nothing to choose and no prompt is hashed.
 
 Serve creates the router inside the caller's deployment handle (in the ingress process) and
 calls `choose_replicas` for each request, with the handle call's arguments: the `EngineCall`
@@ -30,6 +31,7 @@ from ray.serve.request_router import (
 
 from inferd.ray_serve.prefix_table import (
     NO_MATCH,
+    ONLY_REPLICA,
     OVERLOADED,
     PREFIX_HIT,
     BlockTable,
@@ -111,19 +113,32 @@ class BlockPrefixRouter(LocalityMixin, MultiplexMixin, RequestRouter):
     def _choose(self, call: EngineCall, candidate_replicas: list[RunningReplica],
                 pending: PendingRequest) -> list[list[RunningReplica]]:  # fmt: skip
         plan = self._plans.pop(call.request_id, None)
+        if len(candidate_replicas) == 1:
+            # NOTE: nothing to choose, so nothing is hashed (a sha256 pass over the prompt, on
+            # the ingress's event loop), and the replica's table is not filled: a replica
+            # added later starts even with it.
+            only = candidate_replicas[0].replica_id
+            self._plan(call.request_id, _Plan([], [], ONLY_REPLICA, only, pending))
+            return [candidate_replicas]
+        # NOTE: no adapter in the names: replicas on Ray serve no LoRA adapters (`inferd serve
+        # --ray --enable-lora` is refused). When they do, the call's adapter joins the names as
+        # in the engine's cache (block_hashes.prompt_root).
         hashes = (
             plan.hashes
-            if plan
+            if plan and plan.decision != ONLY_REPLICA
             else prompt_block_hashes(call.token_ids or (), self.block_size, call.cache_salt)
         )
         by_id = {r.replica_id: r for r in candidate_replicas}
         matches = {rid: self._table(r).match(hashes) for rid, r in by_id.items()}
         ranks, decision = rank(matches, self._loads(by_id), self.imbalance, self._rng)
         holders = ranks[0] if decision == PREFIX_HIT else []
-        self._plans[call.request_id] = _Plan(hashes, holders, decision, ranks[0][0], pending)
+        self._plan(call.request_id, _Plan(hashes, holders, decision, ranks[0][0], pending))
+        return [[by_id[rid] for rid in r] for r in ranks]
+
+    def _plan(self, request_id: str, plan: _Plan) -> None:
+        self._plans[request_id] = plan
         if len(self._plans) > _MAX_PLANS:
             self._plans.popitem(last=False)
-        return [[by_id[rid] for rid in r] for r in ranks]
 
     def _loads(self, replicas) -> dict[ReplicaID, int]:
         """Requests on each replica or on their way there. NOTE: a burst of requests is chosen

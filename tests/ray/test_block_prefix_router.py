@@ -6,12 +6,19 @@ request for the ingress to count."""
 from __future__ import annotations
 
 import asyncio
+import hashlib
 
 import pytest
 
 pytest.importorskip("ray.serve")
 
-from inferd.ray_serve.prefix_table import NO_MATCH, OVERLOADED, PREFIX_HIT  # noqa: E402
+from inferd.ray_serve import router as router_module  # noqa: E402
+from inferd.ray_serve.prefix_table import (  # noqa: E402
+    NO_MATCH,
+    ONLY_REPLICA,
+    OVERLOADED,
+    PREFIX_HIT,
+)
 from inferd.ray_serve.router import BlockPrefixRouter  # noqa: E402
 from inferd.ray_serve.wire import EngineCall  # noqa: E402
 from inferd.sampling_params import SamplingParams  # noqa: E402
@@ -85,4 +92,22 @@ def test_a_busy_holder_is_passed_over_and_a_finished_request_frees_it():
         router.on_request_routed(third, holder, None)
         assert third.decision == PREFIX_HIT
 
+    asyncio.run(main())
+
+
+def test_a_single_replica_is_chosen_without_hashing_the_prompt(monkeypatch):
+    def no_hashing(*args):
+        raise AssertionError("the prompt was hashed")
+
+    async def main():
+        router, only = _router(), [FakeReplica("a")]
+        pending = FakePending("r0", [5] * 48)
+        assert await router.choose_replicas(only, pending) == [only]
+        router.on_request_routed(pending, "a", None)
+        assert pending.decision == ONLY_REPLICA
+        with pytest.raises(AssertionError, match="hashed"):  # two replicas: it hashes
+            router._choose(pending.args[0], [*only, FakeReplica("b")], pending)
+
+    monkeypatch.setattr(hashlib, "sha256", no_hashing)
+    monkeypatch.setattr(router_module, "prompt_block_hashes", no_hashing)
     asyncio.run(main())

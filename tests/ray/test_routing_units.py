@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import random
 
-from inferd.engine.request import block_hash, salted_root
+from inferd.block_hashes import block_hash, salted_root
 from inferd.ray_serve.prefix_table import (
     NO_MATCH,
     OVERLOADED,

@@ -1,24 +1,30 @@
 """Routing requests over data-parallel replicas (engine/dp_router.py): the block names it hashes
-are those the KV cache registers, prefix affinity with a load bound, round-robin and
-least-loaded, dead replicas never chosen; and the replicas' stats merged for /metrics."""
+are those the KV cache registers (cache_salt and LoRA adapter included), prefix affinity with a
+load bound, round-robin and least-loaded, dead replicas never chosen, a lone live replica chosen
+without hashing the prompt; and the replicas' stats merged for /metrics."""
 
 from __future__ import annotations
 
 import dataclasses
+import hashlib
+import itertools
 
 import pytest
 
 from inferd.config import EngineConfig
+from inferd.engine import dp_router
 from inferd.engine.core_client import replica_configs, replica_gpus
 from inferd.engine.dp_router import NoReplica, Router
 from inferd.engine.request import Request, Sequence, update_block_hashes
 from inferd.engine.stats import merge_stats
 from inferd.engine_client import EngineStats
+from inferd.lora_request import LoRARequest
 from inferd.outputs import RequestMetrics
 from inferd.sampling_params import SamplingParams
 
 ROOT = b"model-identity"
 BS = 4
+ADAPTER = LoRARequest("sql", 1, "/adapters/sql")
 
 
 def router(policy="prefix", slack=2, capacity=1000) -> Router:
@@ -27,12 +33,41 @@ def router(policy="prefix", slack=2, capacity=1000) -> Router:
 
 def test_block_names_are_the_kv_caches_hashes():
     prompt = list(range(30, 49))  # 4 full blocks and 3 tokens
-    for salt in (None, "tenant"):
-        req = Request("r", prompt, SamplingParams(), RequestMetrics(0.0), 4, cache_salt=salt)
+    for salt, lora in itertools.product((None, "tenant"), (None, ADAPTER)):
+        req = Request("r", prompt, SamplingParams(), RequestMetrics(0.0), 4, cache_salt=salt,
+                      lora=lora)  # fmt: skip
         seq = Sequence(0, req, 0, list(prompt), len(prompt))
         update_block_hashes(seq, BS, ROOT)
-        assert router().block_names(prompt, salt) == seq.block_hashes
+        assert router().block_names(prompt, salt, lora) == seq.block_hashes
     assert router().block_names(prompt, "a") != router().block_names(prompt, "b")
+    assert router().block_names(prompt, None, ADAPTER) != router().block_names(prompt, None)
+
+
+def test_an_adapter_request_goes_where_its_adapters_blocks_are():
+    r, prompt = router(slack=2), list(range(200, 240))
+    assert r.choose(prompt, None, [0, 1]) == 0  # the base model's blocks: on replica 0
+    # Replica 0 holds nothing computed under the adapter: the least loaded replica gets it...
+    assert r.choose(prompt, None, [1, 0], ADAPTER) == 1
+    # ...and the adapter's next request goes there, the base model's to replica 0.
+    assert r.choose(prompt + [1, 2, 3, 4], None, [0, 1], ADAPTER) == 1
+    assert r.choose(prompt + [1, 2, 3, 4], None, [1, 0]) == 0
+    other = LoRARequest("other", 2, "/adapters/other")
+    assert r.choose(prompt, None, [0, 1], other) == 0  # another adapter holds none of them
+
+
+def test_one_live_replica_is_chosen_without_hashing_the_prompt(monkeypatch):
+    def no_hashing(*args):
+        raise AssertionError("the prompt was hashed")
+
+    monkeypatch.setattr(hashlib, "sha256", no_hashing)
+    monkeypatch.setattr(dp_router, "prompt_block_hashes", no_hashing)
+    prompt = list(range(64))
+    for policy in dp_router.POLICIES:
+        r = router(policy)
+        assert r.choose(prompt, "tenant", [5], ADAPTER) == 0
+        assert r.choose(prompt, None, [None, 3, None]) == 1  # the others dead
+    with pytest.raises(AssertionError, match="hashed"):  # two live: the prefix policy hashes
+        router().choose(prompt, None, [0, 0])
 
 
 def test_prefix_routing_follows_the_prefix_until_the_load_bound():
