@@ -129,6 +129,9 @@ class RequestOutput:
     metrics: RequestMetrics | None = None
     num_cached_tokens: int = 0
     error: str | None = None  # set when the request failed inside the engine
+    # Only what is new since the request's previous output (RequestOutputKind.DELTA): each
+    # sample's new text, token ids and logprobs, and its finish once; the prompt fields whole.
+    delta: bool = False
 
 
 @dataclass

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import enum
 import math
 from dataclasses import dataclass
 from numbers import Integral, Real
@@ -66,6 +67,19 @@ def _token_id(name: str, key: Any) -> int:
     raise InvalidRequest(name, f"{name} keys must be integer token ids, got {key!r}")
 
 
+class RequestOutputKind(enum.IntEnum):
+    """What a request's outputs hold (vLLM's names). CUMULATIVE: everything so far, each
+    time; DELTA: only what is new since the request's previous output (its last one also carries
+    the finish and the metrics), so a stream costs the same per token however long it grows;
+    FINAL_ONLY: one output, the whole, when the request ends. Outputs come after each step
+    only for a streaming request (`LLMEngine.add_request(stream=True)`, every server request);
+    otherwise the one final output is cumulative whatever the kind."""
+
+    CUMULATIVE = 0
+    DELTA = 1
+    FINAL_ONLY = 2
+
+
 @dataclass
 class SamplingParams:
     n: int = 1
@@ -92,8 +106,10 @@ class SamplingParams:
     truncate_prompt_tokens: int | None = None
     # The reply must match a JSON schema / regex / choice / grammar (a dict is converted).
     structured_outputs: StructuredOutputsParams | None = None
+    output_kind: RequestOutputKind = RequestOutputKind.CUMULATIVE
 
     def __post_init__(self) -> None:
+        self.output_kind = RequestOutputKind(self.output_kind)
         self.n = _check_int("n", self.n, lambda v: v >= 1, "an integer >= 1")
         self.temperature = _check_float(
             "temperature", self.temperature, lambda v: v >= 0, "a finite number >= 0"

@@ -1,10 +1,16 @@
 """The front end's last stage: from the core's per-step news (`CoreOutput`: new token ids,
-logprobs, finish reasons) to the cumulative `RequestOutput`s callers see.
+logprobs, finish reasons) to the `RequestOutput`s callers see.
 
     CoreOutput ──▶ per sample: incremental detokenization, stop strings and their holdback,
                    logprob token strings; per request: n > 1 assembly, metrics ──▶ RequestOutput
                (an embedding request: its vector, once, ──▶ EmbeddingRequestOutput)
                └─▶ SampleFinish for each sample a stop string ended (the core frees it)
+
+A streaming request whose SamplingParams ask for `RequestOutputKind.DELTA` (every server stream)
+gets only what is new in each output: the samples with news, each with its new text (what the
+holdback releases), token ids and logprobs, and its finish once; the last output lists every
+sample with its finish. The cost of an output is then that of its news, not of the length so
+far. Otherwise outputs are cumulative (the whole so far: `LLM.generate`, non-stream replies).
 
 Stop strings can straddle token boundaries, so they are searched in the detokenized text, not in
 token ids: after each token only the tail that could hold a new match is scanned. While a sample
@@ -32,7 +38,7 @@ from inferd.outputs import (
     RequestOutput,
 )
 from inferd.pooling_params import PoolingParams
-from inferd.sampling_params import SamplingParams
+from inferd.sampling_params import RequestOutputKind, SamplingParams
 from inferd.tokenizer import IncrementalDetokenizer
 
 _TOKEN_TEXTS = 1 << 16  # token strings of logprobs cached (the vocabulary can be 256k)
@@ -48,6 +54,11 @@ class _Sample:
     cumulative_logprob: float = 0.0
     finish_reason: str | None = None
     stop_reason: int | str | None = None
+    # How much was handed out already (delta outputs): characters of text, tokens (and their
+    # logprobs), and whether the finish was.
+    sent_text: int = 0
+    sent_tokens: int = 0
+    finish_sent: bool = False
 
 
 @dataclass
@@ -64,6 +75,8 @@ class _Request:
     finished: bool = False
     pooling: PoolingParams | None = None  # an embedding request: one output, when it ends
     streamed: int = -1  # tokens (of its longest sample) at its last streamed output; -1: none
+    delta: bool = False  # its outputs hold only what is new (RequestOutputKind.DELTA)
+    sent_prompt_logprobs: int = 0  # prompt positions handed out already (delta outputs)
 
 
 class OutputProcessor:
@@ -80,7 +93,8 @@ class OutputProcessor:
     def add_request(self, request_id: str, prompt: str | None, prompt_token_ids: list[int],
                     params: SamplingParams | PoolingParams, arrival_time: float,
                     max_tokens_param: int | None, stream: bool = False) -> None:  # fmt: skip
-        """`stream`: an output after every step with news, not only the final one.
+        """`stream`: an output after every step with news, not only the final one (unless
+        its params ask for FINAL_ONLY), holding only the news when they ask for DELTA.
         PoolingParams: an embedding request, whose one output comes when it finished."""
         metrics = RequestMetrics(arrival_time=arrival_time, max_tokens_param=max_tokens_param)
         metrics.num_prompt_tokens = len(prompt_token_ids)
@@ -89,7 +103,10 @@ class OutputProcessor:
                                                  SamplingParams(), metrics, False,
                                                  pooling=params)  # fmt: skip
             return
-        req = _Request(request_id, prompt, list(prompt_token_ids), params, metrics, stream)
+        kind = params.output_kind
+        stream = stream and kind != RequestOutputKind.FINAL_ONLY
+        req = _Request(request_id, prompt, list(prompt_token_ids), params, metrics, stream,
+                       delta=stream and kind == RequestOutputKind.DELTA)  # fmt: skip
         if params.prompt_logprobs is not None:
             req.prompt_logprobs = [None]  # nothing predicts the first prompt token
         self._sample(req, 0)  # listed from the start, as the first sample runs from the start
@@ -133,7 +150,7 @@ class OutputProcessor:
                 req.metrics.finished_time = out.time if out.finished else (now or out.time)
                 del self.requests[req.request_id]
             if req.finished or (req.stream and self._stream_due(req)):
-                results.append(_request_output(req))
+                results.append(_delta_output(req) if req.delta else _request_output(req))
         return results, finishes
 
     def _stream_due(self, req: _Request) -> bool:
@@ -254,3 +271,39 @@ def _request_output(req: _Request) -> RequestOutput:
     return RequestOutput(req.request_id, req.prompt, req.prompt_token_ids, completions,
                          req.finished, prompt_logprobs, metrics, metrics.num_cached_tokens,
                          req.error)  # fmt: skip
+
+
+def _delta_output(req: _Request) -> RequestOutput:
+    """What is new since the request's previous output: the samples with news (every sample in
+    the last output, so that it shows each one's finish), each with its new text, tokens and
+    logprobs. NOTE: held-back text stays unsent until the holdback releases it; the text sent
+    is never taken back (`_streamable_end`)."""
+    completions = []
+    for s in req.samples:
+        end = _streamable_end(s, req.params)
+        tokens = len(s.token_ids)
+        news = tokens > s.sent_tokens or end > s.sent_text
+        newly_finished = s.finish_reason is not None and not s.finish_sent
+        if not (news or newly_finished or req.finished):
+            continue
+        completions.append(
+            CompletionOutput(
+                index=s.index,
+                text=s.text[s.sent_text : end],
+                token_ids=s.token_ids[s.sent_tokens :],
+                cumulative_logprob=s.cumulative_logprob if s.logprobs else None,
+                logprobs=s.logprobs[s.sent_tokens :] if req.params.logprobs is not None else None,
+                finish_reason=s.finish_reason,
+                stop_reason=s.stop_reason,
+            )
+        )
+        s.sent_text, s.sent_tokens = end, tokens
+        s.finish_sent = s.finish_reason is not None
+    prompt_logprobs = None
+    if req.prompt_logprobs is not None:
+        prompt_logprobs = req.prompt_logprobs[req.sent_prompt_logprobs :]
+        req.sent_prompt_logprobs = len(req.prompt_logprobs)
+    metrics = req.metrics.snapshot()  # NOTE: as in _request_output, the metrics go on changing
+    return RequestOutput(req.request_id, req.prompt, req.prompt_token_ids, completions,
+                         req.finished, prompt_logprobs, metrics, metrics.num_cached_tokens,
+                         req.error, delta=True)  # fmt: skip

@@ -20,10 +20,10 @@ from typing import Any
 from fastapi import Request
 
 from inferd.errors import InvalidRequest
-from inferd.outputs import RequestOutput
+from inferd.outputs import PositionLogprobs, RequestOutput
 from inferd.sampling_params import SamplingParams
 from inferd.server.admission import all_text
-from inferd.server.choices import DeltaTracker
+from inferd.server.choices import ChoiceDeltas
 from inferd.server.prompts import chat_render, salted, truncated
 from inferd.server.protocol import ChatCompletionRequest
 from inferd.server.request_params import chat_params, refuse_streamed_prompt_logprobs
@@ -111,10 +111,12 @@ async def whole_reply(run: ChatRun) -> Reply:
 class ReplyDelta:
     """What one engine step added to a single-choice reply."""
 
-    output: RequestOutput  # the latest cumulative output
+    output: RequestOutput  # the step's delta output (RequestOutputKind.DELTA)
     content: str
     tool_calls: list[ToolCallDelta]
-    tokens: slice  # the new tokens of output.outputs[0] (for their logprobs)
+    token_ids: list[int]  # the new tokens
+    logprobs: list[PositionLogprobs]  # theirs, when asked for
+    output_tokens: int  # the reply's tokens so far
     finish_reason: str | None  # set on the last delta only
     stop_reason: int | str | None
 
@@ -122,18 +124,15 @@ class ReplyDelta:
 async def reply_deltas(run: ChatRun) -> AsyncIterator[ReplyDelta]:
     """The reply as it grows, content and tool-call fragments separated (the tool-call parser
     holds back text that may start a call); the last delta carries the finish."""
-    tracker, stream = DeltaTracker(), run.plan.stream()
+    deltas, stream, output_tokens = ChoiceDeltas(tokens_too=True), run.plan.stream(), 0
     async for out in run.group.outputs():
+        if not out.outputs:
+            continue  # a step with news for the engine's bookkeeping only
         sample = out.outputs[0]
-        d = tracker.take(0, sample.text, len(sample.token_ids), sample.finish_reason, True)
+        output_tokens += len(sample.token_ids)
+        d = deltas.take(0, sample)
         if d is None:
             continue
         added = stream.take(d.text, final=d.finish_reason is not None)
-        yield ReplyDelta(
-            out,
-            added.content,
-            added.tool_calls,
-            slice(d.token_start, d.token_end),
-            d.finish_reason,
-            sample.stop_reason,
-        )
+        yield ReplyDelta(out, added.content, added.tool_calls, d.token_ids, d.logprobs,
+                         output_tokens, d.finish_reason, sample.stop_reason)  # fmt: skip

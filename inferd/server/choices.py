@@ -1,8 +1,8 @@
 """Choices from engine outputs: whole ones for plain responses, deltas for streams.
 
-The engine reports each sample cumulatively (all text and tokens so far, every step); a stream
-sends only what is new. One `DeltaTracker` per stream remembers, per choice index, how much text
-and how many tokens were sent, and whether the finish was.
+A plain response's outputs are cumulative (its last holds everything); a stream's hold only
+what each step added (RequestOutputKind.DELTA), and `ChoiceDeltas` turns them into chunks,
+keeping per choice only the news not sent yet.
 """
 
 from __future__ import annotations
@@ -52,36 +52,61 @@ def completion_choice(
 
 
 @dataclass
-class Delta:
-    text: str
-    token_start: int  # the new tokens are [token_start, token_end) of the choice
-    token_end: int
-    finish_reason: str | None  # set on the choice's last delta only
+class ChoiceDelta:
+    """What one chunk of a streamed choice sends."""
+
+    text: str  # with the echoed prompt's text first on the choice's first chunk
+    token_ids: list[int]  # the generated tokens (the echoed prompt's are in `echo`)
+    logprobs: list[PositionLogprobs]  # their entries (empty when none were asked for)
+    finish_reason: str | None  # set on the choice's last chunk only
+    first: bool  # the choice's first chunk
+    echo: Echo | None  # the echoed prompt, on the first chunk only
 
 
-class DeltaTracker:
-    def __init__(self) -> None:
-        self._text: dict[int, int] = {}
-        self._tokens: dict[int, int] = {}
+@dataclass
+class _Unsent:
+    text: str = ""
+    token_ids: list[int] = field(default_factory=list)
+    logprobs: list[PositionLogprobs] = field(default_factory=list)
+    echo: Echo | None = None
+    first: bool = True
+
+
+class ChoiceDeltas:
+    """The chunks of a stream's choices from the engine's delta outputs (RequestOutputKind.
+    DELTA): per choice index, the news not sent yet. New text or the finish is worth a chunk,
+    and with `tokens_too` new tokens alone are (for their logprobs); news worth none waits for
+    the next (e.g. a token whose character is still incomplete). A finished choice takes
+    nothing more."""
+
+    def __init__(self, tokens_too: bool) -> None:
+        self.tokens_too = tokens_too
+        self._unsent: dict[int, _Unsent] = {}
         self._done: set[int] = set()
 
-    def take(
-        self, index: int, text: str, num_tokens: int, finish_reason: str | None, tokens_too: bool
-    ) -> Delta | None:
-        """What is new in choice `index`, or None when there is nothing worth a chunk
-        (`tokens_too`: new tokens alone are worth one, for their logprobs)."""
+    def started(self, index: int) -> bool:
+        return index in self._unsent or index in self._done
+
+    def take(self, index: int, c: CompletionOutput, echo: Echo | None = None) -> ChoiceDelta | None:
+        """Add a delta output's sample `c` to choice `index` (`echo`: its echoed prompt, given
+        with the choice's first news); what to send now, or None."""
         if index in self._done:
             return None
-        sent_text, sent_tokens = self._text.get(index, 0), self._tokens.get(index, 0)
-        new_text = text[sent_text:]
-        new_tokens = num_tokens > sent_tokens
-        if not new_text and finish_reason is None and not (tokens_too and new_tokens):
+        unsent = self._unsent.get(index)
+        if unsent is None:
+            unsent = self._unsent[index] = _Unsent(echo=echo, text=echo.text if echo else "")
+        unsent.text += c.text
+        unsent.token_ids += c.token_ids
+        if c.logprobs:
+            unsent.logprobs += c.logprobs
+        echoed_ids = unsent.echo is not None and bool(unsent.echo.token_ids)
+        new_tokens = bool(unsent.token_ids) or echoed_ids
+        if not unsent.text and c.finish_reason is None and not (self.tokens_too and new_tokens):
             return None
-        self._text[index] = len(text)
-        self._tokens[index] = num_tokens
-        if finish_reason is not None:
+        if c.finish_reason is not None:
             self._done.add(index)
-        return Delta(new_text, sent_tokens, num_tokens, finish_reason)
-
-    def finished(self, index: int) -> bool:
-        return index in self._done
+            del self._unsent[index]
+        else:
+            self._unsent[index] = _Unsent(first=False)
+        return ChoiceDelta(unsent.text, unsent.token_ids, unsent.logprobs, c.finish_reason,
+                           unsent.first, unsent.echo)  # fmt: skip

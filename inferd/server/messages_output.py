@@ -42,10 +42,11 @@ def stop_reason(
     return "end_turn", None
 
 
-def usage_json(out: RequestOutput) -> dict[str, Any]:
+def usage_json(out: RequestOutput, generated: int | None = None) -> dict[str, Any]:
+    """`generated`: the reply's tokens, where `out` is a stream's last (delta) output."""
     return {
         "input_tokens": len(out.prompt_token_ids),
-        "output_tokens": len(out.outputs[0].token_ids),
+        "output_tokens": len(out.outputs[0].token_ids) if generated is None else generated,
         "cache_read_input_tokens": out.num_cached_tokens,  # served from the prefix cache
         "cache_creation_input_tokens": 0,
     }
@@ -140,12 +141,13 @@ class MessageEvents:
         return events + [self.event("content_block_delta", index=self.calls[index], delta=delta)]
 
     def closing(
-        self, finish_reason: str | None, stop: int | str | None, out: RequestOutput
+        self, finish_reason: str | None, stop: int | str | None, out: RequestOutput, generated: int
     ) -> list[bytes]:
+        """The last events (`out`: the last delta output; `generated`: the reply's tokens)."""
         reason, sequence = stop_reason(finish_reason, stop, self.called, self.stop_sequences)
         delta = {"stop_reason": reason, "stop_sequence": sequence}
         return self._stop() + [
-            self.event("message_delta", delta=delta, usage=usage_json(out)),
+            self.event("message_delta", delta=delta, usage=usage_json(out, generated)),
             self.event("message_stop"),
         ]
 

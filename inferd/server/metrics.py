@@ -236,8 +236,9 @@ class ServerMetrics:
             return
         # The longest sample grows by one token per step whatever n is, so its length counts
         # the gaps a streaming client sees.
-        length = max((len(c.token_ids) for c in out.outputs), default=0)
+        longest = max((len(c.token_ids) for c in out.outputs), default=0)
         count, last = self._progress.get(out.request_id, (0, 0.0))
+        length = count + longest if out.delta else longest  # a delta holds the new tokens only
         new = length - count
         if count and new > 0:
             self.itl.observe((m.last_token_time - last) / new, new)

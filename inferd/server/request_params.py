@@ -7,7 +7,7 @@ from __future__ import annotations
 from typing import Any
 
 from inferd.errors import InvalidRequest
-from inferd.sampling_params import SamplingParams
+from inferd.sampling_params import RequestOutputKind, SamplingParams
 from inferd.server.protocol import (
     ChatCompletionRequest,
     CompletionRequest,
@@ -56,6 +56,8 @@ def _common(body: GenerationFields, forced: StructuredOutputsParams | None) -> d
         kwargs["structured_outputs"] = spec
     if getattr(body, "stream_options", None) is not None and not getattr(body, "stream", False):
         raise InvalidRequest("stream_options", "stream_options is only allowed with stream: true")
+    if getattr(body, "stream", False):  # a stream sends each step's news: only those are built
+        kwargs["output_kind"] = RequestOutputKind.DELTA
     return kwargs
 
 

@@ -28,8 +28,10 @@ def item_id(prefix: str) -> str:
     return f"{prefix}_{uuid.uuid4().hex}"
 
 
-def usage_json(out: RequestOutput) -> dict[str, Any]:
-    prompt, generated = len(out.prompt_token_ids), len(out.outputs[0].token_ids)
+def usage_json(out: RequestOutput, generated: int | None = None) -> dict[str, Any]:
+    """`generated`: the reply's tokens, where `out` is a stream's last (delta) output."""
+    prompt = len(out.prompt_token_ids)
+    generated = len(out.outputs[0].token_ids) if generated is None else generated
     return {
         "input_tokens": prompt,
         "input_tokens_details": {"cached_tokens": out.num_cached_tokens, "cache_write_tokens": 0},
@@ -114,7 +116,9 @@ class ResponseShape:
         out: RequestOutput | None = None,
         incomplete: dict[str, Any] | None = None,
         error: dict[str, Any] | None = None,
+        generated: int | None = None,
     ) -> dict[str, Any]:
+        """`generated`: the reply's tokens, where `out` is a stream's last (delta) output."""
         body = self.body
         item_status = "incomplete" if status == "incomplete" else "completed"
         text = {"format": (body.text or {}).get("format") or {"type": "text"}}
@@ -139,7 +143,7 @@ class ResponseShape:
             "top_logprobs": body.top_logprobs,
             "top_p": self.params.top_p,
             "truncation": "disabled",
-            "usage": usage_json(out) if out is not None else None,
+            "usage": usage_json(out, generated) if out is not None else None,
             "user": body.user,
             "metadata": body.metadata or {},
             "background": False,
@@ -260,14 +264,16 @@ class EventStream:
             )
         ]
 
-    def closing(self, finish_reason: str | None, out: RequestOutput) -> list[bytes]:
-        """The last events: the open item closed, then the whole response."""
+    def closing(self, finish_reason: str | None, out: RequestOutput, generated: int
+                ) -> list[bytes]:  # fmt: skip
+        """The last events: the open item closed, then the whole response (`out`: the last
+        delta output; `generated`: the reply's tokens)."""
         status, incomplete = self.shape.status_of(finish_reason)
         events = [] if self.items else self._start(Item("message", item_id("msg")))  # empty
         if self.open is not None and self.open.kind == "message":
             self.open.logprobs += self.pending
         events += self._close("incomplete" if incomplete else "completed")
-        self.response = self.shape.json(status, self.items, out, incomplete)
+        self.response = self.shape.json(status, self.items, out, incomplete, generated=generated)
         kind = "response.incomplete" if incomplete else "response.completed"
         return events + [self.event(kind, response=self.response)]
 

@@ -11,16 +11,17 @@ from typing import Any
 from fastapi import APIRouter, Request, Response
 from fastapi.responses import JSONResponse
 
-from inferd.outputs import CompletionOutput, RequestOutput
+from inferd.outputs import RequestOutput
 from inferd.server.chat_pipeline import start_chat
-from inferd.server.choices import DeltaTracker
+from inferd.server.choices import ChoiceDeltas
 from inferd.server.protocol import ChatCompletionRequest, StreamOptions
-from inferd.server.responses import chat_logprobs, prompt_logprobs_json, usage_of
+from inferd.server.responses import TokenText, chat_logprobs, prompt_logprobs_json, usage_of
 from inferd.server.routes_openai import head_of, response_id, timelines
 from inferd.server.serving import abandon_when_gone, collect
 from inferd.server.sse import sse_response
 from inferd.server.state import get_state, note_user
 from inferd.server.streaming import stream_events
+from inferd.server.tool_calls import ToolPlan
 
 router = APIRouter()
 
@@ -38,6 +39,46 @@ def echoed(body: ChatCompletionRequest, role: str) -> str:
     return last.text() if body.echo and last.role == role else ""
 
 
+def _logprobs(top: int | None, texts: TokenText, ids: list[int], entries: list) -> Any:
+    return None if top is None else {"content": chat_logprobs(ids, entries, texts, top)}
+
+
+class ChatChunks:
+    """The choices of a streamed chat completion's chunks, from the engine's delta outputs:
+    each choice's text through its tool-call parser (which may hold text back), its tokens'
+    logprobs (`top`: how many alternatives; None: no logprobs)."""
+
+    def __init__(self, plan: ToolPlan, n: int, top: int | None, texts: TokenText,
+                 return_token_ids: bool):  # fmt: skip
+        self.plan, self.top, self.texts = plan, top, texts
+        self.return_token_ids = return_token_ids
+        self.deltas = ChoiceDeltas(tokens_too=top is not None)
+        self.streams = [plan.stream() for _ in range(n)]
+
+    def choices(self, out: RequestOutput) -> list[dict[str, Any]]:
+        choices = []
+        for c in out.outputs:
+            d = self.deltas.take(c.index, c)
+            if d is None:
+                continue
+            stream = self.streams[c.index]
+            delta = stream.feed(d.text, final=d.finish_reason is not None)
+            lp = _logprobs(self.top, self.texts, d.token_ids, d.logprobs)
+            if not delta and lp is None and d.finish_reason is None:
+                continue  # text the tool-call parser holds back
+            choice = {
+                "index": c.index,
+                "delta": delta,
+                "logprobs": lp,
+                "finish_reason": self.plan.finish_reason(d.finish_reason, stream.called),
+                "stop_reason": c.stop_reason if d.finish_reason else None,
+            }
+            if self.return_token_ids:
+                choice["token_ids"] = d.token_ids
+            choices.append(choice)
+        return choices
+
+
 @router.post("/v1/chat/completions")
 @abandon_when_gone
 async def create_chat_completion(body: ChatCompletionRequest, request: Request) -> Response:
@@ -53,41 +94,9 @@ async def create_chat_completion(body: ChatCompletionRequest, request: Request) 
     echo = echoed(body, role)
     rid = response_id("chatcmpl", body.request_id)
 
-    def logprobs_of(c: CompletionOutput, window: slice) -> dict[str, Any] | None:
-        if top is None:
-            return None
-        ids, entries = list(c.token_ids)[window], list(c.logprobs or [])[window]
-        return {"content": chat_logprobs(ids, entries, texts, top)}
-
     if body.stream:
         head = head_of(state, rid, "chat.completion.chunk", model)
-        tracker = DeltaTracker()
-        streams = [plan.stream() for _ in range(params.n)]
-
-        def chunk(p: int, out: RequestOutput) -> list[dict[str, Any]]:
-            choices = []
-            for c in out.outputs:
-                d = tracker.take(c.index, c.text, len(c.token_ids), c.finish_reason,
-                                 top is not None)  # fmt: skip
-                if d is None:
-                    continue
-                stream = streams[c.index]
-                delta = stream.feed(d.text, final=d.finish_reason is not None)
-                lp = logprobs_of(c, slice(d.token_start, d.token_end))
-                if not delta and lp is None and d.finish_reason is None:
-                    continue  # text the tool-call parser holds back
-                choice = {
-                    "index": c.index,
-                    "delta": delta,
-                    "logprobs": lp,
-                    "finish_reason": plan.finish_reason(d.finish_reason, stream.called),
-                    "stop_reason": c.stop_reason if d.finish_reason else None,
-                }
-                if body.return_token_ids:
-                    choice["token_ids"] = list(c.token_ids)[d.token_start : d.token_end]
-                choices.append(choice)
-            return choices
-
+        chunks = ChatChunks(plan, params.n, top, texts, body.return_token_ids)
         opening = [
             {"index": i, "delta": {"role": role, "content": echo}, "logprobs": None,
              "finish_reason": None}
@@ -95,7 +104,8 @@ async def create_chat_completion(body: ChatCompletionRequest, request: Request) 
         ]  # fmt: skip
         first = {"prompt_token_ids": prompt["prompt_token_ids"]} if body.return_token_ids else {}
         options = body.stream_options or StreamOptions()
-        events = stream_events(group, request, head, chunk, options.include_usage, opening,
+        outputs = ((out, chunks.choices(out)) async for out in group.outputs())
+        events = stream_events(group, request, head, outputs, options.include_usage, opening,
                                continuous_usage=options.usage_in_every_chunk,
                                opening_fields=first,
                                trailer=timelines if timeline else None)  # fmt: skip
@@ -111,7 +121,7 @@ async def create_chat_completion(body: ChatCompletionRequest, request: Request) 
         choice = {
             "index": c.index,
             "message": message,
-            "logprobs": logprobs_of(c, slice(None)),
+            "logprobs": _logprobs(top, texts, list(c.token_ids), list(c.logprobs or [])),
             "finish_reason": plan.finish_reason(c.finish_reason, called),
             "stop_reason": c.stop_reason,
         }

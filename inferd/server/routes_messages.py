@@ -68,7 +68,9 @@ async def _stream(
                 for event in events.call(call.index, call.id, call.name, call.arguments):
                     yield event
             if delta.finish_reason is not None:
-                for event in events.closing(delta.finish_reason, delta.stop_reason, delta.output):
+                closing = events.closing(delta.finish_reason, delta.stop_reason, delta.output,
+                                         delta.output_tokens)  # fmt: skip
+                for event in closing:
                     yield event
 
     def failed(error: APIError) -> list[bytes]:

@@ -16,12 +16,13 @@ from fastapi import APIRouter, Request, Response
 from fastapi.responses import JSONResponse
 
 from inferd.outputs import CompletionOutput, RequestOutput
-from inferd.server.choices import DeltaTracker, Echo, completion_choice, full_sample
+from inferd.server.choices import ChoiceDeltas, Echo, completion_choice
 from inferd.server.errors import APIError
 from inferd.server.prompts import completion_prompts, prompt_text, salted, truncated
 from inferd.server.protocol import CompletionRequest, StreamOptions
 from inferd.server.request_params import completion_params, refuse_streamed_prompt_logprobs
 from inferd.server.responses import (
+    TokenText,
     completion_logprobs,
     new_id,
     prompt_logprobs_json,
@@ -129,39 +130,15 @@ async def create_completion(body: CompletionRequest, request: Request) -> Respon
         return extra
 
     if body.stream:
-        tracker, offsets, sent_ids = DeltaTracker(), {}, {}
-
-        def chunk(p: int, out: RequestOutput) -> list[dict[str, Any]]:
-            choices = []
-            for c in out.outputs:
-                if not c.token_ids and c.finish_reason is None:
-                    continue  # still in prefill: nothing to send yet
-                text, ids, entries = full_sample(c, echo_of(p, out))
-                index = p * params.n + c.index
-                d = tracker.take(index, text, len(ids), c.finish_reason, want_logprobs)
-                if d is None:
-                    continue
-                sent, sent_ids[index] = sent_ids.get(index, 0), len(c.token_ids)
-                lp, offsets[index] = None, offsets.get(index, 0)
-                if want_logprobs:
-                    lp, offsets[index] = completion_logprobs(
-                        ids[d.token_start : d.token_end],
-                        entries[d.token_start : d.token_end],
-                        texts,
-                        offsets[index],
-                    )
-                choices.append({
-                    "index": index,
-                    "text": d.text,
-                    "logprobs": lp,
-                    "finish_reason": d.finish_reason,
-                    "stop_reason": c.stop_reason if d.finish_reason else None,
-                    **extras(c, out, sent),
-                })  # fmt: skip
-            return choices
-
+        chunks = CompletionChunks(params.n, want_logprobs, texts, body.return_token_ids,
+                                  echo_texts if body.echo else None)  # fmt: skip
+        prompt_index = {rid: p for p, rid in enumerate(group.request_ids)}
+        outputs = (
+            (out, chunks.choices(prompt_index[out.request_id], out))
+            async for out in group.outputs()
+        )
         options = body.stream_options or StreamOptions()
-        events = stream_events(group, request, head, chunk, options.include_usage,
+        events = stream_events(group, request, head, outputs, options.include_usage,
                                continuous_usage=options.usage_in_every_chunk,
                                trailer=timelines if timeline else None)  # fmt: skip
         return sse_response(events)
@@ -183,6 +160,51 @@ async def create_completion(body: CompletionRequest, request: Request) -> Respon
     choices.sort(key=lambda c: c["index"])
     extra = timelines(outs) if timeline else {}
     return JSONResponse({**head, "choices": choices, "usage": usage_of(outs), **extra})
+
+
+class CompletionChunks:
+    """The choices of a streamed completion's chunks, from the engine's delta outputs: choice
+    `p * n + k` is sample k of prompt p; `echo_texts`: each prompt's text, sent first."""
+
+    def __init__(self, n: int, logprobs: bool, texts: TokenText, return_token_ids: bool,
+                 echo_texts: list[str] | None):  # fmt: skip
+        self.n, self.logprobs, self.texts = n, logprobs, texts
+        self.return_token_ids, self.echo_texts = return_token_ids, echo_texts
+        self.deltas = ChoiceDeltas(tokens_too=logprobs)
+        self.offsets: dict[int, int] = {}  # per choice: its text's length so far (text_offset)
+
+    def choices(self, p: int, out: RequestOutput) -> list[dict[str, Any]]:
+        choices = []
+        for c in out.outputs:
+            if not c.token_ids and c.finish_reason is None:
+                continue  # still in prefill: nothing to send yet
+            index = p * self.n + c.index
+            echo = None
+            if self.echo_texts is not None and not self.deltas.started(index):
+                echo = Echo.of(out, self.echo_texts[p], self.logprobs)
+            d = self.deltas.take(index, c, echo)
+            if d is None:
+                continue
+            lp = None
+            if self.logprobs:
+                ids, entries = d.token_ids, d.logprobs
+                if d.echo is not None:
+                    ids, entries = d.echo.token_ids + ids, d.echo.entries + entries
+                offset = self.offsets.get(index, 0)
+                lp, self.offsets[index] = completion_logprobs(ids, entries, self.texts, offset)
+            choice = {
+                "index": index,
+                "text": d.text,
+                "logprobs": lp,
+                "finish_reason": d.finish_reason,
+                "stop_reason": c.stop_reason if d.finish_reason else None,
+            }
+            if self.return_token_ids:  # vLLM's: the new token ids, the prompt's with the first
+                choice["token_ids"] = d.token_ids
+                if d.first:
+                    choice["prompt_token_ids"] = list(out.prompt_token_ids)
+            choices.append(choice)
+        return choices
 
 
 def timelines(outs: list[RequestOutput]) -> dict[str, Any]:

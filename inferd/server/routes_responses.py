@@ -112,16 +112,14 @@ async def _stream(
         for event in events.opening():
             yield event
         async for delta in reply_deltas(run):
-            sample = delta.output.outputs[0]
-            ids, entries = list(sample.token_ids)[delta.tokens], list(sample.logprobs or [])
-            logprobs = _logprobs(state, run, ids, entries[delta.tokens], top)
+            logprobs = _logprobs(state, run, delta.token_ids, delta.logprobs, top)
             for event in events.text(delta.content, logprobs):
                 yield event
             for call in delta.tool_calls:
                 for event in events.call(call.index, call.id, call.name, call.arguments):
                     yield event
             if delta.finish_reason is not None:
-                closing = events.closing(delta.finish_reason, delta.output)
+                closing = events.closing(delta.finish_reason, delta.output, delta.output_tokens)
                 remember(events.response, events.items)
                 for event in closing:
                     yield event

@@ -3,8 +3,9 @@
 `guarded` owns what any API's stream needs: the disconnect watch (abort, so the KV blocks are
 freed before the next step), errors after the headers went out (the API's error events), and
 the abort when the stream ends however it ends. `stream_events` is the OpenAI chunk stream on
-top of it: the route supplies how to turn one engine output into chunk choices; the usage
-chunk, the error event then `[DONE]`, and the final `[DONE]` are here.
+top of it: the route hands it the engine's outputs paired with their chunk's choices; the usage
+(counted from the outputs as they pass), the error event then `[DONE]`, and the final `[DONE]`
+are here.
 """
 
 from __future__ import annotations
@@ -15,11 +16,9 @@ from typing import Any
 
 from inferd.outputs import RequestOutput
 from inferd.server.errors import APIError, app_errors, error_status, internal_error
-from inferd.server.responses import usage_of
+from inferd.server.responses import usage
 from inferd.server.serving import RequestGroup, abort_on_disconnect
 from inferd.server.sse import DONE, encode_event, error_event
-
-ChunkChoices = Callable[[int, RequestOutput], list[dict[str, Any]]]
 
 
 def stream_failure(error: BaseException, request: Any = None) -> APIError:
@@ -49,43 +48,60 @@ async def guarded(
         group.abort()
 
 
+class StreamUsage:
+    """The usage of a group's requests so far, from their outputs (delta or cumulative)."""
+
+    def __init__(self) -> None:
+        self._prompt: dict[str, int] = {}
+        self._completion: dict[str, int] = {}
+        self._cached: dict[str, int] = {}
+
+    def add(self, out: RequestOutput) -> None:
+        rid, tokens = out.request_id, sum(len(c.token_ids) for c in out.outputs)
+        self._prompt[rid], self._cached[rid] = len(out.prompt_token_ids), out.num_cached_tokens
+        self._completion[rid] = self._completion.get(rid, 0) + tokens if out.delta else tokens
+
+    def json(self) -> dict[str, Any]:
+        """Prompt tokens count once per prompt, however many samples (n) it has."""
+        return usage(sum(self._prompt.values()), sum(self._completion.values()),
+                     sum(self._cached.values()))  # fmt: skip
+
+
 async def stream_events(
     group: RequestGroup,
     request: Any,
     head: dict[str, Any],
-    chunk_choices: ChunkChoices,
+    outputs: AsyncIterator[tuple[RequestOutput, list[dict[str, Any]]]],
     include_usage: bool,
     opening: list[dict[str, Any]] | None = None,
     continuous_usage: bool = False,
     opening_fields: dict[str, Any] | None = None,
     trailer: Callable[[list[RequestOutput]], dict[str, Any]] | None = None,
 ) -> AsyncIterator[bytes]:
-    """`head` holds the fields every chunk repeats (id, object, created, model, fingerprint);
+    """`outputs`: the group's outputs, each with the choices of its chunk (none: no chunk).
+    `head` holds the fields every chunk repeats (id, object, created, model, fingerprint);
     `opening` are choices sent before any token (the chat role chunk), with `opening_fields`
     added to that chunk only. `continuous_usage` (vLLM's stream_options.continuous_usage_stats):
     every chunk carries the usage so far. `trailer` gives the fields of a last chunk (no
     choices) from the final outputs, e.g. the requests' timelines."""
-    prompt_index = {rid: i for i, rid in enumerate(group.request_ids)}
     latest: dict[str, RequestOutput] = {}
-
-    def so_far() -> dict[str, Any]:
-        return usage_of([latest[r] for r in group.request_ids if r in latest])
+    so_far = StreamUsage()
 
     async def chunks() -> AsyncIterator[bytes]:
         if opening:
-            extra = {"usage": so_far()} if continuous_usage else {}
+            extra = {"usage": so_far.json()} if continuous_usage else {}
             yield encode_event({**head, **(opening_fields or {}), "choices": opening, **extra})
-        async for out in group.outputs():
-            choices = chunk_choices(prompt_index[out.request_id], out)
+        async for out, choices in outputs:
             latest[out.request_id] = out
+            so_far.add(out)
             if choices:
-                extra = {"usage": so_far()} if continuous_usage else {}
+                extra = {"usage": so_far.json()} if continuous_usage else {}
                 yield encode_event({**head, "choices": choices, **extra})
         if trailer is not None:  # each request's latest output is its final one by now
             outs = [latest[r] for r in group.request_ids if r in latest]
             yield encode_event({**head, "choices": [], **trailer(outs)})
         if include_usage:
-            yield encode_event({**head, "choices": [], "usage": so_far()})
+            yield encode_event({**head, "choices": [], "usage": so_far.json()})
         yield DONE
 
     def failed(error: APIError) -> list[bytes]:

@@ -10,6 +10,7 @@ from collections.abc import Callable
 from inferd.engine_client import EngineStats, ModelInfo
 from inferd.errors import InvalidRequest
 from inferd.outputs import CompletionOutput, Logprob, RequestMetrics, RequestOutput
+from inferd.sampling_params import RequestOutputKind
 
 VOCAB = 128
 BOS, EOS = 1, 2
@@ -109,20 +110,27 @@ class ScriptedClient:
         longest = max(len(t) for t, _ in samples)
         done = upto >= longest
         completions = []
+        # RequestOutputKind.DELTA (every stream): only this step's news, as the engine sends it.
+        delta = params.output_kind == RequestOutputKind.DELTA
         for k, (tokens, finish) in enumerate(samples):
             shown = tokens[:upto]
+            if delta:
+                if len(tokens) < upto and not done:
+                    continue  # nothing new in this sample
+                shown = tokens[upto - 1 : upto]
             lps = None
             if params.logprobs is not None:
                 lps = [{t: Logprob(-0.25, 1)} | {EOS: Logprob(-3.0, 2)} for t in shown]
             completions.append(CompletionOutput(
                 k, self.tokenizer.decode(shown), shown, logprobs=lps,
-                finish_reason=finish if len(shown) == len(tokens) and done else None,
+                finish_reason=finish if upto >= len(tokens) and done else None,
             ))  # fmt: skip
         prompt_lps = None
         if params.prompt_logprobs is not None:
             prompt_lps = [None] + [{t: Logprob(-1.0, 1)} for t in ids[1:]]
         out = RequestOutput(request_id, None, ids, completions, done, prompt_lps,
-                            RequestMetrics(0.0), num_cached_tokens=self.cached_tokens)  # fmt: skip
+                            RequestMetrics(0.0), num_cached_tokens=self.cached_tokens,
+                            delta=delta)  # fmt: skip
         outputs.put_nowait(out)
         if not done:
             asyncio.get_running_loop().call_soon(

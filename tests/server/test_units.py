@@ -16,7 +16,7 @@ from inferd.errors import ContextTooLong, EngineDeadError, InvalidRequest, Overl
 from inferd.outputs import CompletionOutput, Logprob, RequestMetrics, RequestOutput
 from inferd.sampling_params import SamplingParams
 from inferd.server.auth import bearer_token, key_matches
-from inferd.server.choices import DeltaTracker
+from inferd.server.choices import ChoiceDeltas, Echo
 from inferd.server.errors import error_status, from_validation_error
 from inferd.server.metrics import ServerMetrics
 from inferd.server.protocol import ChatCompletionRequest, CompletionRequest
@@ -222,17 +222,28 @@ def test_usage_counts_each_prompt_once_whatever_n():
                               "prompt_tokens_details": {"cached_tokens": 0}}  # fmt: skip
 
 
-def test_delta_tracker_sends_only_what_is_new_and_finishes_once():
-    t = DeltaTracker()
-    d = t.take(0, "Hel", 2, None, tokens_too=False)
-    assert (d.text, d.token_start, d.token_end, d.finish_reason) == ("Hel", 0, 2, None)
-    assert t.take(0, "Hel", 3, None, tokens_too=False) is None  # a token held back, no text
-    d = t.take(0, "Hel", 3, None, tokens_too=True)  # ...still owed when logprobs want it
-    assert (d.text, d.token_start, d.token_end) == ("", 2, 3)
-    d = t.take(0, "Hello", 4, "stop", tokens_too=False)
-    assert (d.text, d.token_start, d.finish_reason) == ("lo", 3, "stop")
-    assert t.take(0, "Hello", 4, "stop", tokens_too=False) is None and t.finished(0)
-    assert t.take(1, "x", 1, None, tokens_too=False).text == "x"  # choices are independent
+def test_choice_deltas_send_only_what_is_new_and_finish_once():
+    t = ChoiceDeltas(tokens_too=False)
+    d = t.take(0, CompletionOutput(0, "Hel", [1, 2]))
+    assert (d.text, d.token_ids, d.finish_reason, d.first) == ("Hel", [1, 2], None, True)
+    assert t.take(0, CompletionOutput(0, "", [3])) is None  # a token held back, no text
+    d = t.take(0, CompletionOutput(0, "lo", [4], finish_reason="stop"))
+    assert (d.text, d.token_ids, d.finish_reason, d.first) == ("lo", [3, 4], "stop", False)
+    assert t.take(0, CompletionOutput(0, "", [], finish_reason="stop")) is None  # finished once
+    assert t.take(1, CompletionOutput(1, "x", [9])).text == "x"  # choices are independent
+    owed = ChoiceDeltas(tokens_too=True)  # ...a token alone is owed when logprobs want it
+    owed.take(0, CompletionOutput(0, "Hel", [1, 2]))
+    d = owed.take(0, CompletionOutput(0, "", [3]))
+    assert (d.text, d.token_ids) == ("", [3])
+
+
+def test_choice_deltas_send_the_echo_first_and_the_prompt_tokens_with_it():
+    t = ChoiceDeltas(tokens_too=True)
+    echo = Echo("Say: ", [5, 6], [None, None])
+    d = t.take(0, CompletionOutput(0, "hi", [7]), echo)
+    assert (d.text, d.token_ids, d.echo) == ("Say: hi", [7], echo)
+    d = t.take(0, CompletionOutput(0, "!", [8]))
+    assert (d.text, d.echo) == ("!", None)
 
 
 # ---- metrics ------------------------------------------------------------------------------------

@@ -12,7 +12,7 @@ from tiny_models import make_tiny_checkpoint
 from inferd.engine.core_output import CoreOutput, RequestEvents, SampleDelta, SampleFinish
 from inferd.engine.output_processor import OutputProcessor
 from inferd.engine.step import TokenLogprobs
-from inferd.sampling_params import SamplingParams
+from inferd.sampling_params import RequestOutputKind, SamplingParams
 from inferd.tokenizer import Tokenizer
 
 PROMPT = [5, 6, 7]
@@ -181,3 +181,67 @@ def test_a_stream_interval_still_ends_a_stop_string_at_once(tok):
 def test_a_stream_interval_below_one_is_refused(tok):
     with pytest.raises(ValueError, match="stream_interval"):
         OutputProcessor(tok, stream_interval=0)
+
+
+def stream_of(tok, ids, stream_interval=1, n=1, **params):
+    """Feed `ids` one per step to each of `n` samples, once as a DELTA stream and once as a
+    cumulative one; both streams' outputs."""
+    runs = []
+    for kind in (RequestOutputKind.DELTA, RequestOutputKind.CUMULATIVE):
+        out = OutputProcessor(tok, stream_interval)
+        sp = SamplingParams(n=n, output_kind=kind, max_tokens=len(ids), **params)
+        out.add_request("r", None, PROMPT, sp, 0.0, len(ids), True)
+        results = []
+        for i, t in enumerate(ids):
+            last = i == len(ids) - 1
+            lps = [TokenLogprobs([t, 3], [-0.5, -1.5], [1, 2])] if "logprobs" in params else None
+            deltas = [SampleDelta(k, [t], lps, "length" if last else None) for k in range(n)]
+            results += out.process([news("r", *deltas, finished=last)])[0]
+            if not out.has_unfinished():
+                break
+        runs.append(results)
+    return runs
+
+
+@pytest.mark.parametrize("interval", [1, 3])
+@pytest.mark.parametrize("stop", [None, ["brown f", "lazy"]])
+def test_delta_outputs_add_up_to_the_cumulative_ones(tok, stop, interval):
+    ids = words(tok, "The quick brown fox jumps over the lazy dog")
+    deltas, whole = stream_of(tok, ids, interval, n=2, stop=stop, logprobs=1)
+    assert len(deltas) == len(whole) and all(d.delta for d in deltas)
+    for k in range(2):
+        text, tokens, entries = "", [], []
+        for d, w in zip(deltas, whole, strict=True):
+            for c in (c for c in d.outputs if c.index == k):
+                text, tokens, entries = text + c.text, tokens + c.token_ids, entries + c.logprobs
+            (cw,) = (c for c in w.outputs if c.index == k)
+            assert (text, tokens, entries) == (cw.text, cw.token_ids, cw.logprobs)  # step by step
+        final = next(c for c in deltas[-1].outputs if c.index == k)
+        assert (final.finish_reason, final.stop_reason) == (cw.finish_reason, cw.stop_reason)
+    assert deltas[-1].finished and deltas[-1].metrics.num_generation_tokens == (
+        whole[-1].metrics.num_generation_tokens
+    )
+
+
+def test_a_delta_holds_back_a_stop_string_start_and_never_repeats_a_finish(tok):
+    ids = words(tok, "The quick brown fox jumps")
+    (deltas, _) = stream_of(tok, ids, stop=["fox jumps"])
+    text = "".join(c.text for d in deltas for c in d.outputs)
+    assert text == tok.decode(ids).split("fox jumps")[0]
+    finishes = [c.finish_reason for d in deltas for c in d.outputs if c.finish_reason]
+    assert finishes == ["stop"] and deltas[-1].finished
+    assert all(len(c.token_ids) <= 1 for d in deltas for c in d.outputs)  # only each step's
+
+
+def test_final_only_requests_get_one_cumulative_output(tok):
+    ids = words(tok, "The quick brown fox")
+    out = OutputProcessor(tok)
+    sp = SamplingParams(output_kind=RequestOutputKind.FINAL_ONLY, max_tokens=len(ids))
+    out.add_request("r", None, PROMPT, sp, 0.0, len(ids), True)
+    results = []
+    for i, t in enumerate(ids):
+        last = i == len(ids) - 1
+        delta = SampleDelta(0, [t], finish_reason="length" if last else None)
+        results += out.process([news("r", delta, finished=last)])[0]
+    (result,) = results
+    assert result.outputs[0].token_ids == ids and not result.delta
