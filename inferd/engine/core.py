@@ -8,9 +8,9 @@ reasons).
 The scheduler owns every request's state, the executor owns the device; this class wires them.
 It knows no text: the front end (engine/engine.py in-process, engine/core_client.py across a
 process boundary) tokenizes, detokenizes, checks stop strings and builds `RequestOutput`s. It is
-not thread-safe: one loop drives it (engine/core_loop.py in its own process, or the caller's
-thread). A failure while running a step fails the requests of that step (with an error in their
-output) and leaves the core usable.
+not thread-safe: one loop drives it (engine/core_loop.py, in its own process or a thread), or
+the caller's thread (engine/engine.py). A failure while running a step fails the requests of
+that step (with an error in their output) and leaves the core usable.
 """
 
 from __future__ import annotations
@@ -182,6 +182,11 @@ class EngineCore:
 
     def stats(self) -> EngineStats:
         return replace(self.scheduler.stats(), step_timing=self.step_timer.snapshot())
+
+    def rank_reports(self) -> list[dict]:
+        """Per tensor-parallel rank: pid, bytes of weights and KV cache (empty without TP)."""
+        reports = getattr(self.runner, "reports", None)
+        return reports() if reports is not None else []
 
     def step_timing(self) -> StepTiming:
         """Cumulative phase timings of every step so far (inferd/step_timing.py)."""

@@ -44,7 +44,7 @@ from inferd.engine_client import (
     notify_observers,
 )
 from inferd.engine_snapshot import EngineSnapshot
-from inferd.errors import EngineDeadError, InvalidRequest
+from inferd.errors import EngineDeadError, InvalidRequest, RequestFailed
 from inferd.outputs import RequestOutput
 from inferd.pooling_params import PoolingParams
 from inferd.sampling_params import SamplingParams
@@ -348,6 +348,8 @@ class AsyncCoreClient:
             if out.finished:
                 replica.active.discard(out.request_id)
         self._deliver(results)
+        for failure in message.failed:  # a step raised in the core: its requests end
+            self._fail({failure.request_id}, RequestFailed(failure.message))
 
     def _deliver(self, results: list[RequestOutput]) -> None:
         for out in results:

@@ -1,18 +1,23 @@
-"""The engine core's own process: load the model, then step for as long as the front end wants.
+"""The one step loop: an engine core's commands in, its steps' news out, for as long as the front
+end wants. It runs as the core process's main loop (`core_main`) or in a thread of the front
+end's process (core_thread.py); only its transport differs.
 
     front end ──Add/Abort/Finish/Call/Stop──▶ [take every waiting message] ─▶ core.step()
     front end ◀──────────── Outputs (news, add acks, stats) ◀───────────────┘
 
 The loop takes messages only between steps and never waits on the front end: with work it only
-looks at what already arrived, writes its outputs to the pipe without blocking (what the pipe
-cannot take yet waits in the writer's buffer: frame_pipe.py), and steps again; without work it
-sleeps on its socket. An add is acknowledged once queued, or refused
-(InvalidRequest) with nothing queued; a constrained request is queued once its grammar compiled,
-so a bad spec is refused before anything streams, and the other requests step meanwhile.
+looks at what already arrived, hands its outputs to the transport without blocking (a core
+process's pipe buffers what it cannot take yet: frame_pipe.py), and steps again; without work it
+sleeps on its inbox. An add is acknowledged once queued, or refused (InvalidRequest) with nothing
+queued; a constrained request is queued once its grammar compiled (here, and only here), so a bad
+spec is refused before anything streams, and the other requests step meanwhile. A step that
+raises fails the requests in flight (`Outputs.failed`) and the loop serves on; an
+EngineDeadError, or anything that is not an Exception, ends the loop.
 
-Signals: the core ignores SIGINT and SIGTERM. Its front end decides when it ends (a drain lets the
-requests in flight finish first; a Ctrl-C in a terminal reaches every process of the group). It
-dies with its front end (PR_SET_PDEATHSIG on Linux, and a check of its parent while idle).
+Signals (core process): the core ignores SIGINT and SIGTERM. Its front end decides when it ends
+(a drain lets the requests in flight finish first; a Ctrl-C in a terminal reaches every process
+of the group). It dies with its front end (PR_SET_PDEATHSIG on Linux, and a check of its parent
+while idle).
 """
 
 from __future__ import annotations
@@ -24,19 +29,78 @@ import signal
 import time
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
+from typing import Any, Protocol
 
 from inferd.engine import ipc
-from inferd.engine.core_output import CoreRequest
 from inferd.engine.frame_pipe import FrameWriter
 from inferd.engine.progress import StallBound
+from inferd.engine.snapshot import SnapshotBuilder
+from inferd.errors import EngineDeadError
 from inferd.memory_trim import malloc_trim
 
 log = logging.getLogger(__name__)
 
-IDLE_POLL_MS = 1000  # while idle: how often the loop looks at its parent
-STUCK_POLL_MS = 5  # steps scheduled nothing although requests exist: wait before trying again
+IDLE_POLL_S = 1.0  # while idle: how often a core process looks at its parent
+STUCK_POLL_S = 0.005  # steps scheduled nothing although requests exist: wait before trying again
 STATS_EVERY_S = 0.05  # stats ride on outputs at most this often (and with every finish)
 DRAIN_AT_EXIT_S = 2.0  # how long an ending core waits for the front end to read what it sent
+
+
+class Transport(Protocol):
+    """How the loop hears its front end and answers it."""
+
+    idle_wait_s: float | None  # how long an idle loop sleeps before `front_end_gone` (None: ever)
+
+    def wait(self, timeout: float | None) -> bool:
+        """Up to `timeout` seconds for a command; True once one is there."""
+
+    def take(self) -> list[Any]:
+        """Every command that arrived (ipc.ToCore messages), without waiting."""
+
+    def send(self, message: Any) -> None:
+        """Never blocks (ipc.FromCore messages)."""
+
+    def front_end_gone(self, busy: bool) -> bool: ...
+
+
+class SocketTransport:
+    """The core process's: commands from a ZeroMQ PULL socket, messages encoded into a pipe."""
+
+    idle_wait_s = IDLE_POLL_S
+
+    def __init__(self, inbox, outbox: FrameWriter, parent_pid: int):
+        self.inbox, self.outbox, self.parent_pid = inbox, outbox, parent_pid
+
+    def wait(self, timeout: float | None) -> bool:
+        """While the pipe to the front end holds back part of what was sent, also wake when it
+        can take more."""
+        import zmq
+
+        ms = None if timeout is None else int(timeout * 1000)
+        if not self.outbox.pending:
+            return bool(self.inbox.poll(ms, zmq.POLLIN))
+        poller = zmq.Poller()
+        poller.register(self.inbox, zmq.POLLIN)
+        poller.register(self.outbox.fd, zmq.POLLOUT)
+        ready = dict(poller.poll(ms))
+        self.outbox.flush()
+        return self.inbox in ready
+
+    def take(self) -> list[Any]:
+        import zmq
+
+        messages = []
+        while True:
+            try:
+                messages.append(ipc.decode_to_core(self.inbox.recv(zmq.NOBLOCK)))
+            except zmq.Again:
+                return messages
+
+    def send(self, message: Any) -> None:
+        self.outbox.send(ipc.encode(message))
+
+    def front_end_gone(self, busy: bool) -> bool:
+        return self.outbox.broken or (not busy and os.getppid() != self.parent_pid)
 
 
 def _die_with_parent() -> None:
@@ -50,9 +114,9 @@ def _die_with_parent() -> None:
 
 def core_main(config, to_core: str, from_core: Connection, parent_pid: int,
               stall_timeout: float, log_levels: dict[str, int]) -> None:  # fmt: skip
-    """The process's entry (multiprocessing, spawn). `from_core`: the write end of the pipe to
-    the front end (frame_pipe.py). `log_levels`: logger name → level, as the front end has them
-    (the root's, inferd's, its progress lines': `--quiet` reaches here)."""
+    """The core process's entry (multiprocessing, spawn). `from_core`: the write end of the pipe
+    to the front end (frame_pipe.py). `log_levels`: logger name → level, as the front end has
+    them (the root's, inferd's, its progress lines': `--quiet` reaches here)."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     _die_with_parent()
@@ -90,7 +154,7 @@ def core_main(config, to_core: str, from_core: Connection, parent_pid: int,
                                      config.block_size, setup.kv_plan.num_blocks[0],
                                      os.getpid())))  # fmt: skip
     try:
-        CoreLoop(core, inbox, outbox, parent_pid, stall_timeout).run()
+        CoreLoop(core, SocketTransport(inbox, outbox, parent_pid), stall_timeout).run()
     finally:
         core.shutdown()
         outbox.drain(DRAIN_AT_EXIT_S)
@@ -101,42 +165,49 @@ def core_main(config, to_core: str, from_core: Connection, parent_pid: int,
 
 @dataclass
 class _PendingAdd:
-    request: CoreRequest
+    request: Any  # the Add's request (a CoreRequest, or in-process the front end's own)
     grammar: object  # its GrammarCompilation, still compiling
 
 
 class CoreLoop:
-    def __init__(self, core, inbox, outbox, parent_pid: int, stall_timeout: float):
-        self.core, self.inbox, self.outbox = core, inbox, outbox
-        self.parent_pid = parent_pid
-        self.stall = StallBound(stall_timeout, core.setup.max_num_batched_tokens)
+    """Drives one core (an `EngineCore`, or in-process anything with its request and step
+    methods) from one thread; nothing else touches the core meanwhile."""
+
+    def __init__(self, core, transport: Transport, stall_timeout: float):
+        self.core, self.transport = core, transport
+        step_tokens = getattr(getattr(core, "setup", None), "max_num_batched_tokens", 0)
+        self.stall = StallBound(stall_timeout, step_tokens or 0)  # 0: learned from the steps
         self.acks: list[ipc.AddAck] = []
         self.pending: list[_PendingAdd] = []  # constrained adds waiting for their grammar
+        self.active: set[str] = set()  # requests added and not finished: failed if a step raises
         self.stopping = False
+        self.snapshots = SnapshotBuilder()  # the dashboard's, built only when asked
         self._trim = malloc_trim()
         self._worked = False  # since the last trim
         self._stats = None  # the latest snapshot (EngineStats)
         self._stats_at = 0.0  # when stats were last sent
         self._stuck = False
-        self._snapshots = None  # the dashboard's SnapshotBuilder, made at its first call
 
     def run(self) -> None:
-        import zmq
-
+        """The step loop (the only one): until a Stop, or the front end is gone."""
         while not self.stopping:
             busy = self.core.has_unfinished_requests()
             if busy and not self._stuck:
-                timeout = 0
+                timeout = 0.0
             elif busy or self.pending:
-                timeout = STUCK_POLL_MS
+                timeout = STUCK_POLL_S
             else:
-                timeout = IDLE_POLL_MS
+                timeout = self.transport.idle_wait_s
                 if self._worked and self._trim is not None:  # going idle: hand pages back
                     self._trim(0)
                     self._worked = False
-            if self._wait(zmq, timeout):
-                self._take_messages(zmq)
-            elif self.outbox.broken or (not busy and os.getppid() != self.parent_pid):
+            if self.transport.wait(timeout):
+                for message in self.transport.take():
+                    if not self.stopping:
+                        self._handle(message)
+                if self.stopping:
+                    return
+            elif self.transport.front_end_gone(busy):
                 log.warning("the front end is gone: the engine core stops")
                 return
             self._admit_compiled()
@@ -144,28 +215,7 @@ class CoreLoop:
                 self._step()
                 self._worked = True
             elif self.acks:
-                self._send(ipc.Outputs([], self._take_acks(), self.core.stats(),
-                                       self.stall.bound()))  # fmt: skip
-
-    def _wait(self, zmq, timeout: int) -> bool:
-        """Wait up to `timeout` ms for a command (True once one is there). While the pipe to
-        the front end holds back part of what was sent, also wake when it can take more."""
-        if not self.outbox.pending:
-            return bool(self.inbox.poll(timeout, zmq.POLLIN))
-        poller = zmq.Poller()
-        poller.register(self.inbox, zmq.POLLIN)
-        poller.register(self.outbox.fd, zmq.POLLOUT)
-        ready = dict(poller.poll(timeout))
-        self.outbox.flush()
-        return self.inbox in ready
-
-    def _take_messages(self, zmq) -> None:
-        while not self.stopping:
-            try:
-                data = self.inbox.recv(zmq.NOBLOCK)
-            except zmq.Again:
-                return
-            self._handle(ipc.decode_to_core(data))
+                self._send_outputs([], self.core.stats())
 
     def _handle(self, message) -> None:
         core = self.core
@@ -178,7 +228,7 @@ class CoreLoop:
         elif isinstance(message, ipc.Abort):
             for request_id in message.request_ids:
                 if not self._drop_pending(request_id):
-                    core.abort_request(request_id)
+                    self._abort(request_id)
         elif isinstance(message, ipc.Finish):
             for sample in message.samples:
                 core.finish_sample(sample.request_id, sample.index)
@@ -187,14 +237,21 @@ class CoreLoop:
         elif isinstance(message, ipc.Stop):
             self.stopping = True
 
-    def _add(self, request: CoreRequest) -> None:
+    def _add(self, request) -> None:
         try:
             self.core.add_request(request)
         except Exception as e:  # noqa: BLE001 - refused: the caller hears why
             kind, param, message = ipc.describe_error(e)
             self.acks.append(ipc.AddAck(request.request_id, kind, param, message))
             return
+        self.active.add(request.request_id)
         self.acks.append(ipc.AddAck(request.request_id))
+
+    def _abort(self, request_id: str) -> None:
+        try:
+            self.core.abort_request(request_id)
+        except Exception:  # noqa: BLE001 - one bad abort must not end the loop
+            log.exception("abort of %s failed", request_id)
 
     def _admit_compiled(self) -> None:
         for pending in [p for p in self.pending if p.grammar.done()]:
@@ -212,44 +269,53 @@ class CoreLoop:
 
     def _call(self, message: ipc.Call) -> None:
         try:
-            if message.method == "rank_reports":
-                reports = getattr(self.core.runner, "reports", None)
-                result = reports() if reports is not None else []
-            elif message.method in ("start_profile", "stop_profile"):
+            if message.method == "snapshot":
+                result = self.snapshots(self.core)
+            elif message.method in ("start_profile", "stop_profile", "rank_reports"):
                 result = getattr(self.core, message.method)(*message.args)
-            elif message.method == "snapshot":
-                if self._snapshots is None:
-                    from inferd.engine.snapshot import SnapshotBuilder
-
-                    self._snapshots = SnapshotBuilder()
-                result = self._snapshots(self.core)
             else:
                 raise ValueError(f"the engine core has no method {message.method!r}")
         except Exception as e:  # noqa: BLE001 - the caller gets it
             kind, _, text = ipc.describe_error(e)
-            self._send(ipc.CallResult(message.call_id, None, kind, text))
+            self.transport.send(ipc.CallResult(message.call_id, None, kind, text))
             return
-        self._send(ipc.CallResult(message.call_id, result))
+        self.transport.send(ipc.CallResult(message.call_id, result))
 
     def _step(self) -> None:
         core = self.core
         before = self._stats or core.stats()
         started = time.monotonic()
-        outputs = core.step()  # NOTE: an EngineDeadError ends the process: the front end sees it
+        try:
+            outputs = core.step()
+        except EngineDeadError:
+            raise  # fatal (e.g. a tensor-parallel worker died): the loop ends, the front end sees
+        except Exception as e:  # noqa: BLE001 - the core guards its steps; this is a backstop
+            self._fail_active(e)
+            return
         now = time.monotonic()
         # NOTE: once per step: it snapshots every histogram; sent only now and then.
         self._stats = after = core.stats()
         self.stall.note(now - started, before, after)
         self._stuck = not outputs and after.steps == before.steps
+        for out in outputs:
+            if out.finished:
+                self.active.discard(out.request_id)
         fresh = now - self._stats_at > STATS_EVERY_S or any(o.finished for o in outputs)
         if outputs or self.acks or fresh:
             self._stats_at = now if fresh else self._stats_at
-            self._send(ipc.Outputs(outputs, self._take_acks(), after if fresh else None,
-                                   self.stall.bound()))  # fmt: skip
+            self._send_outputs(outputs, after if fresh else None)
 
-    def _take_acks(self) -> list[ipc.AddAck]:
+    def _fail_active(self, error: Exception) -> None:
+        log.exception("engine step raised; failing the requests in flight")
+        message = f"the engine failed: {type(error).__name__}: {error}"
+        failed = [ipc.Failure(request_id, message) for request_id in self.active]
+        for request_id in self.active:
+            self._abort(request_id)
+        self.active.clear()
+        self._stuck = False
+        self._stats = self.core.stats()
+        self._send_outputs([], self._stats, failed)
+
+    def _send_outputs(self, outputs: list, stats, failed: list | None = None) -> None:
         acks, self.acks = self.acks, []
-        return acks
-
-    def _send(self, message) -> None:
-        self.outbox.send(ipc.encode(message))
+        self.transport.send(ipc.Outputs(outputs, acks, stats, self.stall.bound(), failed or []))

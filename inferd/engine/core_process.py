@@ -1,4 +1,5 @@
-"""The front end's handle on one engine core process: start it, talk to it, stop it.
+"""The front end's handle on one engine core process: start it, talk to it, stop it (the
+`CoreClient` contract, core_contract.py, with a `start` and a `wait_ready` of its own).
 
     CoreProcess.start(config)  spawn the process (core_loop.py): a ZeroMQ socket carries
                                commands to it, a pipe its messages back (ipc.py says why)

@@ -7,9 +7,9 @@ core, driven one `step()` at a time.
 
 `LLM` (inferd/llm.py), `inferd generate` and `inferd chat` use it; the server drives the same
 parts with the core in its own process (engine/core_client.py). `core_process=True` puts the core
-in its own process here too (engine/process_core.py): the same calls, the core stepping on its
-own meanwhile. It is not thread-safe: `AsyncEngine` (async_engine.py) drives it from one loop
-thread when served in-process.
+in its own process here too (engine/process_core.py, over the `CoreClient` contract): the same
+calls, the core stepping on its own meanwhile. It is not thread-safe: served in-process, the one
+step loop (core_loop.py) drives it from a thread (async_engine.py).
 """
 
 from __future__ import annotations
@@ -135,8 +135,4 @@ class LLMEngine:
 
     def rank_reports(self) -> list[dict]:
         """Per tensor-parallel rank: pid, bytes of weights and KV cache (empty without TP)."""
-        reports = getattr(self.core, "rank_reports", None)  # the core in its own process
-        if reports is not None:
-            return reports()
-        reports = getattr(self.core.runner, "reports", None)
-        return reports() if reports is not None else []
+        return self.core.rank_reports()

@@ -90,6 +90,13 @@ class AddAck(msgspec.Struct):
     message: str = ""
 
 
+class Failure(msgspec.Struct):
+    """A request in flight when a step raised (core_loop.py): it ends with this error."""
+
+    request_id: str
+    message: str
+
+
 class Outputs(msgspec.Struct, tag=True):
     outputs: list[CoreOutput]
     acks: list[AddAck] = []
@@ -97,6 +104,7 @@ class Outputs(msgspec.Struct, tag=True):
     # Seconds after the last message a busy core may stay silent and still be healthy (a
     # margin over its slowest recent step: engine/progress.py).
     stall_bound: float = 0.0
+    failed: list[Failure] = []
 
 
 class CallResult(msgspec.Struct, tag=True):

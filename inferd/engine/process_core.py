@@ -1,6 +1,7 @@
 """An engine core in its own process behind `EngineCore`'s interface, for a blocking caller:
 `LLMEngine(core_process=True)` (`LLM(engine_core_process=True)`) drives it like an in-process
-core, one `step()` at a time.
+core, one `step()` at a time. It talks to the core through the `CoreClient` contract
+(core_contract.py); the core steps in its own loop (core_loop.py) meanwhile.
 
     add_request   sent at once; only a constrained request waits for the core's answer (so a
                   bad grammar raises here, as in-process); other refusals come back as the
@@ -35,7 +36,7 @@ class ProcessCore:
         self.model_config = checkpoint.config
         self.tokenizer = checkpoint_tokenizer(checkpoint)
         self.setup = None  # the model lives in the other process
-        self.process = CoreProcess()
+        self.process = CoreProcess()  # a CoreClient (core_contract.py)
         self.process.start(config, stall_timeout)
         try:
             ready = self.process.wait_ready()
@@ -85,10 +86,12 @@ class ProcessCore:
             return []
         if message.stats is not None:
             self._stats = message.stats
-        refused = [CoreOutput(a.request_id, [], time.monotonic(), RequestEvents(), None, True,
-                              f"{a.error_type}: {a.message}")
-                   for a in message.acks if a.error_type is not None]  # fmt: skip
-        return refused + message.outputs
+        errors = [(a.request_id, f"{a.error_type}: {a.message}")
+                  for a in message.acks if a.error_type is not None]  # fmt: skip
+        errors += [(f.request_id, f.message) for f in message.failed]
+        now = time.monotonic()
+        return [CoreOutput(rid, [], now, RequestEvents(), None, True, error)
+                for rid, error in errors] + message.outputs  # fmt: skip
 
     def stats(self) -> EngineStats:
         return self._stats

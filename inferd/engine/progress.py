@@ -3,7 +3,7 @@
 The bound grows with what a step may legitimately take here: the slowest seconds per token of
 recent steps times the most tokens a step can hold, four times over, on top of `stall_timeout`;
 a busy server making slow but steady steps stays healthy. The loop that runs the steps feeds it
-(async_engine.py in-process, core_loop.py in a core's own process).
+(core_loop.py, in a thread or in a core's own process).
 """
 
 from __future__ import annotations

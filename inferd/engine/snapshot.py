@@ -1,10 +1,10 @@
-"""An `EngineSnapshot` (inferd/engine_snapshot.py) of a live `LLMEngine`, for the dashboard.
+"""An `EngineSnapshot` (inferd/engine_snapshot.py) of a live `EngineCore`, for the dashboard.
 
     builder = SnapshotBuilder()
     snapshot = builder(engine)        # on the engine's thread, between two steps
 
 NOTE: it reads the scheduler's and the KV manager's objects as they are, so it must run where
-the steps run (AsyncEngine runs it as a `_Call`), and only when asked: the engine does no work
+the steps run (core_loop.py runs it for an `ipc.Call`), and only when asked: the engine does no work
 for it otherwise. Its cost is a pass over the blocks in use and the cached ones, one over the
 running requests and a read of /proc: well under a millisecond for the embedded model's pool;
 servers cap how often they ask (inferd/server/dashboard/sampler.py). The memory figures and
@@ -39,7 +39,7 @@ from inferd.engine_snapshot import (
 from inferd.step_timing import STEP_KINDS, STEP_PHASES, StepTiming
 
 if TYPE_CHECKING:
-    from inferd.engine.engine import LLMEngine
+    from inferd.engine.core import EngineCore
 
 
 class SnapshotBuilder:
@@ -51,7 +51,7 @@ class SnapshotBuilder:
         self._predicted = False
         self._weights: int | None = None
 
-    def __call__(self, engine: LLMEngine) -> EngineSnapshot:
+    def __call__(self, engine: EngineCore) -> EngineSnapshot:
         now = time.monotonic()
         scheduler, setup = engine.scheduler, engine.setup
         running = _requests_of(scheduler.running)
@@ -90,7 +90,7 @@ class SnapshotBuilder:
             memory=self._memory(engine, now),
         )
 
-    def _memory(self, engine: LLMEngine, now: float) -> MemorySnapshot:
+    def _memory(self, engine: EngineCore, now: float) -> MemorySnapshot:
         setup = engine.setup
         if not self._predicted:
             self._predicted = True

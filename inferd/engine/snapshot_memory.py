@@ -11,7 +11,7 @@ from inferd.engine_snapshot import MemoryPrediction, MemorySnapshot
 from inferd.memory.snapshot import proc_status
 
 if TYPE_CHECKING:
-    from inferd.engine.engine import LLMEngine
+    from inferd.engine.core import EngineCore
 
 log = logging.getLogger(__name__)
 
@@ -62,7 +62,7 @@ def _ram() -> int | None:
 _DENSE = {"torch.float32": "fp32", "torch.bfloat16": "bf16", "torch.float16": "fp16"}
 
 
-def predict_memory(engine: LLMEngine) -> MemoryPrediction | None:
+def predict_memory(engine: EngineCore) -> MemoryPrediction | None:
     """What `inferd memory` predicts for this engine's model, mode, step budget and context;
     None where its estimate does not cover the settings (it logs why)."""
     from inferd.memory.estimate import estimate_memory

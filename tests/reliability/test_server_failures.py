@@ -270,7 +270,7 @@ def test_free_memory_is_handed_back_once_after_work_never_while_idle():
 
     async def main():
         engine = AsyncEngine(FakeEngine())
-        engine._trim = lambda pad: trims.append(pad) or 1
+        engine.core.loop._trim = lambda pad: trims.append(pad) or 1
         engine.start()
         try:
             await asyncio.sleep(0.05)

@@ -174,8 +174,8 @@ def test_async_engine_builds_snapshots_on_its_thread_only_when_asked(tiny_gemma)
     engine = tiny_gemma.engine
     calls = []
     builder = AsyncEngine(engine)
-    original = builder._snapshots
-    builder._snapshots = lambda e: calls.append(1) or original(e)
+    original = builder.core.loop.snapshots
+    builder.core.loop.snapshots = lambda e: calls.append(1) or original(e)
     assert isinstance(builder, SnapshotClient)
 
     async def run():
