@@ -1,19 +1,15 @@
 """The engine as an asyncio server sees it (`inferd.engine_client.EngineClient`) when it runs in
-this process: the asyncio adapter over a `CoreThread` (core_thread.py) stepping an `LLMEngine`.
+this process (`LLM`, `inferd serve --no-engine-core-process`, tests with a fake engine; by default
+`inferd serve` runs the core in its own process: core_client.py): the asyncio adapter over a
+`CoreThread` (core_thread.py) whose loop steps an `LLMEngine`.
 
-    HTTP handler ──add/abort──▶ CoreThread: CoreLoop.run, engine.step() ──▶ Outputs
-    HTTP handler ◀── per-request asyncio.Queue ◀── call_soon_threadsafe(_on_message)
+    HTTP handler ──add/abort──▶ CoreThread: CoreLoop.run (core_loop.py), engine.step()
+    HTTP handler ◀── per-request asyncio.Queue ◀── ipc.Outputs (call_soon_threadsafe)
 
-The loop thread owns the engine (tokenizing, stepping, detokenizing); the event loop never waits
-on a step. What the loop does between steps (commands, grammar waits, stall bound, idle trim) is
-core_loop.py's. An add returns once the engine took it, so a bad request is still answered with a
-400 before any streaming starts. How many requests may queue is the server's decision, taken on
-the event loop (server/admission.py).
-
-Health is judged by progress: the engine is stalled when it has sent nothing for longer than its
-stall bound while work is pending (progress.py). This is the in-process client (`LLM`, `inferd
-serve --no-engine-core-process`, tests with a fake engine); `inferd serve` runs the engine core in
-its own process by default (core_client.py).
+The event loop never waits on a step. An add returns once the engine took it, so a bad request
+is still a 400 before any streaming starts; how many may queue is the server's decision
+(server/admission.py). The engine is stalled when its loop, busy, has sent nothing for longer
+than its stall bound (progress.py).
 """
 
 from __future__ import annotations
@@ -47,9 +43,7 @@ if TYPE_CHECKING:
 
 
 @dataclass
-class PromptRequest:
-    """An in-process Add's request: the engine tokenizes it on the loop thread."""
-
+class PromptRequest:  # an in-process Add's request: the engine tokenizes it on the loop thread
     request_id: str
     prompt: PromptInput
     params: SamplingParams | PoolingParams
@@ -212,13 +206,11 @@ class AsyncEngine:
     # ---- the loop's messages (event loop) ----------------------------------------------------
     def _on_message(self, message) -> None:
         if message is None:
-            self._ended(self.core.ended or "the engine loop stopped")
-            return
+            return self._ended(self.core.ended or "the engine loop stopped")
         self._heard_at = time.monotonic()
         if isinstance(message, ipc.CallResult):
-            _settle(self._calls.get(message.call_id), message.result, message.error_type, None,
-                    message.message)  # fmt: skip
-            return
+            m = message
+            return _settle(self._calls.get(m.call_id), m.result, m.error_type, None, m.message)
         self._stall_bound = message.stall_bound or self._stall_bound
         if message.stats is not None:
             self._stats = message.stats

@@ -29,7 +29,7 @@ import signal
 import time
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
-from typing import Any, Protocol
+from typing import Any
 
 from inferd.engine import ipc
 from inferd.engine.frame_pipe import FrameWriter
@@ -46,25 +46,8 @@ STATS_EVERY_S = 0.05  # stats ride on outputs at most this often (and with every
 DRAIN_AT_EXIT_S = 2.0  # how long an ending core waits for the front end to read what it sent
 
 
-class Transport(Protocol):
-    """How the loop hears its front end and answers it."""
-
-    idle_wait_s: float | None  # how long an idle loop sleeps before `front_end_gone` (None: ever)
-
-    def wait(self, timeout: float | None) -> bool:
-        """Up to `timeout` seconds for a command; True once one is there."""
-
-    def take(self) -> list[Any]:
-        """Every command that arrived (ipc.ToCore messages), without waiting."""
-
-    def send(self, message: Any) -> None:
-        """Never blocks (ipc.FromCore messages)."""
-
-    def front_end_gone(self, busy: bool) -> bool: ...
-
-
 class SocketTransport:
-    """The core process's: commands from a ZeroMQ PULL socket, messages encoded into a pipe."""
+    """The core process's transport: commands from a ZeroMQ socket, messages into a pipe."""
 
     idle_wait_s = IDLE_POLL_S
 
@@ -171,9 +154,12 @@ class _PendingAdd:
 
 class CoreLoop:
     """Drives one core (an `EngineCore`, or in-process anything with its request and step
-    methods) from one thread; nothing else touches the core meanwhile."""
+    methods) from one thread; nothing else touches the core meanwhile. The transport:
+    `wait(timeout)` for a command (True once one is there), `take()` what arrived, `send(message)`
+    without blocking, `front_end_gone(busy)`, `idle_wait_s` (None: an idle loop sleeps until a
+    command comes)."""
 
-    def __init__(self, core, transport: Transport, stall_timeout: float):
+    def __init__(self, core, transport, stall_timeout: float):
         self.core, self.transport = core, transport
         step_tokens = getattr(getattr(core, "setup", None), "max_num_batched_tokens", 0)
         self.stall = StallBound(stall_timeout, step_tokens or 0)  # 0: learned from the steps

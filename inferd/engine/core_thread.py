@@ -1,9 +1,6 @@
-"""An engine core stepping in a thread of this process (`CoreClient`, core_contract.py): the same
-`CoreLoop` as a core process runs, over a queue (commands in) and a callback (messages out).
-Nothing is encoded: the ipc messages cross as objects.
-
-The core is not thread-safe: only the loop's thread touches it once `start` has run.
-"""
+"""An engine core stepping in a thread of this process (a `CoreClient`, core_contract.py): the same
+`CoreLoop` as a core process runs, over a queue (commands in) and a callback (messages out);
+nothing is encoded. Only the loop's thread touches the core once `start` has run."""
 
 from __future__ import annotations
 
@@ -30,21 +27,16 @@ class _QueueTransport:
 
     def wait(self, timeout: float | None) -> bool:
         try:
-            if timeout == 0:
-                self._taken.append(self.commands.get_nowait())
-            else:
-                self._taken.append(self.commands.get(timeout=timeout))
+            self._taken.append(self.commands.get(timeout != 0, timeout))
         except queue.Empty:
             return False
         return True
 
     def take(self) -> list[Any]:
         taken, self._taken = self._taken, []
-        while True:
-            try:
-                taken.append(self.commands.get_nowait())
-            except queue.Empty:
-                return taken
+        while not self.commands.empty():
+            taken.append(self.commands.get_nowait())  # NOTE: the loop's thread is the only reader
+        return taken
 
     def front_end_gone(self, busy: bool) -> bool:
         return False
@@ -87,17 +79,12 @@ class CoreThread:
         except queue.Empty:
             return None
 
-    def read_on(self, loop: asyncio.AbstractEventLoop,
-                callback: Callable[[Any], None]) -> None:  # fmt: skip
-        """From now on the loop's messages go to `callback` on `loop`; None once it ended."""
+    def read_on(self, loop: asyncio.AbstractEventLoop, callback: Callable[[Any], None]) -> None:
         self._reader = (loop, callback)
-        while not self._received.empty():
-            loop.call_soon(callback, self._received.get_nowait())
 
     def _emit(self, message: Any) -> None:  # on the loop's thread
         if self._reader is None:
-            self._received.put(message)
-            return
+            return self._received.put(message)
         loop, callback = self._reader
         try:
             loop.call_soon_threadsafe(callback, message)
