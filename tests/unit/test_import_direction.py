@@ -1,8 +1,10 @@
 """Imports between inferd's packages go one way (docs/architecture.md draws it). Every module under
 inferd/ is parsed with `ast`; a module belongs to its top-level package (`inferd/engine/...` →
 engine) or is a node of its own (`inferd/errors.py` → errors). Every import of another node must
-be an edge listed below, and the listed edges must form no cycle. Imports inside functions and
-under TYPE_CHECKING count: they are dependencies all the same."""
+be an edge listed below, and the listed edges must form no cycle. Inside the packages, no module
+may reach itself through its imports either (`module_cycles`): a circle hides which module is the
+lower layer, and Python imports it in an order that depends on who came first. Imports inside
+functions and under TYPE_CHECKING count: they are dependencies all the same."""
 
 from __future__ import annotations
 
@@ -93,8 +95,9 @@ def _module_name(path: Path, root: Path) -> str:
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
 
-def imports_of(path: Path, module: str) -> set[str]:
-    """Every inferd module `path` imports, wherever the import statement is."""
+def imports_of(path: Path, module: str, modules: frozenset[str] = frozenset()) -> set[str]:
+    """Every inferd module `path` imports, wherever the import statement is. `from pkg import sub`
+    names the module `pkg.sub` when `sub` is one of `modules`, else `pkg` itself."""
     tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
     package = module if path.name == "__init__.py" else module.rpartition(".")[0]
     found = set()
@@ -104,15 +107,24 @@ def imports_of(path: Path, module: str) -> set[str]:
         elif isinstance(node, ast.ImportFrom):
             if node.level:  # relative: resolve against this module's package
                 base = package.split(".")[: len(package.split(".")) - node.level + 1]
-                found.add(".".join(base + ([node.module] if node.module else [])))
+                source = ".".join(base + ([node.module] if node.module else []))
             else:
-                found.add(node.module or "")
+                source = node.module or ""
+            submodules = {f"{source}.{a.name}" for a in node.names} & modules
+            found |= submodules
+            if len(submodules) < len(node.names):
+                found.add(source)
         elif isinstance(node, ast.Assign) and path.name == "__init__.py":
             # lazy re-exports: _EXPORTS = {"LLM": "inferd.llm", ...}
             names = [t.id for t in node.targets if isinstance(t, ast.Name)]
             if names == ["_EXPORTS"] and isinstance(node.value, ast.Dict):
                 found |= {v.value for v in node.value.values if isinstance(v, ast.Constant)}
     return {m for m in found if m == "inferd" or m.startswith("inferd.")}
+
+
+def module_sources(root: Path) -> dict[str, Path]:
+    """'inferd.engine.scheduler' → its file, for every module under inferd/."""
+    return {_module_name(path, root): path for path in sorted((root / "inferd").rglob("*.py"))}
 
 
 def package_edges(root: Path) -> dict[tuple[str, str], list[str]]:
@@ -162,6 +174,90 @@ def test_pending_exceptions_still_exist():
     assert not gone, f"no longer imported, remove from PENDING: {gone}"
 
 
+# ---- no circles between modules -----------------------------------------------------------------
+def module_graph(root: Path) -> dict[str, set[str]]:
+    """Module → the inferd modules it imports (itself left out)."""
+    sources = module_sources(root)
+    names = frozenset(sources)
+    return {
+        module: {m for m in imports_of(path, module, names) if m in names and m != module}
+        for module, path in sources.items()
+    }
+
+
+def module_cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The import circles: each strongly connected set of two or more modules (every module in it
+    reaches every other through imports), sorted."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    components: list[list[str]] = []
+
+    def connect(start: str) -> None:  # Tarjan, iterative: the graph has ~1,000 modules
+        work = [(start, iter(sorted(graph[start])))]
+        index[start] = low[start] = len(index)
+        stack.append(start)
+        while work:
+            module, targets = work[-1]
+            target = next(targets, None)
+            if target is None:
+                work.pop()
+                if work:
+                    low[work[-1][0]] = min(low[work[-1][0]], low[module])
+                if low[module] == index[module]:
+                    component = [stack.pop()]
+                    while component[-1] != module:
+                        component.append(stack.pop())
+                    components.append(sorted(component))
+            elif target not in index:
+                index[target] = low[target] = len(index)
+                stack.append(target)
+                work.append((target, iter(sorted(graph[target]))))
+            elif target in stack:
+                low[module] = min(low[module], index[target])
+
+    for module in sorted(graph):
+        if module not in index:
+            connect(module)
+    return sorted(c for c in components if len(c) > 1)
+
+
+def circle_through(component: list[str], graph: dict[str, set[str]]) -> list[str]:
+    """The shortest import path from the component's first module back to itself: the imports
+    one of which must go."""
+    first, inside = component[0], set(component)
+    came_from: dict[str, str] = {}
+    frontier = [first]
+    while frontier:
+        following = []
+        for module in frontier:
+            for target in sorted(graph[module] & inside):
+                if target == first:
+                    path = [module]
+                    while path[-1] != first:
+                        path.append(came_from[path[-1]])
+                    return [*reversed(path), first]
+                if target not in came_from:
+                    came_from[target] = module
+                    following.append(target)
+        frontier = following
+    raise AssertionError(f"{component} is not a circle")
+
+
+def described_cycles(graph: dict[str, set[str]]) -> list[str]:
+    """Each circle as its modules, then one path through them (an import of it must go)."""
+    return [
+        f"{', '.join(c)}: {' -> '.join(circle_through(c, graph))}" for c in module_cycles(graph)
+    ]
+
+
+def test_no_module_imports_itself_through_a_circle():
+    problems = described_cycles(module_graph(ROOT))
+    assert not problems, "import circles (move what both need into a module of its own):\n" + (
+        "\n".join(problems)
+    )
+
+
 # ---- the check itself can fail ------------------------------------------------------------------
 def _tree(tmp_path: Path, files: dict[str, str]) -> Path:
     for name, text in files.items():
@@ -193,3 +289,32 @@ def test_an_unknown_node_and_a_cycle_are_reported(tmp_path):
     ]
     with pytest.raises(graphlib.CycleError):
         layering({**ALLOWED, "loader": ALLOWED["loader"] | {"engine"}})
+
+
+def test_a_circle_inside_a_package_is_reported_with_its_modules(tmp_path):
+    root = _tree(tmp_path, {
+        "__init__.py": "",
+        "engine/__init__.py": "",
+        "engine/sampler.py": "from inferd.engine.filters import keep\n",
+        "engine/filters.py": "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n"
+                             "    from inferd.engine import penalties\n",
+        "engine/penalties.py": "def f():\n    from .sampler import Row\n",
+        "engine/scheduler.py": "from inferd.engine import sampler\n",
+    })  # fmt: skip
+    graph = module_graph(root)
+    circle = ["inferd.engine.filters", "inferd.engine.penalties", "inferd.engine.sampler"]
+    assert module_cycles(graph) == [circle]
+    assert described_cycles(graph) == [f"{', '.join(circle)}: {' -> '.join([*circle, circle[0]])}"]
+
+
+def test_importing_a_package_is_not_importing_its_modules(tmp_path):
+    root = _tree(tmp_path, {
+        "__init__.py": "",
+        "loader/__init__.py": "from inferd.loader.catalog import resolve\n",
+        "loader/catalog.py": "from inferd.loader import gguf_file\n",
+        "loader/gguf_file.py": "from inferd.errors import ModelLoadError\n",
+        "errors.py": "",
+    })  # fmt: skip
+    graph = module_graph(root)
+    assert graph["inferd.loader.catalog"] == {"inferd.loader.gguf_file"}
+    assert module_cycles(graph) == []
