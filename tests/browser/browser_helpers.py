@@ -3,6 +3,7 @@ records its errors, a load of concurrent completions (the fixtures are in confte
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import sys
@@ -34,11 +35,15 @@ def chromium() -> str | None:
 class Page:
     """A tab, with what went wrong in it: console errors and uncaught exceptions."""
 
-    def __init__(self, context, url: str):
+    def __init__(self, context, url: str, key: str | None = None):
+        """`key`: the API key already given in this tab's session (as after a reload), so the
+        page loads without asking for it."""
         self.page = context.new_page()
         self.errors: list[str] = []
         self.page.on("console", lambda m: m.type == "error" and self.errors.append(m.text))
         self.page.on("pageerror", lambda e: self.errors.append(f"uncaught: {e}"))
+        if key is not None:  # where common.js keeps it
+            self.page.add_init_script(f"sessionStorage.setItem('inferd.apiKey', {json.dumps(key)})")
         self.page.goto(url)
 
     def js(self, expression: str):

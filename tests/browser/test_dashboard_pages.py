@@ -1,7 +1,7 @@
 """The dashboard and the chat page in Chromium against a real server on the embedded model: the
-key prompt, no console errors, the KV blocks filling and emptying while 16 requests run, a
-finished request's timeline, a streamed chat answer with its panel; screenshots of both pages
-taken under that load."""
+key prompt, no console errors (on load, and throughout), the KV blocks filling and emptying
+while 16 requests run, a finished request's timeline, a streamed chat answer with its panel;
+screenshots of both pages taken under that load."""
 
 from __future__ import annotations
 
@@ -14,6 +14,9 @@ pytestmark = pytest.mark.slow
 
 USED_BLOCKS = "[...document.querySelectorAll('.kv-group')].reduce((n, g) => n + +g.dataset.used, 0)"
 UPDATES = "+(document.body.dataset.updates || 0)"
+CHAT_LIVE = "document.getElementById('status').dataset.state === 'live'"
+ICON_FETCH = """fetch(document.querySelector('link[rel=icon]').href)
+  .then(r => [r.status, r.headers.get('content-type')])"""
 PARTIALS_RECORDER = """() => {
   window.partials = [];
   new MutationObserver(() => {
@@ -44,6 +47,21 @@ def test_the_key_prompt_refuses_a_wrong_key_then_the_dashboard_goes_live(browser
         tab.close()
 
 
+def test_the_pages_load_with_no_console_error(browser, served):
+    """Opened with the key already given, each page goes live with nothing in the console; its
+    declared icon is served (without one Chromium asks for /favicon.ico, a 404; headless
+    Chromium fetches icons outside the page, so test_page_icon.py watches the server for it)."""
+    for path, live in (("/", CHAT_LIVE), ("/dashboard", f"{UPDATES} >= 2")):
+        tab = Page(browser, served.url + path, key=API_KEY)
+        try:
+            tab.wait(live, what=f"{path} live")
+            icon = tab.js(ICON_FETCH)
+            assert icon == [200, "image/svg+xml"], (path, icon)
+            assert tab.errors == [], (path, tab.errors)
+        finally:
+            tab.close()
+
+
 def test_both_pages_under_a_16_request_load(browser, served, screenshots):
     dashboard = Page(browser, served.url + "/dashboard")
     chat = Page(browser, served.url + "/")
@@ -51,7 +69,7 @@ def test_both_pages_under_a_16_request_load(browser, served, screenshots):
         for tab in (dashboard, chat):
             tab.enter_key(API_KEY)
         dashboard.wait(f"{UPDATES} >= 1")
-        chat.wait("document.getElementById('status').dataset.state === 'live'", what="chat ready")
+        chat.wait(CHAT_LIVE, what="chat ready")
         dashboard.errors.clear(), chat.errors.clear()  # the 401s before the key was entered
 
         load = Load(served, n=16, max_tokens=24)

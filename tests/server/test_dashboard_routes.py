@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 
 import pytest
 from fake_client import ScriptedClient
@@ -106,6 +107,16 @@ def test_every_page_asset_it_references_is_shipped():
             for name in assets:
                 assert http.get("/dashboard/static/" + name).status_code == 200, name
             assert "<script>" not in html and "style=" not in html  # nothing inline (CSP)
+
+
+def test_the_pages_declare_their_icon_so_no_browser_asks_for_favicon_ico():
+    with TestClient(app_of()) as http:
+        for page in ("/", "/dashboard"):
+            icons = re.findall(r'<link rel="icon"[^>]* href="([^"]+)"', http.get(page).text)
+            assert icons == ["/dashboard/static/favicon.svg"], page
+        icon = http.get(icons[0])
+        assert icon.status_code == 200 and icon.headers["content-type"] == "image/svg+xml"
+        assert icon.content.startswith(b"<svg ")
 
 
 def test_the_snapshot_route_holds_the_engine_state_recent_requests_and_server_facts():

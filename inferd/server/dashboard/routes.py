@@ -2,7 +2,7 @@
 
     GET /                          the chat page
     GET /dashboard                 the live view of the engine
-    GET /dashboard/static/NAME     their scripts and styles
+    GET /dashboard/static/NAME     their scripts, styles and icon
     GET /dashboard/snapshot        the engine's state now, as JSON          (API key)
     GET /dashboard/events          the same as server-sent events, every    (API key)
                                    `interval` seconds (default 0.5, at least 0.25)
@@ -32,8 +32,10 @@ router = APIRouter()
 
 MAX_INTERVAL_S = 60.0
 PAGES = {"/": "chat.html", "/dashboard": "dashboard.html"}
+# NOTE: the pages declare their icon (favicon.svg): without one a browser asks for /favicon.ico
+# on every load and logs the failed load (404; 401 behind --api-key) as a console error.
 _TYPES = {".html": "text/html; charset=utf-8", ".js": "text/javascript; charset=utf-8",
-          ".css": "text/css; charset=utf-8"}  # fmt: skip
+          ".css": "text/css; charset=utf-8", ".svg": "image/svg+xml"}  # fmt: skip
 # NOTE: every script and style comes from a file of this package; nothing inline, nothing from
 # another origin (the pages work offline and a reply's text can never run as script).
 _HEADERS = {
