@@ -125,8 +125,9 @@ class EngineClient(Protocol):
     ) -> None:
         """Generate for one prompt (SamplingParams), or embed it (PoolingParams: its one output
         is an `EmbeddingRequestOutput`). Returns once the request is queued; from then on its
-        outputs (cumulative `RequestOutput`s, the last with `finished`) arrive in `outputs`,
-        or an exception that ends the stream (`RequestFailed`, `EngineDeadError`). Raises
+        outputs (`RequestOutput`s after each step with news, holding only the news when
+        `params.output_kind` is DELTA, else cumulative; the last with `finished`) arrive in
+        `outputs`, or an exception that ends the stream (`RequestFailed`, `EngineDeadError`). Raises
         `InvalidRequest`, `Overloaded` or `EngineDeadError` with nothing queued. Several requests
         may share one `outputs` queue."""
 

@@ -11,7 +11,7 @@ Two things are rewritten on the way, both undone on arrival:
 * Clocks: `RequestMetrics` holds `time.monotonic()` stamps of one machine. The call carries how
   long the request already waited instead of its arrival stamp, and the ingress shifts the
   replica's stamps onto its own clock by the offset seen at `Accepted`.
-* Prompts: every cumulative `RequestOutput` repeats the prompt (token ids, text, prompt
+* Prompts: every `RequestOutput` (delta or cumulative) repeats the prompt (token ids, text, prompt
   logprobs); a replica sends them once and `PromptMemo` fills them back in.
 """
 

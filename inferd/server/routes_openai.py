@@ -119,15 +119,11 @@ async def create_completion(body: CompletionRequest, request: Request) -> Respon
     def echo_of(p: int, out: RequestOutput) -> Echo | None:
         return Echo.of(out, echo_texts[p], want_logprobs) if body.echo else None
 
-    def extras(c: CompletionOutput, out: RequestOutput, start: int | None) -> dict[str, Any]:
-        """vLLM's return_token_ids: the choice's token ids from `start` on, and the prompt's
-        with the first (start None: the whole reply at once)."""
+    def extras(c: CompletionOutput, out: RequestOutput) -> dict[str, Any]:
+        """vLLM's return_token_ids: the choice's token ids and the prompt's."""
         if not body.return_token_ids:
             return {}
-        extra: dict[str, Any] = {"token_ids": list(c.token_ids)[start or 0 :]}
-        if not start:
-            extra["prompt_token_ids"] = list(out.prompt_token_ids)
-        return extra
+        return {"token_ids": list(c.token_ids), "prompt_token_ids": list(out.prompt_token_ids)}
 
     if body.stream:
         chunks = CompletionChunks(params.n, want_logprobs, texts, body.return_token_ids,
@@ -150,7 +146,7 @@ async def create_completion(body: CompletionRequest, request: Request) -> Respon
         for c in out.outputs:
             index = p * params.n + c.index
             choice = completion_choice(index, c, echo_of(p, out), want_logprobs, texts)
-            choice.update(extras(c, out, None))
+            choice.update(extras(c, out))
             choice["prompt_logprobs"] = (  # vLLM's field, null unless asked for
                 prompt_logprobs_json(out.prompt_logprobs, texts)
                 if params.prompt_logprobs is not None

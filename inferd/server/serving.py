@@ -88,7 +88,8 @@ class RequestGroup:
             raise error  # typed (InvalidRequest, Overloaded, ...): the app's handlers answer
 
     async def outputs(self) -> AsyncIterator[RequestOutput]:
-        """Every output of every request (cumulative, per step) until all have finished."""
+        """Every output of every request until all have finished: per step with news (a
+        stream's hold only the news: RequestOutputKind.DELTA), or cumulative ones."""
         while self._open and not self.closed:
             item = await self.queue.get()
             if item is _CLOSED:
