@@ -13,7 +13,8 @@ found here ends its sample in the core the same way.
 
 A core that dies fails its own requests (in flight: an error in their stream; adds awaiting an
 answer: EngineDeadError, a 503) and is routed around; the client is dead, and /health fails,
-once every core is. `on_dead` lets the server exit then.
+once every core is. `on_dead` lets the server exit then. `AsyncEngine` (async_engine.py) is this
+client with one core in a thread of this process, whose engine tokenizes and detokenizes itself.
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ from typing import Any
 import msgspec
 
 from inferd.engine import ipc
+from inferd.engine.core_contract import CoreClient
 from inferd.engine.core_process import CoreProcess
 from inferd.engine.dp_router import NoReplica, Router
 from inferd.engine.input_processor import InputLimits, InputProcessor
@@ -53,8 +55,8 @@ log = logging.getLogger(__name__)
 
 
 @dataclass
-class _Replica:
-    process: CoreProcess
+class CoreReplica:
+    process: CoreClient  # a CoreProcess; in-process (async_engine.py) a CoreThread
     active: set[str] = field(default_factory=set)  # requests it runs: its load
     stats: EngineStats | None = None
     stall_bound: float = 60.0
@@ -124,13 +126,17 @@ class AsyncCoreClient:
         self.model_config = self.checkpoint.config
         self._tokenizer = checkpoint_tokenizer(self.checkpoint)
         self.checkpoint.release_file_pages()  # the front end reads no weights
-        self.replicas = [_Replica(CoreProcess(i)) for i in range(data_parallel_size)]
+        self._track([CoreReplica(CoreProcess(i)) for i in range(data_parallel_size)])
+
+    def _track(self, replicas: list[CoreReplica]) -> None:
+        """The event loop's view of the cores and of the requests they run."""
+        self.replicas = replicas
         self.on_dead: Callable[[], None] | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._observers: list[Callable[[RequestOutput], None]] = []
         self._queues: dict[str, asyncio.Queue] = {}
         self._acks: dict[str, asyncio.Future] = {}
-        self._replica_of: dict[str, _Replica] = {}
+        self._replica_of: dict[str, CoreReplica] = {}
         self._calls: dict[int, asyncio.Future] = {}
         self._call_ids = itertools.count()
         self._dead_reason: str | None = None
@@ -200,10 +206,13 @@ class AsyncCoreClient:
         for i, r in enumerate(self.replicas):
             silent = now - r.heard_at
             if r.dead is None and r.active and silent > r.stall_bound:
-                problems.append(f"engine core {i} made no progress for {silent:.0f} s with "
+                problems.append(f"{self._name(i)} made no progress for {silent:.0f} s with "
                                 f"requests pending (a step may take up to "
                                 f"{r.stall_bound:.0f} s here)")  # fmt: skip
         return "; ".join(problems) or None
+
+    def _name(self, index: int) -> str:
+        return f"engine core {index}"
 
     def stats(self) -> EngineStats:
         return merge_stats(self.replica_stats())
@@ -229,6 +238,28 @@ class AsyncCoreClient:
             raise EngineDeadError(self._dead_reason or "the engine is not running")
         if request_id in self._replica_of:
             raise InvalidRequest(None, f"request_id {request_id!r} is already in use")
+        replica, send = self._admit(request_id, prompt, params, arrival_time)
+        future = self._loop.create_future()
+        self._acks[request_id], self._queues[request_id] = future, outputs
+        self._replica_of[request_id] = replica
+        if not replica.active:
+            replica.heard_at = time.monotonic()  # a stall is measured from when work arrives
+        replica.active.add(request_id)
+        send()
+        try:
+            await future
+        except asyncio.CancelledError:
+            self.abort(request_id)  # the add may still succeed; the abort follows it in order
+            raise
+        except BaseException:
+            self._forget(request_id)
+            raise
+        finally:
+            self._acks.pop(request_id, None)
+
+    def _admit(self, request_id: str, prompt: PromptInput, params: SamplingParams | PoolingParams,
+               arrival_time: float | None) -> tuple[CoreReplica, Callable[[], None]]:  # fmt: skip
+        """Check and tokenize the request, choose its core: (that core, what sends the Add)."""
         request, text = self.inputs.make_request(request_id, prompt, params, arrival_time)
         try:
             message = ipc.encode(ipc.Add(request))
@@ -241,26 +272,10 @@ class AsyncCoreClient:
                                                        request.lora_request)]  # fmt: skip
         except NoReplica as e:
             raise EngineDeadError(str(e)) from e
-        future = self._loop.create_future()
-        self._acks[request_id], self._queues[request_id] = future, outputs
-        self._replica_of[request_id] = replica
         self.outputs.add_request(request_id, text, request.prompt_token_ids,
                                  request.pooling or params, request.arrival_time,
                                  getattr(params, "max_tokens", None), stream=True)  # fmt: skip
-        if not replica.active:
-            replica.heard_at = time.monotonic()  # a stall is measured from when work arrives
-        replica.active.add(request_id)
-        replica.process.send_bytes(message)
-        try:
-            await future
-        except asyncio.CancelledError:
-            self.abort(request_id)  # the add may still succeed; the abort follows it in order
-            raise
-        except BaseException:
-            self._forget(request_id)
-            raise
-        finally:
-            self._acks.pop(request_id, None)
+        return replica, lambda: replica.process.send_bytes(message)
 
     def abort(self, request_id: str) -> None:
         """Stop a request (no-op when it already finished); its queue gets no more outputs."""
@@ -314,33 +329,25 @@ class AsyncCoreClient:
         return list(await asyncio.gather(*futures))
 
     # ---- the cores' messages (event loop) ----------------------------------------------------
-    def _on_message(self, replica: _Replica, message) -> None:
+    def _on_message(self, replica: CoreReplica, message) -> None:
         if message is None:
             self._replica_died(replica)
             return
         replica.heard_at = time.monotonic()
         if isinstance(message, ipc.CallResult):
-            future = self._calls.pop(message.call_id, None)
-            if future is not None and not future.done():
-                if message.error_type is None:
-                    future.set_result(message.result)
-                else:
-                    future.set_exception(ipc.rebuild_error(message.error_type, None,
-                                                           message.message))  # fmt: skip
-            return
+            m = message
+            return _settle(
+                self._calls.pop(m.call_id, None), m.result, m.error_type, None, m.message
+            )
         if not isinstance(message, ipc.Outputs):
             return
         replica.stall_bound = message.stall_bound or replica.stall_bound
         if message.stats is not None:
             replica.stats = message.stats
         for ack in message.acks:
-            future = self._acks.get(ack.request_id)
-            if future is not None and not future.done():
-                if ack.error_type is None:
-                    future.set_result(None)
-                else:
-                    future.set_exception(ipc.rebuild_error(ack.error_type, ack.param,
-                                                           ack.message))  # fmt: skip
+            if ack.error_type is not None:  # refused: nothing of it runs
+                self._forget(ack.request_id)
+            _settle(self._acks.get(ack.request_id), None, ack.error_type, ack.param, ack.message)
         results, finishes = self.outputs.process(message.outputs, time.monotonic())
         if finishes:  # NOTE: the core ends them before its next step
             replica.process.send(ipc.Finish(finishes))
@@ -363,11 +370,10 @@ class AsyncCoreClient:
                 if replica is not None:
                     replica.active.discard(out.request_id)
 
-    def _replica_died(self, replica: _Replica) -> None:
+    def _replica_died(self, replica: CoreReplica) -> None:
         if replica.dead is not None:
             return
-        index = self.replicas.index(replica)
-        replica.dead = f"engine core {index} exited (exit code {replica.process.exitcode})"
+        replica.dead = replica.process.end_reason
         log.error("%s; its %d requests fail", replica.dead, len(replica.active))
         mine = {rid for rid, r in self._replica_of.items() if r is replica}
         self._fail(mine, EngineDeadError(replica.dead))
@@ -391,3 +397,13 @@ class AsyncCoreClient:
             if queue is not None:
                 queue.put_nowait(error)
             self._forget(rid)
+
+
+def _settle(future: asyncio.Future | None, result: Any, error_type: str | None,
+            param: str | None, message: str) -> None:  # fmt: skip
+    if future is None or future.done():
+        return
+    if error_type is None:
+        future.set_result(result)
+    else:
+        future.set_exception(ipc.rebuild_error(error_type, param, message))

@@ -12,6 +12,7 @@ from typing import Any, Protocol
 
 class CoreClient(Protocol):
     alive: bool
+    end_reason: str | None  # why the core serves no more, once read_on's callback got None
 
     def send(self, message: Any) -> None:
         """ipc.Add / Abort / Finish / Call / Stop; never blocks."""

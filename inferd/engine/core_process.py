@@ -175,6 +175,12 @@ class CoreProcess:
         return self.process is not None and self.process.is_alive()
 
     @property
+    def end_reason(self) -> str:
+        """Why the core serves no more, once `read_on` said it ended (its exit code may not be
+        known yet: the sentinel can fire a moment before the process is reaped)."""
+        return f"engine core {self.index} exited (exit code {self.exitcode})"
+
+    @property
     def exitcode(self) -> int | None:
         return None if self.process is None else self.process.exitcode
 

@@ -47,7 +47,7 @@ class CoreThread:
         self._transport = _QueueTransport(self._emit)
         self.loop = CoreLoop(core, self._transport, stall_timeout)
         self.thread: threading.Thread | None = None
-        self.ended: str | None = None  # why the loop ended, once it has
+        self.end_reason: str | None = None  # why the loop ended, once it has
         self._received: queue.SimpleQueue = queue.SimpleQueue()  # for recv, until read_on
         self._reader: tuple[asyncio.AbstractEventLoop, Callable[[Any], None]] | None = None
 
@@ -63,7 +63,7 @@ class CoreThread:
             log.exception("the engine loop died")
             reason = f"the engine loop died: {type(e).__name__}: {e}"
         finally:
-            self.ended = reason
+            self.end_reason = reason
             self._emit(None)
 
     @property
