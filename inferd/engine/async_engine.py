@@ -86,6 +86,10 @@ class AsyncEngine(AsyncCoreClient):
 
     outputs = _Processed()
     replica_stats = None  # one engine: the server's metrics read stats()
+    # NOTE: served in-process, a dead engine leaves the server up (/health: 503) and its exit
+    # status alone (commands/serve.py looks for these two).
+    on_dead = property(lambda self: None, lambda self, callback: None)
+    dead_reason = None
 
     def __init__(
         self,
