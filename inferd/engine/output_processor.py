@@ -193,7 +193,13 @@ class OutputProcessor:
             if i == len(tokens) - 1 and delta.finish_reason == "stop":
                 break  # a stop token: it ends the text where it is, never shown
             before = len(sample.text)
-            sample.text += sample.detokenizer.step([token])
+            piece = sample.detokenizer.step([token])
+            if piece:
+                # NOTE: with the attribute's reference dropped first, CPython grows the string
+                # in place; `sample.text += piece` would copy the whole text at every token.
+                text, sample.text = sample.text, ""
+                text += piece
+                sample.text = text
             n_out = len(sample.token_ids)
             if params.stop and n_out >= params.min_tokens and _stop_string(sample, params,
                                                                              before):  # fmt: skip
