@@ -135,9 +135,10 @@ class EngineCore:
             self._pending.append(out)
         return out is not None
 
-    def finish_sample(self, request_id: str, index: int) -> None:
-        """The front end saw a stop string: end that sample before the next step."""
-        self.scheduler.finish_sample(request_id, index)
+    def finish_sample(self, request_id: str, index: int) -> bool:
+        """The front end saw a stop string: end that sample before the next step. True when the
+        request ended with it (no output says so)."""
+        return self.scheduler.finish_sample(request_id, index)
 
     def has_unfinished_requests(self) -> bool:
         return self.scheduler.has_unfinished_requests() or bool(self._pending)

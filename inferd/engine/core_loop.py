@@ -217,7 +217,8 @@ class CoreLoop:
                     self._abort(request_id)
         elif isinstance(message, ipc.Finish):
             for sample in message.samples:
-                core.finish_sample(sample.request_id, sample.index)
+                if core.finish_sample(sample.request_id, sample.index):
+                    self.active.discard(sample.request_id)
         elif isinstance(message, ipc.Call):
             self._call(message)
         elif isinstance(message, ipc.Stop):

@@ -124,17 +124,19 @@ class Scheduler:
         """Finish a request now ("abort") and free its blocks; None if it is not running."""
         return self._end(request_id, "abort", None)
 
-    def finish_sample(self, request_id: str, index: int) -> None:
+    def finish_sample(self, request_id: str, index: int) -> bool:
         """The front end saw a stop string in sample `index`: it ends here ("stop"), its blocks
-        are freed; no output, the front end knows. A no-op when it ended already."""
+        are freed; no output, the front end knows. A no-op when it ended already. True when
+        the request ended with it."""
         req = self.requests.get(request_id)
         seq = next((s for s in req.sequences if s.sample_index == index), None) if req else None
         if seq is None or seq.is_finished:
-            return
+            return False
         seq.finish_reason = "stop"
         self._finish(seq)
         if req.finished:
             self._retire(req)
+        return req.finished
 
     def fail_requests(self, request_ids: set[str], error: BaseException) -> list[CoreOutput]:
         """Finish requests with an error (their output says why); the others go on."""
