@@ -1,0 +1,71 @@
+"""The one step loop (engine/core_loop.py) over a scripted core and an in-memory transport: a
+step that raises fails exactly the requests in flight, and a request a stop string ended (the
+core sends no output for it) is no longer one of them."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+from inferd.engine import ipc
+from inferd.engine.core_loop import CoreLoop
+from inferd.engine.core_output import SampleFinish
+from inferd.engine_client import EngineStats
+
+
+class ScriptedCore:
+    def __init__(self):
+        self.requests: set[str] = set()
+        self.steps = 0
+
+    def compile_grammar(self, params):
+        return None
+
+    def add_request(self, request):
+        self.requests.add(request.request_id)
+
+    def finish_sample(self, request_id, index) -> bool:
+        self.requests.discard(request_id)
+        return True
+
+    def abort_request(self, request_id) -> bool:
+        return request_id in self.requests
+
+    def has_unfinished_requests(self) -> bool:
+        return bool(self.requests) and self.steps == 0
+
+    def step(self):
+        self.steps += 1
+        raise RuntimeError("kernel exploded")
+
+    def stats(self):
+        return EngineStats(len(self.requests), 0, 0.0, 0, 0, 0, 0, 0, self.steps)
+
+
+class ListTransport:
+    idle_wait_s = 0.0
+
+    def __init__(self, commands):
+        self.commands, self.sent = commands, []
+
+    def wait(self, timeout):
+        return bool(self.commands)
+
+    def take(self):
+        taken, self.commands = self.commands, []
+        return taken
+
+    def send(self, message):
+        self.sent.append(message)
+
+    def front_end_gone(self, busy):
+        return not busy
+
+
+def test_a_raising_step_fails_the_requests_in_flight_and_only_those():
+    adds = [ipc.Add(SimpleNamespace(request_id=r, params=None)) for r in ("a", "b")]
+    transport = ListTransport([*adds, ipc.Finish([SampleFinish("a", 0)])])
+    CoreLoop(ScriptedCore(), transport, stall_timeout=1.0).run()
+    [outputs] = [m for m in transport.sent if isinstance(m, ipc.Outputs)]
+    assert [a.request_id for a in outputs.acks] == ["a", "b"]
+    assert [f.request_id for f in outputs.failed] == ["b"]
+    assert "kernel exploded" in outputs.failed[0].message
