@@ -20,8 +20,7 @@ from typing import TYPE_CHECKING, Any
 from inferd.engine import ipc
 from inferd.engine.core_client import AsyncCoreClient, CoreReplica
 from inferd.engine.core_thread import CoreThread
-from inferd.engine_client import EngineStats, PromptInput, TraceFiles
-from inferd.engine_snapshot import EngineSnapshot
+from inferd.engine_client import EngineStats, PromptInput
 from inferd.errors import EngineDeadError
 from inferd.outputs import RequestOutput
 from inferd.pooling_params import PoolingParams
@@ -124,10 +123,3 @@ class AsyncEngine(AsyncCoreClient):
         arrival = arrival_time if arrival_time is not None else time.monotonic()
         add = ipc.Add(PromptRequest(request_id, prompt, params, arrival))
         return replica, lambda: self.core.send(add)
-
-    # In-process the results cross as the objects they are.
-    async def stop_profile(self) -> TraceFiles:
-        return (await self._call_all("stop_profile"))[0]
-
-    async def snapshot(self) -> EngineSnapshot:
-        return (await self._call_all("snapshot"))[0]

@@ -298,34 +298,28 @@ class AsyncCoreClient:
 
     async def stop_profile(self) -> TraceFiles:
         """The first core's files (the others' lie beside them)."""
-        results = await self._call_all("stop_profile")
-        return TraceFiles(**results[0])
+        return _typed((await self._call_all("stop_profile"))[0], TraceFiles)
 
     # ---- the dashboard (inferd.engine_client.SnapshotClient) ---------------------------------
     async def snapshot(self) -> EngineSnapshot:
         """The first live replica's state (with data parallelism the dashboard shows that one:
         docs/dashboard.md)."""
-        live = [r for r in self.replicas if r.dead is None]
-        if self._dead_reason is not None or self._loop is None or not live:
-            raise EngineDeadError(self._dead_reason or "the engine is not running")
-        call_id = next(self._call_ids)
-        self._calls[call_id] = future = self._loop.create_future()
-        live[0].process.send(ipc.Call(call_id, "snapshot"))
-        return msgspec.convert(await future, EngineSnapshot)
+        live = [r for r in self.replicas if r.dead is None][:1]
+        return _typed((await self._call_all("snapshot", replicas=live))[0], EngineSnapshot)
 
     async def rank_reports(self) -> list[dict]:
         return [r for result in await self._call_all("rank_reports") for r in result]
 
-    async def _call_all(self, method: str, *args: Any) -> list[Any]:
-        if self._dead_reason is not None or self._loop is None:
+    async def _call_all(self, method: str, *args: Any, replicas: list | None = None) -> list[Any]:
+        live = [r for r in self.replicas if r.dead is None] if replicas is None else replicas
+        if self._dead_reason is not None or self._loop is None or not live:
             raise EngineDeadError(self._dead_reason or "the engine is not running")
         futures = []
-        for replica in self.replicas:
-            if replica.dead is None:
-                call_id = next(self._call_ids)
-                self._calls[call_id] = future = self._loop.create_future()
-                futures.append(future)
-                replica.process.send(ipc.Call(call_id, method, list(args)))
+        for replica in live:
+            call_id = next(self._call_ids)
+            self._calls[call_id] = future = self._loop.create_future()
+            futures.append(future)
+            replica.process.send(ipc.Call(call_id, method, list(args)))
         return list(await asyncio.gather(*futures))
 
     # ---- the cores' messages (event loop) ----------------------------------------------------
@@ -407,3 +401,8 @@ def _settle(future: asyncio.Future | None, result: Any, error_type: str | None,
         future.set_result(result)
     else:
         future.set_exception(ipc.rebuild_error(error_type, param, message))
+
+
+def _typed(result: Any, kind: type) -> Any:
+    """A call's result as `kind` (across a process it arrives as plain data)."""
+    return result if isinstance(result, kind) else msgspec.convert(result, kind)

@@ -1,6 +1,5 @@
-"""The one step loop (engine/core_loop.py) over a scripted core and an in-memory transport: a
-step that raises fails exactly the requests in flight, and a request a stop string ended (the
-core sends no output for it) is no longer one of them."""
+"""The one step loop (engine/core_loop.py), scripted core, in-memory transport: a step that raises
+fails exactly the requests in flight; one a stop string ended (no output says so) is not."""
 
 from __future__ import annotations
 
@@ -13,9 +12,10 @@ from inferd.engine_client import EngineStats
 
 
 class ScriptedCore:
+    """Requests in; its first step raises."""
+
     def __init__(self):
-        self.requests: set[str] = set()
-        self.steps = 0
+        self.requests, self.steps = set(), 0
 
     def compile_grammar(self, params):
         return None
@@ -25,7 +25,7 @@ class ScriptedCore:
 
     def finish_sample(self, request_id, index) -> bool:
         self.requests.discard(request_id)
-        return True
+        return True  # its only sample: the request ended
 
     def abort_request(self, request_id) -> bool:
         return request_id in self.requests
@@ -42,6 +42,8 @@ class ScriptedCore:
 
 
 class ListTransport:
+    """Hands over its commands once; the front end is gone when the loop has nothing to do."""
+
     idle_wait_s = 0.0
 
     def __init__(self, commands):
