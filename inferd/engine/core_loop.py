@@ -1,6 +1,5 @@
-"""The one step loop: an engine core's commands in, its steps' news out, for as long as the front
-end wants. It runs as the core process's main loop (`core_main`) or in a thread of the front
-end's process (core_thread.py); only its transport differs.
+"""The one step loop (`CoreLoop.run`): an engine core's commands in, its steps' news out. It runs
+in the core's own process (`core_main`) or in a thread (core_thread.py); only the transport differs.
 
     front end ──Add/Abort/Finish/Call/Stop──▶ [take every waiting message] ─▶ core.step()
     front end ◀──────────── Outputs (news, add acks, stats) ◀───────────────┘
@@ -55,8 +54,7 @@ class SocketTransport:
         self.inbox, self.outbox, self.parent_pid = inbox, outbox, parent_pid
 
     def wait(self, timeout: float | None) -> bool:
-        """While the pipe to the front end holds back part of what was sent, also wake when it
-        can take more."""
+        """Also wakes when the pipe can take more of what it holds back."""
         import zmq
 
         ms = None if timeout is None else int(timeout * 1000)
@@ -116,30 +114,28 @@ def core_main(config, to_core: str, from_core: Connection, parent_pid: int,
     # NOTE: as the commands do (commands/startup_gc.py): no cyclic collections while start-up
     # makes millions of long-lived objects, then those frozen out of the collector's sight.
     gc.disable()
+    core = None
     try:
         from inferd.engine.core import EngineCore
 
         core = EngineCore(config)
-    except BaseException as e:  # noqa: BLE001 - the front end says why, then exits
+        gc.freeze()
+        gc.enable()
+        setup = core.setup
+        outbox.send(ipc.encode(ipc.Ready(core.model_info, core.max_model_len, setup.max_num_seqs,
+                                         setup.max_num_batched_tokens, core.hash_root,
+                                         config.block_size, setup.kv_plan.num_blocks[0],
+                                         os.getpid())))  # fmt: skip
+        CoreLoop(core, SocketTransport(inbox, outbox, parent_pid), stall_timeout).run()
+    except BaseException as e:  # noqa: BLE001 - failed to start: the front end says why, exits
+        if core is not None:
+            raise
         kind, _, message = ipc.describe_error(e)
         log.debug("engine core failed to start", exc_info=True)
         outbox.send(ipc.encode(ipc.StartFailed(kind, message)))
-        outbox.drain(DRAIN_AT_EXIT_S)
-        outbox.close()
-        inbox.close()
-        context.term()
-        return
-    gc.freeze()
-    gc.enable()
-    setup = core.setup
-    outbox.send(ipc.encode(ipc.Ready(core.model_info, core.max_model_len, setup.max_num_seqs,
-                                     setup.max_num_batched_tokens, core.hash_root,
-                                     config.block_size, setup.kv_plan.num_blocks[0],
-                                     os.getpid())))  # fmt: skip
-    try:
-        CoreLoop(core, SocketTransport(inbox, outbox, parent_pid), stall_timeout).run()
     finally:
-        core.shutdown()
+        if core is not None:
+            core.shutdown()
         outbox.drain(DRAIN_AT_EXIT_S)
         outbox.close()
         inbox.close()

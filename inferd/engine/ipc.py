@@ -90,9 +90,7 @@ class AddAck(msgspec.Struct):
     message: str = ""
 
 
-class Failure(msgspec.Struct):
-    """A request in flight when a step raised (core_loop.py): it ends with this error."""
-
+class Failure(msgspec.Struct):  # a request in flight when a step raised (core_loop.py)
     request_id: str
     message: str
 
