@@ -14,13 +14,11 @@ class CoreClient(Protocol):
     alive: bool
     end_reason: str | None  # why the core serves no more, once read_on's callback got None
 
-    def send(self, message: Any) -> None:
-        """ipc.Add / Abort / Finish / Call / Stop; never blocks."""
+    def send(self, message: Any) -> None: ...  # ipc.Add / Abort / Finish / Call / Stop
 
-    def recv(self, timeout: float | None = None) -> Any:
-        """A blocking caller's read: the next message (ipc.Outputs, CallResult) or None."""
+    def recv(self, timeout: float | None = None) -> Any: ...  # a blocking reader's: None if none
 
     def read_on(self, loop: asyncio.AbstractEventLoop, callback: Callable[[Any], None]) -> None:
-        """Or: `loop` hands every message to `callback`, and None once the core has ended."""
+        """`loop` hands every message to `callback`, and None once the core has ended."""
 
     def stop(self, timeout: float = ...) -> None: ...

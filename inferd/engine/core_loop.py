@@ -26,7 +26,6 @@ import logging
 import os
 import signal
 import time
-from dataclasses import dataclass
 from multiprocessing.connection import Connection
 from typing import Any
 
@@ -142,12 +141,6 @@ def core_main(config, to_core: str, from_core: Connection, parent_pid: int,
         context.term()
 
 
-@dataclass
-class _PendingAdd:
-    request: Any  # the Add's request (a CoreRequest, or in-process the front end's own)
-    grammar: object  # its GrammarCompilation, still compiling
-
-
 class CoreLoop:
     """Drives one core (an `EngineCore`, or in-process anything with its request and step
     methods) from one thread; nothing else touches the core meanwhile. The transport:
@@ -160,7 +153,8 @@ class CoreLoop:
         step_tokens = getattr(getattr(core, "setup", None), "max_num_batched_tokens", 0)
         self.stall = StallBound(stall_timeout, step_tokens or 0)  # 0: learned from the steps
         self.acks: list[ipc.AddAck] = []
-        self.pending: list[_PendingAdd] = []  # constrained adds waiting for their grammar
+        # Constrained adds waiting for their grammar: request id → (request, its compilation).
+        self.pending: dict[str, tuple[Any, Any]] = {}
         self.active: set[str] = set()  # requests added and not finished: failed if a step raises
         self.stopping = False
         self.snapshots = SnapshotBuilder()  # the dashboard's, built only when asked
@@ -204,13 +198,15 @@ class CoreLoop:
         if isinstance(message, ipc.Add):
             grammar = core.compile_grammar(message.request.params)
             if grammar is not None and not grammar.done():
-                self.pending.append(_PendingAdd(message.request, grammar))
+                self.pending[message.request.request_id] = (message.request, grammar)
             else:
                 self._add(message.request)
         elif isinstance(message, ipc.Abort):
             for request_id in message.request_ids:
-                if not self._drop_pending(request_id):
+                if self.pending.pop(request_id, None) is None:
                     self._abort(request_id)
+                else:  # NOTE: answered as refused: the caller gave up on it (its abort came first)
+                    self.acks.append(ipc.AddAck(request_id, "EngineDeadError", None, "aborted"))
         elif isinstance(message, ipc.Finish):
             for sample in message.samples:
                 if core.finish_sample(sample.request_id, sample.index):
@@ -237,18 +233,10 @@ class CoreLoop:
             log.exception("abort of %s failed", request_id)
 
     def _admit_compiled(self) -> None:
-        for pending in [p for p in self.pending if p.grammar.done()]:
-            self.pending.remove(pending)
-            self._add(pending.request)
-
-    def _drop_pending(self, request_id: str) -> bool:
-        for pending in self.pending:
-            if pending.request.request_id == request_id:
-                self.pending.remove(pending)
-                # NOTE: answered as refused: the caller gave up on it (its abort came first).
-                self.acks.append(ipc.AddAck(request_id, "EngineDeadError", None, "aborted"))
-                return True
-        return False
+        for request_id, (request, grammar) in list(self.pending.items()):
+            if grammar.done():
+                del self.pending[request_id]
+                self._add(request)
 
     def _call(self, message: ipc.Call) -> None:
         try:

@@ -11,9 +11,7 @@ from inferd.engine.core_output import SampleFinish
 from inferd.engine_client import EngineStats
 
 
-class ScriptedCore:
-    """Requests in; its first step raises."""
-
+class ScriptedCore:  # requests in; its first step raises
     def __init__(self):
         self.requests, self.steps = set(), 0
 
@@ -41,9 +39,7 @@ class ScriptedCore:
         return EngineStats(len(self.requests), 0, 0.0, 0, 0, 0, 0, 0, self.steps)
 
 
-class ListTransport:
-    """Hands over its commands once; the front end is gone when the loop has nothing to do."""
-
+class ListTransport:  # its commands once; the front end is gone when the loop has nothing to do
     idle_wait_s = 0.0
 
     def __init__(self, commands):
