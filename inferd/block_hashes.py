@@ -1,7 +1,8 @@
 """How a full KV block is named: the chained sha256 of the tokens up to its end. The engine's
-prefix cache (engine/kv_cache.py, engine/request.py) and the routers that send a prompt to the
-replica holding its prefix (engine/dp_router.py, ray_serve/prefix_table.py) share this one
-definition, so a router's match is exactly the blocks a replica will not compute again.
+prefix cache (engine/scheduling/kv_cache.py, engine/scheduling/request.py) and the routers that
+send a prompt to the replica holding its prefix (engine/frontend/dp_router.py,
+ray_serve/prefix_table.py) share this one definition, so a router's match is exactly the blocks a
+replica will not compute again.
 
 Block i's hash covers tokens [0, (i + 1) * block_size): two prompts share cached blocks exactly
 as far as their hash lists agree. The first block's parent is a root (the engine's model identity,

@@ -1,6 +1,7 @@
 """The boundary between the HTTP server and the engine: what a server may ask of an engine.
 
-    server routes ──EngineClient──▶ AsyncEngine (inferd/engine/async_engine.py) ──▶ LLMEngine
+    server routes ──EngineClient──▶ AsyncEngine (inferd/engine/frontend/async_engine.py) ──▶
+    LLMEngine
 
 The server imports this module, the shared value types (`SamplingParams`, `RequestOutput`) and
 the typed errors (`inferd/errors.py`), never the engine itself: anything that implements

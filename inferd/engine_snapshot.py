@@ -10,7 +10,7 @@
       memory     what the process holds now, next to `inferd memory`'s prediction
 
 Built on the engine's thread, between steps, only when someone asks
-(inferd/engine/snapshot.py); a server reaches it through `SnapshotClient` in
+(inferd/engine/core/dashboard_view.py); a server reaches it through `SnapshotClient` in
 inferd/engine_client.py. Only ints, floats, strings, lists and dicts of them (and these
 dataclasses), so it crosses a process boundary or becomes JSON unchanged (`to_dict`).
 """

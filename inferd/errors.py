@@ -1,6 +1,6 @@
 """The errors inferd raises on purpose, by kind, so that each boundary can answer in its own terms:
 the CLI prints the message (no traceback) and exits non-zero; the HTTP server maps each type to
-a status code and an OpenAI-shaped body (`inferd/server/errors.py`). Anything else that escapes
+a status code and an OpenAI-shaped body (`inferd/server/http/errors.py`). Anything else that escapes
 is a bug: the server answers 500 with an id and logs the traceback once.
 
     InvalidRequest (ValueError)   400  the client sent something unusable; `param` names the field

@@ -12,7 +12,7 @@ import itertools
 from collections.abc import Sequence
 
 from inferd.config import EngineConfig
-from inferd.engine.engine import LLMEngine
+from inferd.engine.frontend.llm_engine import LLMEngine
 from inferd.engine_client import TraceFiles
 from inferd.errors import InvalidRequest
 from inferd.loader.catalog import with_engine_defaults

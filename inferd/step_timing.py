@@ -9,14 +9,14 @@ histograms of their durations, per kind of step, and of the tokens each step com
 * sample: logits rows to token ids (penalties, temperature, top-k/p, logprobs);
 * output: appending the tokens, the token stop checks, prefix-cache registration, and each
   request's news for the front end (detokenizing, stop strings and `RequestOutput`s are the
-  front end's work, outside the step: engine/output_processor.py).
+  front end's work, outside the step: engine/frontend/output_processor.py).
 
 A step is a "prefill" step when any of its sequences computes prompt tokens, else a "decode"
 step: the two cost differently enough that one mean would describe neither.
 
 The engine's `StepTimer` (inferd/profiling/step_timer.py) fills the histograms; the server
-exposes them under `inferd:` (inferd/server/metrics.py) and `inferd bench` prints each phase's
-mean. They live in this bottom-row module because both read them.
+exposes them under `inferd:` (inferd/server/metrics/prometheus.py) and `inferd bench` prints each
+phase's mean. They live in this bottom-row module because both read them.
 """
 
 from __future__ import annotations

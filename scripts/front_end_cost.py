@@ -18,11 +18,11 @@ import time
 
 import numpy as np
 
-from inferd.engine.core_output import CoreOutput, SampleDelta
-from inferd.engine.output_processor import OutputProcessor
+from inferd.engine.core.core_output import CoreOutput, SampleDelta
+from inferd.engine.frontend.output_processor import OutputProcessor
 from inferd.loader.default_model import default_model_path
 from inferd.sampling_params import SamplingParams
-from inferd.server.sse import encode_event
+from inferd.server.http.sse import encode_event
 from inferd.tokenizer import load_tokenizer
 
 TEXT = "The quick brown fox jumps over the lazy dog, then rests under an old oak tree. "

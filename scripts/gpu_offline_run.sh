@@ -41,7 +41,7 @@ timeout 120 python -m pip install -q --no-index --no-deps --no-compile --no-cach
     --upgrade --target /tmp/inferd-site "$wheels"/*.whl > /tmp/inferd-install.txt 2>&1
 log "wheels installed: exit $? $(tail -1 /tmp/inferd-install.txt)"
 export PYTHONPATH=/tmp/inferd-site:$PWD
-log "inferd: $(timeout 120 python -c 'import inferd.server.app, inferd.engine.ipc; print("imports")' 2>&1 | tail -1)"
+log "inferd: $(timeout 120 python -c 'import inferd.server.app, inferd.engine.transport.ipc; print("imports")' 2>&1 | tail -1)"
 rm -rf /tmp/inferd-standin && cp -r "$prep" /tmp/inferd-standin
 log "stand-in: $(timeout 180 python scripts/gpu_standin.py weights /tmp/inferd-standin 2>&1 | tail -1)"
 GPU_CHECK_OUT=$out INFERD_GPU_MODEL=/tmp/inferd-standin bash scripts/gpu_check.sh

@@ -1,5 +1,6 @@
-"""The process boundary's cost per message (docs/engine.md), for the choices in engine/ipc.py:
-msgspec against pickle, and the core's messages back over ZeroMQ or over a pipe.
+"""The process boundary's cost per message (docs/engine.md), for the choices in
+engine/transport/ipc.py: msgspec against pickle, and the core's messages back over ZeroMQ or over a
+pipe.
 
     python scripts/ipc_bench.py [--requests 32] [--rounds 2000]
 
@@ -24,8 +25,8 @@ import time
 
 
 def step_message(requests: int):
-    from inferd.engine import ipc
-    from inferd.engine.core_output import CoreOutput, RequestEvents, SampleDelta
+    from inferd.engine.core.core_output import CoreOutput, RequestEvents, SampleDelta
+    from inferd.engine.transport import ipc
     from inferd.engine_client import EngineStats
     from inferd.profiling.step_timer import StepTimer
 
@@ -36,7 +37,7 @@ def step_message(requests: int):
 
 
 def codec_seconds(message, rounds: int) -> dict[str, float]:
-    from inferd.engine import ipc
+    from inferd.engine.transport import ipc
 
     out = {}
     for name, enc, dec in (("msgspec", ipc.encode, ipc.decode_from_core),
@@ -52,7 +53,7 @@ def _echo(to_child: str, back, use_pipe: bool) -> None:
     """Answer every message with itself: over ZeroMQ, or over the frame pipe (as the core)."""
     import zmq
 
-    from inferd.engine.frame_pipe import FrameWriter
+    from inferd.engine.transport.frame_pipe import FrameWriter
 
     ctx = zmq.Context()
     pull = ctx.socket(zmq.PULL)
@@ -88,8 +89,8 @@ def round_trip(message, rounds: int, use_pipe: bool) -> dict[str, float]:
 
     import zmq
 
-    from inferd.engine import ipc
-    from inferd.engine.frame_pipe import FrameReader, open_frame_pipe
+    from inferd.engine.transport import ipc
+    from inferd.engine.transport.frame_pipe import FrameReader, open_frame_pipe
 
     ctx = multiprocessing.get_context("spawn")
     sockets = ipc.SocketDir()
@@ -145,7 +146,7 @@ def main() -> int:
     args = parser.parse_args()
     message = step_message(args.requests)
     codec = codec_seconds(message, args.rounds)
-    from inferd.engine import ipc
+    from inferd.engine.transport import ipc
 
     print(f"one step's Outputs, {args.requests} requests: {len(ipc.encode(message))} bytes "
           f"(msgspec), {len(pickle.dumps(message))} bytes (pickle)")  # fmt: skip

@@ -26,7 +26,7 @@ import torch  # noqa: E402
 from safetensors.torch import save_file  # noqa: E402
 
 from inferd import LLM, LoRARequest  # noqa: E402
-from inferd.engine.runner import SequenceStep  # noqa: E402
+from inferd.engine.execution.runner import SequenceStep  # noqa: E402
 
 TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 

@@ -21,7 +21,7 @@ import torch
 
 from inferd.config import ModelConfig, MoEConfig
 from inferd.cpu_info import cpu_flags, cpu_model
-from inferd.engine.runner import ModelRunner, SequenceStep
+from inferd.engine.execution.runner import ModelRunner, SequenceStep
 from inferd.models.llama import LlamaForCausalLM
 
 

@@ -16,7 +16,7 @@ import time
 import torch
 
 from inferd import LLM
-from inferd.engine.runner import SequenceStep
+from inferd.engine.execution.runner import SequenceStep
 
 BLOCKS = 48  # per sequence: 768 tokens
 

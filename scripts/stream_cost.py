@@ -21,9 +21,9 @@ import time
 
 import httpx
 
-from inferd.engine.core_output import CoreOutput, SampleDelta
-from inferd.engine.output_processor import OutputProcessor
-from inferd.engine.step import TokenLogprobs
+from inferd.engine.core.core_output import CoreOutput, SampleDelta
+from inferd.engine.frontend.output_processor import OutputProcessor
+from inferd.engine.scheduling.step import TokenLogprobs
 from inferd.engine_client import EngineStats, ModelInfo
 from inferd.loader.default_model import default_model_path
 from inferd.server.app import ServerSettings, create_app
@@ -34,7 +34,7 @@ TEXT = "The quick brown fox jumps over the lazy dog, then rests under an old oak
 
 class SyntheticCore:
     """An EngineClient whose core is a script: each request gets `token_ids`, one per step,
-    through a real OutputProcessor (as core_client.py runs it on the event loop)."""
+    through a real OutputProcessor (as async_core_client.py runs it on the event loop)."""
 
     def __init__(self, tokenizer, token_ids: list[int], top_logprobs: int):
         self.tokenizer = tokenizer

@@ -15,8 +15,8 @@ methods.
 KV memory is organised in *groups* of layers that share block tables: a model with only
 full-attention layers has one group; Gemma 3 has a full-attention group and a sliding-window
 group, because the sliding layers only keep the blocks inside their window (see
-`inferd/engine/kv_cache.py`). A layer's cache is a tensor [2, num_blocks, block_size, kv_heads,
-head_dim] from its group's pool; token t of a sequence lives in slot
+`inferd/engine/scheduling/kv_cache.py`). A layer's cache is a tensor [2, num_blocks, block_size,
+kv_heads, head_dim] from its group's pool; token t of a sequence lives in slot
 `block_table[t // block_size] * block_size + t % block_size`.
 """
 

@@ -64,7 +64,7 @@ def choose_model(args: argparse.Namespace) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from inferd.engine.engine import LLMEngine
+    from inferd.engine.frontend.llm_engine import LLMEngine
     from inferd.tokenizer.template_files import load_chat_template
 
     sampling_params_from_args(args)  # bad flags fail before the model loads

@@ -68,7 +68,7 @@ def _huge_pages_fact() -> str:
 def _torch_facts() -> dict[str, object]:
     import torch
 
-    from inferd.engine.core_spin import CORE_SPIN_COUNT, SPIN_COUNT_ENV, USER_KNOBS
+    from inferd.engine.transport.core_spin import CORE_SPIN_COUNT, SPIN_COUNT_ENV, USER_KNOBS
 
     cuda = torch.cuda.is_available()
     facts: dict[str, object] = {

@@ -255,7 +255,7 @@ def engine_config_from_args(args: argparse.Namespace):
     from inferd.distributed.launch import env_rank, launched_by_torchrun
 
     if config.tensor_parallel_size > 1 and launched_by_torchrun() and env_rank() != 0:
-        from inferd.engine.tp_workers import torchrun_worker
+        from inferd.engine.execution.tp_workers import torchrun_worker
 
         torchrun_worker(config)
         raise SystemExit(0)

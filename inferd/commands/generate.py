@@ -37,7 +37,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     start = time.monotonic()
-    from inferd.engine.engine import LLMEngine
+    from inferd.engine.frontend.llm_engine import LLMEngine
 
     prompt = sys.stdin.read() if args.prompt == "-" else args.prompt
     sampling_params_from_args(args)  # bad flags fail here, before the model loads

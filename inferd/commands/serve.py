@@ -39,12 +39,12 @@ def _start_engine(config, args: argparse.Namespace):
         if args.data_parallel_size > 1:
             raise ValueError("--data-parallel-size needs the engine core in its own process: "
                              "drop --no-engine-core-process")  # fmt: skip
-        from inferd.engine.async_engine import AsyncEngine
-        from inferd.engine.engine import LLMEngine
+        from inferd.engine.frontend.async_engine import AsyncEngine
+        from inferd.engine.frontend.llm_engine import LLMEngine
 
         engine = LLMEngine(config)
         return AsyncEngine(engine, args.stall_timeout), ServedModel.of_engine(engine)
-    from inferd.engine.core_client import AsyncCoreClient
+    from inferd.engine.frontend.async_core_client import AsyncCoreClient
 
     client = AsyncCoreClient(config, args.data_parallel_size, args.data_parallel_routing,
                              args.stall_timeout)  # fmt: skip
@@ -64,7 +64,7 @@ def run(args: argparse.Namespace) -> int:
     import uvicorn
 
     from inferd.server.app import DEFAULT_MAX_REQUEST_BYTES, ServerSettings, create_app
-    from inferd.server.drain import DrainingServer
+    from inferd.server.http.drain import DrainingServer
     from inferd.tokenizer.byte_bound import max_bytes_per_token
     from inferd.tokenizer.chat_template import ChatTemplate
     from inferd.tokenizer.template_files import load_chat_template
@@ -118,7 +118,7 @@ def run(args: argparse.Namespace) -> int:
         port=args.port,
         access_log=False,  # inferd.access logs each request, with its latency
         log_level=logging.getLevelName(level).lower(),
-        # Backstop only: the drain (server/drain.py) has ended every request by then.
+        # Backstop only: the drain (server/http/drain.py) has ended every request by then.
         timeout_graceful_shutdown=5,
     )
     server = DrainingServer(config, app.state.drain)

@@ -1,5 +1,5 @@
 """`inferd serve` flags of the APIs themselves (vLLM's names where vLLM has the flag), and the
-`APISettings` they become (inferd/server/api_settings.py)."""
+`APISettings` they become (inferd/server/http/api_settings.py)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import argparse
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from inferd.server.api_settings import APISettings
+    from inferd.server.http.api_settings import APISettings
 
 
 def _count(text: str) -> int:
@@ -21,7 +21,7 @@ def _count(text: str) -> int:
 
 
 def add_api_arguments(parser: argparse.ArgumentParser) -> None:
-    from inferd.server.api_settings import DEFAULT_STORED_RESPONSES  # plain data, no FastAPI
+    from inferd.server.http.api_settings import DEFAULT_STORED_RESPONSES  # plain data, no FastAPI
 
     api = parser.add_argument_group("APIs")
     api.add_argument(
@@ -40,7 +40,7 @@ def add_api_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def api_settings(args: argparse.Namespace) -> APISettings:
-    from inferd.server.api_settings import APISettings
+    from inferd.server.http.api_settings import APISettings
 
     return APISettings(
         return_tokens_as_token_ids=args.return_tokens_as_token_ids,

@@ -19,14 +19,14 @@ from typing import TYPE_CHECKING
 from inferd.tools import TOOL_PARSERS
 
 if TYPE_CHECKING:
-    from inferd.server.cors import CORSSettings
-    from inferd.server.tool_calls import ToolSettings
+    from inferd.server.http.cors import CORSSettings
+    from inferd.server.openai.tool_calls import ToolSettings
 
 log = logging.getLogger("inferd.serve")
 
 
 def _list_arg(text: str) -> list[str]:
-    from inferd.server.cors import parse_list  # local: `inferd --help` stays light
+    from inferd.server.http.cors import parse_list  # local: `inferd --help` stays light
 
     try:
         return parse_list(text)
@@ -127,7 +127,7 @@ def check_tool_flags(args: argparse.Namespace) -> None:
 def tool_settings(engine, args: argparse.Namespace) -> ToolSettings:
     """Which call format forced calls use, and which template shows the tools."""
     from inferd.loader import architecture
-    from inferd.server.tool_calls import ToolSettings
+    from inferd.server.openai.tool_calls import ToolSettings
     from inferd.tokenizer.chat_template import ChatTemplate
     from inferd.tools.templates import template_handles_tools, tool_chat_template
 
@@ -150,7 +150,7 @@ def tool_settings(engine, args: argparse.Namespace) -> ToolSettings:
 
 
 def cors_settings(args: argparse.Namespace) -> CORSSettings:
-    from inferd.server.cors import CORSSettings
+    from inferd.server.http.cors import CORSSettings
 
     if args.allow_credentials and "*" in args.allowed_origins:
         raise ValueError("--allow-credentials needs explicit --allowed-origins, not '*'")

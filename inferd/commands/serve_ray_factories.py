@@ -27,8 +27,8 @@ def make_engine(args: argparse.Namespace):
     from inferd.commands.engine_args import engine_config_from_args
     from inferd.commands.serve_features import with_request_limits
     from inferd.commands.startup_gc import engine_started
-    from inferd.engine.async_engine import AsyncEngine
-    from inferd.engine.engine import LLMEngine
+    from inferd.engine.frontend.async_engine import AsyncEngine
+    from inferd.engine.frontend.llm_engine import LLMEngine
     from inferd.ray_serve.replica import ReplicaEngine
     from inferd.ray_serve.wire import EngineFacts
     from inferd.tokenizer.byte_bound import max_bytes_per_token

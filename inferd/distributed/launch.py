@@ -7,7 +7,7 @@ lets anyone who connects read and write the rendezvous. Gloo's own connections a
 loopback interface. Several machines: every rank is started by `torchrun` (or anything that
 sets MASTER_ADDR, MASTER_PORT, WORLD_SIZE and RANK), and the network is the user's choice.
 Which process runs what (the engine on rank 0, the worker loop on the others) is the engine's
-business: `inferd/engine/tp_workers.py`.
+business: `inferd/engine/execution/tp_workers.py`.
 
 Collectives get a timeout (`distributed_timeout`, 60 s by default), so a rank that hangs or dies
 makes the others fail instead of waiting forever.

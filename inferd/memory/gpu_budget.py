@@ -8,8 +8,8 @@ the engine started (another process, such as a second data-parallel replica on t
 is not charged to it, but the share must fit in what was free then.
 
 The activation peak is measured, not estimated: the engine runs one dummy step of the largest
-size it will schedule and reports the allocator's peak (`inferd/engine/kv_budget.py`); this
-module does the accounting.
+size it will schedule and reports the allocator's peak (`inferd/engine/scheduling/kv_budget.py`);
+this module does the accounting.
 """
 
 from __future__ import annotations

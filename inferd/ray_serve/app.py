@@ -28,7 +28,7 @@ from inferd.server.app import ServerSettings
 INGRESS = "InferdIngress"
 ENGINE = "InferdEngine"
 APP_NAME = "inferd"
-# The ingress takes every HTTP request; inferd's admission (server/admission.py) bounds them.
+# The ingress takes every HTTP request; inferd's admission (server/http/admission.py) bounds them.
 INGRESS_MAX_ONGOING = 4096
 # No Serve access line per handle call (two reports a second); inferd's own access log stays.
 _QUIET = LoggingConfig(enable_access_log=False)

@@ -2,11 +2,12 @@
 leading blocks in its prefix cache, and the routing choice that follows. Pure Python, no Ray:
 `router.py` adapts it to Serve's request-router interface.
 
-A replica's engine caches full KV blocks under chained hashes (inferd/engine/request.py): block
-i's hash covers tokens [0, (i+1) * block_size), so two prompts share cached blocks exactly as
-far as their hash lists agree. The router keeps, per replica, the hashes of the prompts it sent
-there (LRU-bounded by that replica's KV pool), and a prompt's match with a replica is the number
-of its leading hashes found there: tokens the replica need not compute again.
+A replica's engine caches full KV blocks under chained hashes
+(inferd/engine/scheduling/request.py): block i's hash covers tokens [0, (i+1) * block_size), so two
+prompts share cached blocks exactly as far as their hash lists agree. The router keeps, per
+replica, the hashes of the prompts it sent there (LRU-bounded by that replica's KV pool), and a
+prompt's match with a replica is the number of its leading hashes found there: tokens the replica
+need not compute again.
 
 The hashes are the engine's own definition (inferd/block_hashes.py), under a root of the
 router's (the engine's is its model identity; equal on every replica, so matches are the same).

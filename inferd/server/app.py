@@ -7,7 +7,7 @@ passes an `AsyncEngine`; tests may pass a fake). The client starts with the app 
 stops with it. Middlewares, outermost first: CORS, the access log, the API key check, the
 body-size limit (and the body's Unicode), the release of a request's admission, then the
 internal-error guard; none uses BaseHTTPMiddleware, which would hide client disconnects from the
-routes. Admission (server/admission.py) and the drain on shutdown (server/drain.py) are
+routes. Admission (server/http/admission.py) and the drain on shutdown (server/http/drain.py) are
 configured by `ServerSettings`. `/docs` and `/openapi.json` describe every route and field.
 """
 
@@ -22,29 +22,29 @@ from fastapi import FastAPI
 
 from inferd.engine_client import EngineClient, ProfilingClient
 from inferd.lora_request import LoRARequest
-from inferd.server.access_log import AccessLogMiddleware
-from inferd.server.admission import Admission, AdmissionLimits
-from inferd.server.api_settings import APISettings
-from inferd.server.auth import APIKeyMiddleware
-from inferd.server.cors import CORSSettings, add_cors
+from inferd.server.anthropic.routes import router as messages_router
 from inferd.server.dashboard import install_dashboard
-from inferd.server.drain import Drain
-from inferd.server.errors import install_error_handlers
-from inferd.server.head import HeadAsGetMiddleware
-from inferd.server.limits import BodyLimitMiddleware
-from inferd.server.metrics import ServerMetrics
-from inferd.server.responses import TokenText
-from inferd.server.responses_store import ResponseStore
-from inferd.server.routes_chat import router as chat_router
-from inferd.server.routes_embeddings import router as embeddings_router
-from inferd.server.routes_extra import router as extra_router
-from inferd.server.routes_messages import router as messages_router
-from inferd.server.routes_openai import router as openai_router
-from inferd.server.routes_profile import router as profile_router
-from inferd.server.routes_responses import router as responses_router
+from inferd.server.extra.profile import router as profile_router
+from inferd.server.extra.routes import router as extra_router
+from inferd.server.http.access_log import AccessLogMiddleware
+from inferd.server.http.admission import Admission, AdmissionLimits
+from inferd.server.http.api_settings import APISettings
+from inferd.server.http.auth import APIKeyMiddleware
+from inferd.server.http.cors import CORSSettings, add_cors
+from inferd.server.http.drain import Drain
+from inferd.server.http.errors import install_error_handlers
+from inferd.server.http.head import HeadAsGetMiddleware
+from inferd.server.http.limits import BodyLimitMiddleware
+from inferd.server.metrics.prometheus import ServerMetrics
+from inferd.server.metrics.timeline import log_timeline
+from inferd.server.openai.chat import router as chat_router
+from inferd.server.openai.completions import router as openai_router
+from inferd.server.openai.embeddings import router as embeddings_router
+from inferd.server.openai.shapes import TokenText
+from inferd.server.openai.tool_calls import ToolSettings
+from inferd.server.responses.routes import router as responses_router
+from inferd.server.responses.store import ResponseStore
 from inferd.server.state import ReleaseMiddleware, ServerState
-from inferd.server.timeline import log_timeline
-from inferd.server.tool_calls import ToolSettings
 from inferd.version import __version__
 
 log = logging.getLogger(__name__)
@@ -57,13 +57,13 @@ class ServerSettings:
     served_model_names: list[str] = field(default_factory=list)  # empty: the model's own name
     api_key: str | None = None
     max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES
-    log_requests: bool = True  # one access line per request (server/access_log.py)
+    log_requests: bool = True  # one access line per request (server/http/access_log.py)
     tools: ToolSettings = field(default_factory=ToolSettings)
     cors: CORSSettings = field(default_factory=CORSSettings)
-    profiler_dir: str | None = None  # set: /start_profile and /stop_profile (routes_profile.py)
-    enable_request_timeline: bool = False  # honour "return_timeline" (server/timeline.py)
+    profiler_dir: str | None = None  # set: /start_profile and /stop_profile (extra/profile.py)
+    enable_request_timeline: bool = False  # honour "return_timeline" (server/metrics/timeline.py)
     dashboard: bool = True  # the chat page at /, the dashboard at /dashboard (server/dashboard/)
-    # Admission control (server/admission.py); None: no limit.
+    # Admission control (server/http/admission.py); None: no limit.
     seats: int = 1  # the engine's max_num_seqs
     max_queued_requests: int | None = None
     max_queued_tokens: int | None = None
@@ -89,7 +89,7 @@ def create_app(client: EngineClient, settings: ServerSettings | None = None) -> 
     settings = settings or ServerSettings()
     info = client.model_info
     names = list(settings.served_model_names) or [info.name]
-    # Per data-parallel replica when the client has several (core_client.py), else engine "0".
+    # Per data-parallel replica when the client has several (async_core_client.py), else engine "0".
     metrics = ServerMetrics(names[0], info.max_model_len, getattr(client, "replica_stats", None))
     client.observe_outputs(metrics.observe_output)
     client.observe_outputs(log_timeline)
@@ -139,7 +139,7 @@ def create_app(client: EngineClient, settings: ServerSettings | None = None) -> 
     if settings.dashboard:  # the pages at / and /dashboard (server/dashboard/)
         install_dashboard(app, client, settings.enable_request_timeline)
     if settings.allow_runtime_lora_updating:  # as vLLM: only when asked for
-        from inferd.server.routes_lora import router as lora_router
+        from inferd.server.extra.lora import router as lora_router
 
         app.include_router(lora_router)
     if settings.profiler_dir:  # as vLLM: the profiling routes exist only when asked for

@@ -13,13 +13,13 @@ from fastapi import Request
 from inferd.engine_client import EngineClient, ModelInfo, TokenizerLike
 from inferd.errors import InvalidRequest
 from inferd.lora_request import LoRARequest
-from inferd.server.admission import Admission, text_bytes
-from inferd.server.api_settings import APISettings
-from inferd.server.errors import APIError, ErrorLog
-from inferd.server.metrics import ServerMetrics
-from inferd.server.responses import TokenIdText, TokenText
-from inferd.server.serving import RequestGroup
-from inferd.server.tool_calls import ToolSettings
+from inferd.server.generation.serving import RequestGroup
+from inferd.server.http.admission import Admission, text_bytes
+from inferd.server.http.api_settings import APISettings
+from inferd.server.http.errors import APIError, ErrorLog
+from inferd.server.metrics.prometheus import ServerMetrics
+from inferd.server.openai.shapes import TokenIdText, TokenText
+from inferd.server.openai.tool_calls import ToolSettings
 
 # Texts above this size are tokenized one at a time: an encode of megabytes keeps a core busy
 # for seconds, and several at once would take every core from the engine.
@@ -41,7 +41,7 @@ class ServerState:
     api: APISettings = field(default_factory=APISettings)
     # LoRA adapters served by name (--lora-modules): a request's `model` picks one.
     adapters: dict[str, LoRARequest] = field(default_factory=dict)
-    next_lora_id: int = 1  # for adapters loaded at run time (routes_lora.py)
+    next_lora_id: int = 1  # for adapters loaded at run time (extra/lora.py)
     _large_inputs: asyncio.Semaphore | None = None
 
     def token_texts(self, as_token_ids: bool) -> TokenText:
@@ -94,7 +94,7 @@ class ServerState:
 
     def admit(self, request: Request, prompts: list[Any], n: int, param: str = "prompt",
               keep: int | None = None) -> RequestGroup:  # fmt: skip
-        """Admission (server/admission.py) for a generation request, before any tokenization:
+        """Admission (server/http/admission.py) for a generation request, before any tokenization:
         raises 400 for a request that can never be served, 503 when the queue is full. `keep`:
         the request's truncate_prompt_tokens. The group returned holds the request's place
         until it ends."""

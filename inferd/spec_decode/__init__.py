@@ -7,7 +7,7 @@
     rejection.py  verify_greedy / verify_sampled: which drafts to keep, and the next token
     metrics.py    SpecDecodeMetrics: vLLM's spec_decode_* counters
 
-The engine side (scheduling, KV, sampling the rows) is inferd/engine/speculative.py.
+The engine side (scheduling, KV, sampling the rows) is inferd/engine/scheduling/speculative.py.
 
 A decode step of a sequence with drafts computes the last token plus the drafts (k + 1 rows),
 verification keeps the accepted prefix and adds one token of the target model, so each step

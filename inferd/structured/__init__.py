@@ -12,7 +12,8 @@
 The request's spec, StructuredOutputsParams, and InvalidGrammarError live in
 inferd/structured_params.py (the bottom row: the HTTP layer and SamplingParams validate specs
 without importing torch or llguidance); they are re-exported here. The engine's side (waiting for
-grammars, matchers per sequence, constrained sampling) is inferd/engine/structured_outputs.py.
+grammars, matchers per sequence, constrained sampling) is
+inferd/engine/sampling/structured_outputs.py.
 """
 
 from inferd.structured_params import InvalidGrammarError, StructuredOutputsParams

@@ -8,7 +8,7 @@ import torch
 from tiny_models import make_tiny_checkpoint
 
 from inferd import LLM, SamplingParams
-from inferd.engine.runner import SequenceStep
+from inferd.engine.execution.runner import SequenceStep
 
 GREEDY = SamplingParams(temperature=0, max_tokens=16, ignore_eos=True)
 PROMPTS = [[1, 17, 250, 33, 98, 5, 77, 120, 200, 41, 9, 63], [1, 5, 6], [1] + list(range(40, 80))]

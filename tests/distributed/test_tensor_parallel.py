@@ -11,7 +11,7 @@ import torch
 from tiny_models import make_tiny_checkpoint
 
 from inferd import LLM, SamplingParams
-from inferd.engine.runner import SequenceStep
+from inferd.engine.execution.runner import SequenceStep
 from inferd.errors import EngineDeadError
 
 GREEDY = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)

@@ -8,7 +8,7 @@ import os
 import pytest
 import torch
 
-from inferd.engine.cuda_graphs import _decode_partitions, capture_sizes
+from inferd.engine.execution.cuda_graphs import _decode_partitions, capture_sizes
 
 needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 

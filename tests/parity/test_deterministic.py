@@ -13,7 +13,7 @@ import torch
 from tiny_models import make_tiny_checkpoint
 
 from inferd import LLM, SamplingParams
-from inferd.engine.runner import SequenceStep
+from inferd.engine.execution.runner import SequenceStep
 
 GREEDY = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
 

@@ -18,7 +18,7 @@ import torch
 from hf_to_gguf import write_gguf
 from tiny_models import hf_greedy, make_tiny_model
 
-from inferd.engine.runner import ModelRunner, SequenceStep
+from inferd.engine.execution.runner import ModelRunner, SequenceStep
 from inferd.loader import load_model, open_checkpoint
 
 PROMPTS = [

@@ -28,7 +28,7 @@ import torch
 from kernel_variants import VARIANT_NAMES, emulated, use_variant
 
 from inferd import LLM, SamplingParams
-from inferd.engine.runner import SequenceStep
+from inferd.engine.execution.runner import SequenceStep
 
 FLIP = 5e-4  # the most one flipped rounding of a second term may move a layer's output (above)
 ROUNDING = 1e-5  # float rounding order alone

@@ -27,7 +27,7 @@ def test_greedy_tokens_match_hf(gemma_llm, hf_gemma_reference):
 
 @pytest.mark.slow
 def test_prompt_logits_match_hf(gemma_llm, hf_gemma_reference):
-    from inferd.engine.runner import ModelRunner, SequenceStep
+    from inferd.engine.execution.runner import ModelRunner, SequenceStep
 
     reference, tensors = hf_gemma_reference
     engine = gemma_llm.engine

@@ -20,7 +20,7 @@ import torch
 from tiny_gguf import VOCAB, write_tiny_gguf
 
 from inferd.attention.cpu_backend import CpuAttentionBackend
-from inferd.engine.runner import ModelRunner, SequenceStep
+from inferd.engine.execution.runner import ModelRunner, SequenceStep
 from inferd.loader.checkpoint import open_checkpoint
 from inferd.loader.model_loader import load_model
 

@@ -8,8 +8,8 @@ import pytest
 import torch
 from tiny_models import make_tiny_checkpoint
 
-from inferd.engine.runner import ModelRunner, SequenceStep
-from inferd.engine.sampler import Sampler, SamplingRow, make_generator, prompt_logprobs
+from inferd.engine.execution.runner import ModelRunner, SequenceStep
+from inferd.engine.sampling.sampler import Sampler, SamplingRow, make_generator, prompt_logprobs
 from inferd.loader import load_model, open_checkpoint
 from inferd.sampling_params import SamplingParams
 

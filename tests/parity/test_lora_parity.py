@@ -12,7 +12,7 @@ from lora_adapters import make_adapter, merged
 from test_family_parity import PROMPTS
 from tiny_models import hf_greedy, make_tiny_model
 
-from inferd.engine.runner import ModelRunner, SequenceStep
+from inferd.engine.execution.runner import ModelRunner, SequenceStep
 from inferd.layers.lora import attach_lora
 from inferd.loader import load_model, open_checkpoint
 from inferd.loader.lora_adapter import load_adapter

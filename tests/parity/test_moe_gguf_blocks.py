@@ -10,7 +10,7 @@ import torch
 from hf_to_gguf import write_gguf
 from tiny_models import make_tiny_model
 
-from inferd.engine.runner import ModelRunner, SequenceStep
+from inferd.engine.execution.runner import ModelRunner, SequenceStep
 from inferd.layers.moe import ExpertBlocks, ExpertLinear
 from inferd.layers.weight_scheme import WeightScheme
 from inferd.loader import load_model, open_checkpoint

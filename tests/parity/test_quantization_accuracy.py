@@ -31,7 +31,7 @@ import pytest
 import torch
 
 from inferd import LLM
-from inferd.engine.runner import SequenceStep
+from inferd.engine.execution.runner import SequenceStep
 
 TEXT = (Path(__file__).parents[2] / "docs" / "engine.md").read_text()[:3000]
 N_TOKENS = 256

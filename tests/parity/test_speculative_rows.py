@@ -9,7 +9,7 @@ import torch
 from tiny_models import make_tiny_checkpoint
 
 from inferd.attention.torch_backend import TorchAttentionBackend
-from inferd.engine.runner import ModelRunner, SequenceStep
+from inferd.engine.execution.runner import ModelRunner, SequenceStep
 from inferd.loader import load_model, open_checkpoint
 
 PROMPT = [1, 17, 250, 33, 98, 5, 77, 120, 200, 41, 9]  # longer than gemma3's window of 6

@@ -9,7 +9,7 @@ import pytest
 import torch
 from tiny_models import TINY_CONFIGS, hf_greedy, make_tiny_checkpoint
 
-from inferd.engine.runner import ModelRunner, SequenceStep
+from inferd.engine.execution.runner import ModelRunner, SequenceStep
 from inferd.loader import load_model, open_checkpoint
 
 PROMPT = [1, 17, 250, 33, 98, 5, 77, 120, 200, 41, 9, 63, 150, 88, 12, 230, 71, 19, 140]

@@ -1,4 +1,4 @@
-"""Admission control (inferd/server/admission.py) on its own: counters, bounds and verdicts,
+"""Admission control (inferd/server/http/admission.py) on its own: counters, bounds and verdicts,
 without a server or a model (milliseconds). The same rules against a real `inferd serve` are in
 test_hostile_requests.py."""
 
@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from inferd.errors import ContextTooLong, InvalidRequest, Overloaded
-from inferd.server.admission import Admission, AdmissionLimits, ShuttingDown, all_text
+from inferd.server.http.admission import Admission, AdmissionLimits, ShuttingDown, all_text
 
 
 def admission(**overrides) -> Admission:
@@ -141,7 +141,7 @@ def test_truncated_prompts_count_what_they_keep():
 def test_the_body_precheck_counts_truncated_prompts_as_the_route_does():
     import json
 
-    from inferd.server.limits import precheck_prompts
+    from inferd.server.http.limits import precheck_prompts
 
     too_long = {"prompt": [1] * 5000, "max_tokens": 1}
     assert precheck_prompts(json.dumps(too_long).encode(), admission()).status == 400

@@ -79,7 +79,7 @@ def test_a_model_larger_than_the_memory_available_is_refused_before_loading(
 
 
 def logits_of(model) -> torch.Tensor:
-    from inferd.engine.runner import ModelRunner, SequenceStep
+    from inferd.engine.execution.runner import ModelRunner, SequenceStep
 
     runner = ModelRunner(model, [64] * len(model.config.kv_groups()), 16, torch.float32,
                          torch.device("cpu"), None)  # fmt: skip

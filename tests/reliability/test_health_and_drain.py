@@ -13,9 +13,9 @@ from types import SimpleNamespace
 from test_server_failures import FakeEngine, run_request, with_engine
 
 from inferd.engine_client import EngineStats
-from inferd.server.admission import Admission, AdmissionLimits
-from inferd.server.drain import Drain
-from inferd.server.errors import ErrorLog
+from inferd.server.http.admission import Admission, AdmissionLimits
+from inferd.server.http.drain import Drain
+from inferd.server.http.errors import ErrorLog
 
 
 class TimedEngine(FakeEngine):
@@ -98,9 +98,9 @@ def test_the_drain_waits_for_requests_then_ends_the_rest():
 
 def test_unexpected_errors_are_one_line_each_with_one_traceback_per_period(caplog):
     errors = ErrorLog(traceback_every_s=60)
-    with caplog.at_level(logging.ERROR, logger="inferd.server.errors"):
+    with caplog.at_level(logging.ERROR, logger="inferd.server.http.errors"):
         ids = [errors.internal(ValueError(f"boom\nline {i}"), "POST /x").message for i in range(5)]
-    records = [r for r in caplog.records if r.name == "inferd.server.errors"]
+    records = [r for r in caplog.records if r.name == "inferd.server.http.errors"]
     assert len(records) == 5
     assert sum(r.exc_info is not None for r in records) == 1
     assert all("\n" not in r.getMessage() for r in records)

@@ -13,7 +13,7 @@ import time
 import pytest
 from starlette.testclient import TestClient
 
-from inferd.engine.async_engine import AsyncEngine
+from inferd.engine.frontend.async_engine import AsyncEngine
 from inferd.engine_client import EngineStats, ModelInfo
 from inferd.errors import EngineDeadError, InvalidRequest, RequestFailed
 from inferd.outputs import CompletionOutput, RequestMetrics, RequestOutput

@@ -13,10 +13,10 @@ from tiny_models import train_tokenizer
 from tokenizers import Tokenizer as Backend
 from tokenizers import models, normalizers, pre_tokenizers
 
-from inferd.engine.kv_cache import KVCacheManager
-from inferd.engine.request import Request, Sequence
-from inferd.engine.scheduler import Scheduler
-from inferd.engine.step import ModelRunnerOutput
+from inferd.engine.scheduling.kv_cache import KVCacheManager
+from inferd.engine.scheduling.request import Request, Sequence
+from inferd.engine.scheduling.scheduler import Scheduler
+from inferd.engine.scheduling.step import ModelRunnerOutput
 from inferd.outputs import RequestMetrics
 from inferd.sampling_params import SamplingParams
 from inferd.tokenizer import Tokenizer

@@ -13,7 +13,7 @@ import pytest
 from fake_client import ScriptedClient
 
 from inferd.server.app import ServerSettings, create_app
-from inferd.server.serving import CLIENT_GONE
+from inferd.server.generation.serving import CLIENT_GONE
 
 BODIES = {
     "/v1/completions": {"prompt": "hi", "max_tokens": 5},

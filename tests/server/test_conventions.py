@@ -9,7 +9,7 @@ from fake_client import ScriptedClient
 from starlette.testclient import TestClient
 
 from inferd.server.app import ServerSettings, create_app
-from inferd.server.cors import CORSSettings, parse_list
+from inferd.server.http.cors import CORSSettings, parse_list
 
 KEY = "k-123"
 ORIGIN = "http://localhost:3000"

@@ -14,9 +14,9 @@ import pytest
 from fake_client import ScriptedClient
 from starlette.testclient import TestClient
 
+from inferd.server.anthropic.request import MessagesRequest
 from inferd.server.app import ServerSettings, create_app
-from inferd.server.messages_request import MessagesRequest
-from inferd.server.tool_calls import ToolSettings
+from inferd.server.openai.tool_calls import ToolSettings
 
 KEY = "k-1"
 WEATHER = {

@@ -8,8 +8,8 @@ import pytest
 from fake_client import ScriptedClient
 from starlette.testclient import TestClient
 
-from inferd.server.api_settings import APISettings
 from inferd.server.app import ServerSettings, create_app
+from inferd.server.http.api_settings import APISettings
 
 
 def open_http(**settings) -> TestClient:

@@ -19,14 +19,14 @@ from fake_client import BOS, ScriptedClient
 from starlette.testclient import TestClient
 
 from inferd.server.app import ServerSettings, create_app
-from inferd.server.protocol import (
+from inferd.server.openai.protocol import (
     ChatCompletionRequest,
     CompletionRequest,
     DetokenizeRequest,
     GenerateRequest,
     TokenizeRequest,
 )
-from inferd.server.tool_calls import ToolSettings
+from inferd.server.openai.tool_calls import ToolSettings
 
 CMPL, CHAT, GEN, TOK, DETOK = (
     "/v1/completions",

@@ -14,10 +14,10 @@ import pytest
 from fake_client import ScriptedClient
 from starlette.testclient import TestClient
 
-from inferd.server.api_settings import APISettings
 from inferd.server.app import ServerSettings, create_app
-from inferd.server.responses_request import ResponsesRequest
-from inferd.server.tool_calls import ToolSettings
+from inferd.server.http.api_settings import APISettings
+from inferd.server.openai.tool_calls import ToolSettings
+from inferd.server.responses.request import ResponsesRequest
 
 WEATHER = {
     "type": "function",

@@ -11,17 +11,17 @@ import math
 import pytest
 from starlette.testclient import TestClient
 
-from inferd.engine.kv_cache import KVCacheManager
-from inferd.engine.request import Request, Sequence
-from inferd.engine.scheduler import Scheduler
-from inferd.engine.step import ModelRunnerOutput
+from inferd.engine.scheduling.kv_cache import KVCacheManager
+from inferd.engine.scheduling.request import Request, Sequence
+from inferd.engine.scheduling.scheduler import Scheduler
+from inferd.engine.scheduling.step import ModelRunnerOutput
 from inferd.engine_client import EngineStats, ModelInfo, ProfilerStateError, TraceFiles
 from inferd.outputs import CompletionOutput, RequestMetrics, RequestOutput
 from inferd.profiling.step_timer import StepTimer
 from inferd.sampling_params import SamplingParams
 from inferd.server.app import ServerSettings, create_app
-from inferd.server.metrics import ServerMetrics, token_buckets
-from inferd.server.timeline import log_timeline, timeline_json
+from inferd.server.metrics.prometheus import ServerMetrics, token_buckets
+from inferd.server.metrics.timeline import log_timeline, timeline_json
 
 
 def metrics_of(arrival=10.0, queued=10.1, scheduled=10.3, first=10.8, last=11.6, finished=11.7,

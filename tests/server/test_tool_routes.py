@@ -11,7 +11,7 @@ from fake_client import ScriptedClient
 from starlette.testclient import TestClient
 
 from inferd.server.app import ServerSettings, create_app
-from inferd.server.tool_calls import ToolSettings
+from inferd.server.openai.tool_calls import ToolSettings
 
 TOOLS = [
     {

@@ -10,25 +10,25 @@ import pytest
 from fastapi.exceptions import RequestValidationError
 from pydantic import ValidationError
 
-from inferd.engine.input_processor import InputLimits, InputProcessor
+from inferd.engine.frontend.input_processor import InputLimits, InputProcessor
 from inferd.engine_client import EngineStats, ModelInfo
 from inferd.errors import ContextTooLong, EngineDeadError, InvalidRequest, Overloaded, RequestFailed
 from inferd.outputs import CompletionOutput, Logprob, RequestMetrics, RequestOutput
 from inferd.sampling_params import SamplingParams
-from inferd.server.auth import bearer_token, key_matches
-from inferd.server.choices import ChoiceDeltas, Echo
-from inferd.server.errors import error_status, from_validation_error
-from inferd.server.metrics import ServerMetrics
-from inferd.server.protocol import ChatCompletionRequest, CompletionRequest
-from inferd.server.request_params import chat_params, completion_params
-from inferd.server.responses import (
+from inferd.server.generation.request_params import chat_params, completion_params
+from inferd.server.http.auth import bearer_token, key_matches
+from inferd.server.http.errors import error_status, from_validation_error
+from inferd.server.http.sse import DONE, encode_event, error_event
+from inferd.server.metrics.prometheus import ServerMetrics
+from inferd.server.openai.choices import ChoiceDeltas, Echo
+from inferd.server.openai.protocol import ChatCompletionRequest, CompletionRequest
+from inferd.server.openai.shapes import (
     LOGPROB_FLOOR,
     TokenText,
     chat_logprobs,
     completion_logprobs,
     usage_of,
 )
-from inferd.server.sse import DONE, encode_event, error_event
 
 
 # ---- protocol -----------------------------------------------------------------------------------
@@ -280,7 +280,7 @@ def test_metrics_observe_itl_per_token_and_the_request_histograms():
 
 
 def test_metrics_counters_advance_by_stats_deltas():
-    from inferd.engine.engine import EngineStats
+    from inferd.engine.frontend.llm_engine import EngineStats
 
     m = ServerMetrics("m")
     m.update_stats(EngineStats(2, 1, 0.25, 0, 10, 4, 100, 7, 3))
@@ -294,7 +294,7 @@ def test_metrics_counters_advance_by_stats_deltas():
 
 
 def test_speculative_decoding_counters_with_vllm_names_and_positions():
-    from inferd.engine.engine import EngineStats
+    from inferd.engine.frontend.llm_engine import EngineStats
 
     m = ServerMetrics("m")
 

@@ -9,7 +9,7 @@ import re
 
 import httpx
 
-from inferd.server.access_log import AccessLogMiddleware
+from inferd.server.http.access_log import AccessLogMiddleware
 
 
 async def _app(scope, receive, send):

@@ -1,13 +1,13 @@
-"""The one step loop (engine/core_loop.py), scripted core, in-memory transport: a step that raises
-fails exactly the requests in flight; one a stop string ended (no output says so) is not."""
+"""The one step loop (engine/core/core_loop.py), scripted core, in-memory transport: a step that
+raises fails exactly the requests in flight; one a stop string ended (no output says so) is not."""
 
 from __future__ import annotations
 
 from types import SimpleNamespace
 
-from inferd.engine import ipc
-from inferd.engine.core_loop import CoreLoop
-from inferd.engine.core_output import SampleFinish
+from inferd.engine.core.core_loop import CoreLoop
+from inferd.engine.core.core_output import SampleFinish
+from inferd.engine.transport import ipc
 from inferd.engine_client import EngineStats
 
 

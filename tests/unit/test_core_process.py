@@ -16,7 +16,7 @@ from tiny_models import make_tiny_checkpoint
 
 from inferd import LLM, SamplingParams
 from inferd.config import EngineConfig
-from inferd.engine.core_client import AsyncCoreClient
+from inferd.engine.frontend.async_core_client import AsyncCoreClient
 from inferd.engine_snapshot import EngineSnapshot
 from inferd.errors import EngineDeadError, InvalidRequest
 

@@ -1,5 +1,5 @@
-"""The engine core's OpenMP spin count (engine/core_spin.py): a spawned child gets it unless the
-user set one of libgomp's knobs, and the parent's environment is left as it was."""
+"""The engine core's OpenMP spin count (engine/transport/core_spin.py): a spawned child gets it
+unless the user set one of libgomp's knobs, and the parent's environment is left as it was."""
 
 from __future__ import annotations
 
@@ -7,7 +7,12 @@ import multiprocessing
 
 import pytest
 
-from inferd.engine.core_spin import CORE_SPIN_COUNT, SPIN_COUNT_ENV, USER_KNOBS, core_spin_count
+from inferd.engine.transport.core_spin import (
+    CORE_SPIN_COUNT,
+    SPIN_COUNT_ENV,
+    USER_KNOBS,
+    core_spin_count,
+)
 
 
 def _report(queue, names) -> None:

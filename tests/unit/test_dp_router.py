@@ -1,7 +1,7 @@
-"""Routing requests over data-parallel replicas (engine/dp_router.py): the block names it hashes
-are those the KV cache registers (cache_salt and LoRA adapter included), prefix affinity with a
-load bound, round-robin and least-loaded, dead replicas never chosen, a lone live replica chosen
-without hashing the prompt; and the replicas' stats merged for /metrics."""
+"""Routing requests over data-parallel replicas (engine/frontend/dp_router.py): the block names it
+hashes are those the KV cache registers (cache_salt and LoRA adapter included), prefix affinity
+with a load bound, round-robin and least-loaded, dead replicas never chosen, a lone live replica
+chosen without hashing the prompt; and the replicas' stats merged for /metrics."""
 
 from __future__ import annotations
 
@@ -12,11 +12,11 @@ import itertools
 import pytest
 
 from inferd.config import EngineConfig
-from inferd.engine import dp_router
-from inferd.engine.core_client import replica_configs, replica_gpus
-from inferd.engine.dp_router import NoReplica, Router
-from inferd.engine.request import Request, Sequence, update_block_hashes
-from inferd.engine.stats import merge_stats
+from inferd.engine.frontend import dp_router
+from inferd.engine.frontend.async_core_client import replica_configs, replica_gpus
+from inferd.engine.frontend.dp_router import NoReplica, Router
+from inferd.engine.frontend.replica_stats import merge_stats
+from inferd.engine.scheduling.request import Request, Sequence, update_block_hashes
 from inferd.engine_client import EngineStats
 from inferd.lora_request import LoRARequest
 from inferd.outputs import RequestMetrics
@@ -152,7 +152,7 @@ def test_merged_stats_add_up_every_field():
 
 
 def test_metrics_carry_one_series_per_replica():
-    from inferd.server.metrics import ServerMetrics
+    from inferd.server.metrics.prometheus import ServerMetrics
 
     replicas = [
         EngineStats(1, 0, 0.5, 0, 0, 0, 10, 4, 2),

@@ -7,7 +7,7 @@ import pytest
 from tiny_models import make_tiny_checkpoint
 
 from inferd import LLM, SamplingParams
-from inferd.engine.engine import LLMEngine
+from inferd.engine.frontend.llm_engine import LLMEngine
 
 
 @pytest.fixture(scope="module")

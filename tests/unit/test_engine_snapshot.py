@@ -1,7 +1,7 @@
-"""The dashboard's engine snapshot (inferd/engine/snapshot.py): the KV blocks' states and owners
-and the requests' states and timelines, read from a scheduler driven with fabricated outputs
-(milliseconds); then one whole snapshot of a real engine on a tiny Gemma 3 checkpoint (sliding
-and full-attention groups, memory and its prediction), and through AsyncEngine."""
+"""The dashboard's engine snapshot (inferd/engine/core/dashboard_view.py): the KV blocks' states
+and owners and the requests' states and timelines, read from a scheduler driven with fabricated
+outputs (milliseconds); then one whole snapshot of a real engine on a tiny Gemma 3 checkpoint
+(sliding and full-attention groups, memory and its prediction), and through AsyncEngine."""
 
 from __future__ import annotations
 
@@ -14,9 +14,9 @@ from test_scheduler import BS, add, make, run_all, run_step
 from tiny_models import make_tiny_checkpoint
 
 from inferd import LLM, SamplingParams
-from inferd.engine.async_engine import AsyncEngine
-from inferd.engine.snapshot import SnapshotBuilder, _Places, kv_groups, request_snapshot
-from inferd.engine.snapshot_memory import memory_snapshot
+from inferd.engine.core.dashboard_memory import memory_snapshot
+from inferd.engine.core.dashboard_view import SnapshotBuilder, _Places, kv_groups, request_snapshot
+from inferd.engine.frontend.async_engine import AsyncEngine
 from inferd.engine_client import SnapshotClient
 from inferd.engine_snapshot import (
     BLOCK_CACHED,

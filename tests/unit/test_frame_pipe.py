@@ -1,5 +1,5 @@
-"""The frame pipe from an engine core to its front end (inferd/engine/frame_pipe.py): whole
-frames in order, a writer that never blocks, an end the reader sees."""
+"""The frame pipe from an engine core to its front end (inferd/engine/transport/frame_pipe.py):
+whole frames in order, a writer that never blocks, an end the reader sees."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import os
 
 import pytest
 
-from inferd.engine.frame_pipe import FrameReader, FrameWriter, open_frame_pipe
+from inferd.engine.transport.frame_pipe import FrameReader, FrameWriter, open_frame_pipe
 
 
 @pytest.fixture

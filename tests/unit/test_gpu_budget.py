@@ -50,7 +50,7 @@ def test_a_kv_sizing_flag_that_would_do_nothing_is_refused(tmp_path):
 
     from inferd import LLM
     from inferd.config import EngineConfig
-    from inferd.engine.kv_budget import check_kv_flags
+    from inferd.engine.scheduling.kv_budget import check_kv_flags
 
     folder = make_tiny_checkpoint("llama", tmp_path / "m")
     with pytest.raises(ValueError, match="sizes the KV cache on a GPU.*runs on cpu"):

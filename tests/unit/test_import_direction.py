@@ -85,7 +85,7 @@ PENDING: dict[tuple[str, str], str] = {}
 
 
 def node_of(module: str) -> str:
-    """'inferd.engine.scheduler' → 'engine'; 'inferd.errors' → 'errors'; 'inferd' → 'inferd'."""
+    """'inferd.engine.core.core' → 'engine'; 'inferd.errors' → 'errors'; 'inferd' → 'inferd'."""
     parts = module.split(".")
     return parts[1] if len(parts) > 1 else "inferd"
 
@@ -123,7 +123,7 @@ def imports_of(path: Path, module: str, modules: frozenset[str] = frozenset()) -
 
 
 def module_sources(root: Path) -> dict[str, Path]:
-    """'inferd.engine.scheduler' → its file, for every module under inferd/."""
+    """'inferd.engine.scheduling.scheduler' → its file, for every module under inferd/."""
     return {_module_name(path, root): path for path in sorted((root / "inferd").rglob("*.py"))}
 
 

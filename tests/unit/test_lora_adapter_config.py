@@ -9,7 +9,7 @@ import pytest
 import torch
 from lora_adapters import write_random_adapter
 
-from inferd.engine.input_processor import InputLimits, InputProcessor
+from inferd.engine.frontend.input_processor import InputLimits, InputProcessor
 from inferd.errors import InvalidRequest
 from inferd.loader.lora_adapter import load_adapter, read_adapter_config
 from inferd.lora_request import LoRARequest

@@ -6,9 +6,9 @@ from __future__ import annotations
 
 from test_scheduler import BS, EOS, ROOT, CheckedScheduler, make_request, run_all, run_step
 
-from inferd.engine.adapter_slots import AdapterSlots
-from inferd.engine.kv_cache import KVCacheManager
-from inferd.engine.request import update_block_hashes
+from inferd.engine.scheduling.adapter_slots import AdapterSlots
+from inferd.engine.scheduling.kv_cache import KVCacheManager
+from inferd.engine.scheduling.request import update_block_hashes
 from inferd.lora_request import LoRARequest
 
 A, B, C = (LoRARequest(n, i, f"/adapters/{n}") for i, n in enumerate("abc", start=1))

@@ -95,7 +95,7 @@ TINY_LLAMA = llama(layers=3, hidden=64, heads=4, kv=2, inter=128, vocab=300)
 
 @pytest.mark.parametrize("config", [TINY_LLAMA, GEMMA_LIKE], ids=["llama", "gemma"])
 def test_kv_figures_equal_the_runner_pool(config):
-    from inferd.engine.runner import ModelRunner
+    from inferd.engine.execution.runner import ModelRunner
     from inferd.models.registry import model_class
 
     est = estimate_memory(config, dtype="fp32", max_model_len=200, concurrency=3)

@@ -9,9 +9,9 @@ from __future__ import annotations
 import pytest
 from tiny_models import make_tiny_checkpoint
 
-from inferd.engine.core_output import CoreOutput, RequestEvents, SampleDelta, SampleFinish
-from inferd.engine.output_processor import OutputProcessor
-from inferd.engine.step import TokenLogprobs
+from inferd.engine.core.core_output import CoreOutput, RequestEvents, SampleDelta, SampleFinish
+from inferd.engine.frontend.output_processor import OutputProcessor
+from inferd.engine.scheduling.step import TokenLogprobs
 from inferd.sampling_params import RequestOutputKind, SamplingParams
 from inferd.tokenizer import Tokenizer
 

@@ -11,7 +11,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from inferd.engine.pooler import PoolingState, chunk_part
+from inferd.engine.execution.pooler import PoolingState, chunk_part
 from inferd.errors import InvalidRequest
 from inferd.loader.pooler_config import pooler_config
 from inferd.pooling_params import PoolerConfig, PoolingParams, pooler_overrides

@@ -9,10 +9,10 @@ import itertools
 
 from test_scheduler import CheckedScheduler
 
-from inferd.engine.kv_cache import KVCacheManager
-from inferd.engine.request import Request, Sequence
-from inferd.engine.speculative import Speculation
-from inferd.engine.step import ModelRunnerOutput
+from inferd.engine.scheduling.kv_cache import KVCacheManager
+from inferd.engine.scheduling.request import Request, Sequence
+from inferd.engine.scheduling.speculative import Speculation
+from inferd.engine.scheduling.step import ModelRunnerOutput
 from inferd.outputs import RequestMetrics
 from inferd.pooling_params import PoolingParams
 from inferd.sampling_params import SamplingParams

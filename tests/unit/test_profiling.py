@@ -108,7 +108,7 @@ def test_c_kernels_and_c_decoder_layers_are_named(tmp_path, monkeypatch, c_kerne
     from tiny_gguf import LAYERS, write_tiny_gguf
 
     from inferd.attention.cpu_backend import CpuAttentionBackend
-    from inferd.engine.runner import ModelRunner, SequenceStep
+    from inferd.engine.execution.runner import ModelRunner, SequenceStep
     from inferd.loader.checkpoint import open_checkpoint
     from inferd.loader.model_loader import load_model
 

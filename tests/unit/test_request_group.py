@@ -7,7 +7,7 @@ import asyncio
 
 import pytest
 
-from inferd.server.serving import RequestGroup
+from inferd.server.generation.serving import RequestGroup
 
 
 class SlowClient:

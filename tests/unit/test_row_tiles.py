@@ -78,7 +78,7 @@ def test_where_it_cannot_hold_it_is_refused(c_kernels, monkeypatch):
 
 
 def test_engine_flags_it_cannot_hold_with_are_refused_before_loading(c_kernels):
-    from inferd.engine.model_setup import weight_scheme
+    from inferd.engine.execution.model_setup import weight_scheme
 
     with pytest.raises(ValueError, match="fp8 caches"):
         weight_scheme(EngineConfig(deterministic=True, kv_cache_dtype="fp8"), CPU, None)

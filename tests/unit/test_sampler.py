@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 import torch
 
-from inferd.engine.penalties import apply_logit_processors
-from inferd.engine.sampler import Sampler, SamplingRow, make_generator, prompt_logprobs
+from inferd.engine.sampling.penalties import apply_logit_processors
+from inferd.engine.sampling.sampler import Sampler, SamplingRow, make_generator, prompt_logprobs
 from inferd.sampling_params import SamplingParams
 
 LOGITS = [1.2, 2.5, 0.3, 2.0, -1.0, 0.9, -0.2, 1.6]  # deliberately not sorted by id
@@ -310,7 +310,7 @@ def test_rejects_mismatched_rows():
 
 
 def test_argmax_kernel_agrees_with_torch_on_ties_and_nan(c_kernels):
-    from inferd.engine.sampler import argmax_rows
+    from inferd.engine.sampling.sampler import argmax_rows
 
     torch.manual_seed(0)
     x = torch.randn(6, 1000)

@@ -9,11 +9,11 @@ import itertools
 
 import pytest
 
-from inferd.engine.device_state import DeviceSequences
-from inferd.engine.kv_cache import NULL_BLOCK, KVCacheManager
-from inferd.engine.request import Request, Sequence, SequenceStatus
-from inferd.engine.scheduler import Scheduler
-from inferd.engine.step import ModelRunnerOutput, StepRecord
+from inferd.engine.execution.device_state import DeviceSequences
+from inferd.engine.scheduling.kv_cache import NULL_BLOCK, KVCacheManager
+from inferd.engine.scheduling.request import Request, Sequence, SequenceStatus
+from inferd.engine.scheduling.scheduler import Scheduler
+from inferd.engine.scheduling.step import ModelRunnerOutput, StepRecord
 from inferd.outputs import Logprob, RequestMetrics
 from inferd.sampling_params import SamplingParams
 

@@ -1,15 +1,15 @@
 """Sampling a verification step on fabricated logits: the sampler draws every row in one pass
 (row j as if drafts 0..j-1 were output already), then the rejection pass
-(`engine/speculative.py: accept_drafts`) keeps the drafts while each equals its row's token, with
-its own rows' logprobs; a seeded request draws exactly the tokens it draws without speculation,
-its generator put back after a rejection."""
+(`engine/scheduling/speculative.py: accept_drafts`) keeps the drafts while each equals its row's
+token, with its own rows' logprobs; a seeded request draws exactly the tokens it draws without
+speculation, its generator put back after a rejection."""
 
 from __future__ import annotations
 
 import torch
 
-from inferd.engine.sampler import Sampler, SamplingRow, make_generator
-from inferd.engine.speculative import DraftedSample, accept_drafts
+from inferd.engine.sampling.sampler import Sampler, SamplingRow, make_generator
+from inferd.engine.scheduling.speculative import DraftedSample, accept_drafts
 from inferd.sampling_params import SamplingParams
 
 VOCAB = 50

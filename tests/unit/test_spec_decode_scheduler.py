@@ -10,11 +10,11 @@ import itertools
 
 from test_scheduler import CheckedScheduler
 
-from inferd.engine.kv_cache import KVCacheManager
-from inferd.engine.request import Request, Sequence, block_hash
-from inferd.engine.scheduler import Scheduler
-from inferd.engine.speculative import Speculation
-from inferd.engine.step import ModelRunnerOutput, StepRecord
+from inferd.engine.scheduling.kv_cache import KVCacheManager
+from inferd.engine.scheduling.request import Request, Sequence, block_hash
+from inferd.engine.scheduling.scheduler import Scheduler
+from inferd.engine.scheduling.speculative import Speculation
+from inferd.engine.scheduling.step import ModelRunnerOutput, StepRecord
 from inferd.outputs import RequestMetrics
 from inferd.sampling_params import SamplingParams
 from inferd.spec_decode import SpeculativeConfig

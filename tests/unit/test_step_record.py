@@ -10,15 +10,14 @@ import random
 import msgspec
 import pytest
 
-from inferd.engine import ipc
-from inferd.engine.core_output import (
+from inferd.engine.core.core_output import (
     CoreOutput,
     CoreRequest,
     RequestEvents,
     SampleDelta,
     SampleFinish,
 )
-from inferd.engine.step import (
+from inferd.engine.scheduling.step import (
     NULL_BLOCK,
     BlockUpdate,
     NewSequence,
@@ -27,6 +26,7 @@ from inferd.engine.step import (
     TokenLogprobs,
     diff_table,
 )
+from inferd.engine.transport import ipc
 from inferd.engine_client import EngineStats, ModelInfo
 from inferd.lora_request import LoRARequest
 from inferd.pooling_params import PoolerConfig, PoolingParams

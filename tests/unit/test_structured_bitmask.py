@@ -7,8 +7,8 @@ import pytest
 import torch
 from structured_vocab import EOS, EOT, decode, random_logits, small_info
 
-from inferd.engine.grammar_mask import allows
-from inferd.engine.sampler import Sampler, SamplingRow
+from inferd.engine.sampling.grammar_mask import allows
+from inferd.engine.sampling.sampler import Sampler, SamplingRow
 from inferd.sampling_params import SamplingParams
 from inferd.structured import StructuredOutputsParams
 from inferd.structured.bitmask import LogitsMasker, allocate_bitmask, bitmask_allows

@@ -28,8 +28,9 @@ SCHEMA = {
 
 # ---- the scheduler, with a fake grammar side --------------------------------------------------
 class FakeGrammar:
-    """A request's grammar compilation as the scheduler sees it (engine/structured_outputs.py:
-    GrammarCompilation), recording what the scheduler asks of it."""
+    """A request's grammar compilation as the scheduler sees it
+    (engine/sampling/structured_outputs.py: GrammarCompilation), recording what the scheduler asks
+    of it."""
 
     def __init__(self, future: Future):
         self.future = future

@@ -1,7 +1,7 @@
 """Structured outputs in an engine with speculative decoding, on a tiny random model: sequences
-under a grammar get no drafts (engine/speculative.py) even when the n-gram lookup has some, while
-free sequences in the same steps verify theirs; every constrained reply still matches its
-grammar, and is the reply the engine gives without speculation."""
+under a grammar get no drafts (engine/scheduling/speculative.py) even when the n-gram lookup has
+some, while free sequences in the same steps verify theirs; every constrained reply still matches
+its grammar, and is the reply the engine gives without speculation."""
 
 from __future__ import annotations
 

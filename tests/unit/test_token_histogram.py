@@ -1,4 +1,4 @@
-"""The per-token histogram (inferd/server/token_histogram.py) exports exactly what
+"""The per-token histogram (inferd/server/metrics/token_histogram.py) exports exactly what
 prometheus_client's own Histogram does for the same observations."""
 
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 from prometheus_client import CollectorRegistry, Histogram, generate_latest
 
-from inferd.server.token_histogram import TokenHistogram
+from inferd.server.metrics.token_histogram import TokenHistogram
 
 BUCKETS = (0.01, 0.1, 1.0)
 

@@ -307,7 +307,7 @@ def test_tiny_gemma3_runner_matches_the_torch_backend(tmp_path):
     pytest.importorskip("transformers", reason="the tiny checkpoint is written by transformers")
     from tiny_models import make_tiny_checkpoint
 
-    from inferd.engine.runner import ModelRunner, SequenceStep
+    from inferd.engine.execution.runner import ModelRunner, SequenceStep
     from inferd.loader import load_model, open_checkpoint
 
     folder = make_tiny_checkpoint("gemma3", tmp_path / "gemma3")
@@ -350,14 +350,15 @@ def test_tiny_gemma3_runner_matches_the_torch_backend(tmp_path):
 
 
 def test_captured_decode_context_computes_the_eager_step(tmp_path):
-    """What a CUDA graph records (engine/cuda_graphs.py): the model over the static buffers,
-    with the Triton metadata built once per captured size and its decode split fixed, padded
-    to the captured size. Run eagerly here (no graph), it must give the eager step's logits."""
+    """What a CUDA graph records (engine/execution/cuda_graphs.py): the model over the static
+    buffers, with the Triton metadata built once per captured size and its decode split fixed,
+    padded to the captured size. Run eagerly here (no graph), it must give the eager step's
+    logits."""
     pytest.importorskip("transformers", reason="the tiny checkpoint is written by transformers")
     from tiny_models import make_tiny_checkpoint
 
-    from inferd.engine.cuda_graphs import CUDAGraphDecoder
-    from inferd.engine.runner import ModelRunner, SequenceStep
+    from inferd.engine.execution.cuda_graphs import CUDAGraphDecoder
+    from inferd.engine.execution.runner import ModelRunner, SequenceStep
     from inferd.loader import load_model, open_checkpoint
 
     folder = make_tiny_checkpoint("gemma3", tmp_path / "gemma3")

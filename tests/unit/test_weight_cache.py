@@ -110,8 +110,8 @@ def test_one_entry_per_model_and_mode(tmp_path, monkeypatch):
 
 
 def test_a_check_started_early_is_used_once_or_dropped(tmp_path, monkeypatch):
-    # engine/setup.py starts verifying a GGUF file's entry before it knows whether the model
-    # keeps blocks: map_entry takes the check; stop_checking drops it, mapping closed.
+    # engine/execution/setup.py starts verifying a GGUF file's entry before it knows whether the
+    # model keeps blocks: map_entry takes the check; stop_checking drops it, mapping closed.
     monkeypatch.setenv("INFERD_CACHE", str(tmp_path))
     source = tmp_path / "model.gguf"
     source.write_bytes(b"gguf")

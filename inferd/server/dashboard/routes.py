@@ -8,7 +8,7 @@
                                    `interval` seconds (default 0.5, at least 0.25)
 
 The pages are open, like /docs, since a browser cannot send the key before the page asked for
-it; the data needs the key as every other route (server/auth.py). The engine client must be a
+it; the data needs the key as every other route (server/http/auth.py). The engine client must be a
 `SnapshotClient` (inferd/engine_client.py) for the data routes: others answer 501.
 """
 
@@ -24,8 +24,8 @@ from fastapi import APIRouter, FastAPI, Request, Response
 from inferd.engine_client import EngineClient
 from inferd.errors import EngineDeadError, InvalidRequest
 from inferd.server.dashboard.sampler import MIN_INTERVAL_S, DashboardSampler
-from inferd.server.errors import SERVER_ERROR, APIError
-from inferd.server.sse import encode_event, error_event, sse_response
+from inferd.server.http.errors import SERVER_ERROR, APIError
+from inferd.server.http.sse import encode_event, error_event, sse_response
 from inferd.server.state import get_state
 
 router = APIRouter()

@@ -21,7 +21,7 @@ from typing import Any
 from inferd.engine_client import EngineClient, SnapshotClient
 from inferd.engine_snapshot import EngineSnapshot
 from inferd.outputs import RequestOutput, finish_reasons
-from inferd.server.timeline import timeline_json
+from inferd.server.metrics.timeline import timeline_json
 
 MIN_INTERVAL_S = 0.25  # the most snapshots a second: 4, whatever the number of pages
 RECENT_REQUESTS = 64  # finished requests the dashboard remembers
@@ -45,7 +45,7 @@ class RecentRequests:
 
 
 def finished_record(out: RequestOutput, now: float) -> dict[str, Any]:
-    """The request's timeline (inferd/server/timeline.py) with what the charts plot: time to
+    """The request's timeline (inferd/server/metrics/timeline.py) with what the charts plot: time to
     first token, time per output token after the first, how it ended, and when."""
     record = timeline_json(out)
     m = out.metrics

@@ -1,0 +1,1 @@
+"""vLLM's routes beyond the APIs: /generate, /tokenize, /health, LoRA loading, profiling."""

@@ -1,0 +1,2 @@
+"""HTTP plumbing every route shares: auth, CORS, limits, admission, drain, errors, SSE,
+access log."""

@@ -1,0 +1,1 @@
+"""Prometheus metrics (vLLM's names), step timings, request timelines."""
