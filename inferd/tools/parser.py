@@ -16,7 +16,7 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from typing import ClassVar
 
-from inferd.tools.types import StreamDelta, ToolCall, ToolCallDelta, new_call_id
+from inferd.tools.types import ParsedReply, StreamDelta, ToolCall, ToolCallDelta, new_call_id
 
 
 @dataclass(frozen=True)
@@ -72,11 +72,18 @@ class ToolParser(ABC):
     name: ClassVar[str]
     # The chat template (in inferd/templates/) that presents tools in this parser's format.
     template: ClassVar[str]
+    # The format has channels (reasoning, answer, calls) marked by special tokens: every reply
+    # is read by the parser (its content is never the raw text), decoded with those tokens.
+    channels: ClassVar[bool] = False
 
     @abstractmethod
     def extract(self, text: str) -> tuple[str, list[ToolCall]]:
         """(content, calls) of a whole reply; content is "" when the reply holds only calls,
         and the whole text when it holds none."""
+
+    def parse(self, text: str) -> ParsedReply:
+        """A whole reply's content, calls and reasoning (none, for formats without channels)."""
+        return ParsedReply(*self.extract(text))
 
     @abstractmethod
     def stream(self) -> ToolCallStream: ...

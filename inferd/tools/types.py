@@ -53,11 +53,22 @@ class ToolCallDelta:
 
 @dataclass
 class StreamDelta:
-    """What one step of a stream adds: text for `delta.content` and entries for
-    `delta.tool_calls` (either may be empty)."""
+    """What one step of a stream adds: text for `delta.content`, entries for
+    `delta.tool_calls` and reasoning text (any may be empty; reasoning only from parsers of
+    formats with channels, e.g. harmony)."""
 
     content: str = ""
     tool_calls: list[ToolCallDelta] = field(default_factory=list)
+    reasoning: str = ""
 
     def __bool__(self) -> bool:
-        return bool(self.content or self.tool_calls)
+        return bool(self.content or self.tool_calls or self.reasoning)
+
+
+@dataclass
+class ParsedReply:
+    """A whole reply read by a parser: content, tool calls and reasoning."""
+
+    content: str
+    calls: list[ToolCall]
+    reasoning: str = ""
