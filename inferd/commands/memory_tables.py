@@ -124,7 +124,8 @@ def render(console, est, checkpoint, source: str, measured) -> None:
 
     left = est.device_memory - dev.total
     _print(console, f"Per device ({est.device}, TP={tp})", ("part", "bytes", "note"), [
-        ("weights", _bin(dev.weights), f"{plan.scheme}: GGUF blocks" if plan.blocks
+        ("weights", _bin(dev.weights), f"{plan.scheme}: " + (
+            "the checkpoint's blocks" if plan.stored else "GGUF blocks") if plan.blocks
          else f"{est.params_per_device:,} × {est.dtype}"),
         ("KV cache", _bin(dev.kv_cache), "the engine's pool above"),
         ("activations", _bin(acts.peak_bytes), "peak of a step"),

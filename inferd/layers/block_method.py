@@ -24,6 +24,16 @@ class BlockMethod(LinearMethod):
         super().__init__()
         self.blocks: BlockWeight | None = None  # None: the checkpoint had no blocks for it
         self._shards: dict[int, BlockWeight] = {}  # packed, per shard, until `finish`
+        # GPTQ act-order: the blocks' input order (their groups contiguous); the layer's input
+        # columns are gathered in it before the product. None: the inputs' own order.
+        self.input_order: torch.Tensor | None = None
+
+    def take_input_order(self, order: torch.Tensor | None) -> None:
+        """Every shard of a layer reads the same input, so they must share one order."""
+        if self._shards and not _same_order(self.input_order, order):
+            raise ValueError("its parts (q/k/v or gate/up) sort their inputs in different "
+                             "act-order permutations; inferd needs them equal")  # fmt: skip
+        self.input_order = order
 
     def take_blocks(self, layer: nn.Module, shard: int, blocks: BlockWeight) -> None:
         """A shard's blocks, packed as they arrive: what a load holds until `finish` is the
@@ -46,9 +56,13 @@ class BlockMethod(LinearMethod):
             ordered = [shards[i] for i in range(len(sizes))]
             self.install(layer, ordered[0] if len(ordered) == 1 else stack(ordered))
             return
+        order, self.input_order = self.input_order, None  # the dense matrix: inputs in order
         for shard, weight in shards.items():
             start = sum(sizes[:shard])
-            layer.weight.data[start : start + sizes[shard]] = weight.dequantized()
+            rows = weight.dequantized()
+            if order is not None:
+                rows = rows[:, torch.argsort(order)]
+            layer.weight.data[start : start + sizes[shard]] = rows
 
     def install(self, layer: nn.Module, blocks: BlockWeight) -> None:
         """Compute with `blocks` from now on; the layer's dense matrix is dropped."""
@@ -63,13 +77,22 @@ class BlockMethod(LinearMethod):
         """float32 out."""
         if self.blocks is None:
             return super().apply(layer, x, bias)
+        if self.input_order is not None:
+            x = x.index_select(-1, self.input_order)
         y = self.blocks(x)
         return y if bias is None else y + bias
 
     def lookup(self, layer: nn.Module, ids: torch.Tensor) -> torch.Tensor:
         if self.blocks is None:
             return super().lookup(layer, ids)
-        return self.blocks.dequantized(ids)
+        rows = self.blocks.dequantized(ids)
+        if self.input_order is not None:
+            return rows[..., torch.argsort(self.input_order)]
+        return rows
 
     def extra_repr(self) -> str:
         return "GGUF blocks, the C block kernel at every step size"
+
+
+def _same_order(a: torch.Tensor | None, b: torch.Tensor | None) -> bool:
+    return (a is None and b is None) or (a is not None and b is not None and torch.equal(a, b))

@@ -74,6 +74,10 @@ class Linear(nn.Module):
             raise ValueError(f"checkpoint has a {param_name} for a layer without one")
         rows = self.row_ranges[shard]
         cols = self.col_range if param_name == "weight" else None
+        if param_name == "weight" and hasattr(weight, "load_fp8") and \
+                hasattr(self.quant_method, "take_fp8"):  # fmt: skip
+            self.quant_method.take_fp8(self, shard, *weight.load_fp8(rows, cols))
+            return
         if param_name == "weight" and self.quant_method.wants_blocks:
             load_blocks = getattr(weight, "load_blocks", None)  # GGUF weights have blocks
             if load_blocks is not None:
@@ -88,6 +92,8 @@ class Linear(nn.Module):
                     if tuple(blocks.shape) != expected:
                         raise ValueError(f"shape mismatch: checkpoint {tuple(blocks.shape)} vs "
                                          f"{expected}")  # fmt: skip
+                    # GPTQ act-order: the layer reads its inputs in the groups' order
+                    self.quant_method.take_input_order(getattr(weight, "input_order", None))
                     self.quant_method.take_blocks(self, shard, blocks)
                     return
         tensor = weight.load(target.dtype, rows=rows, cols=cols)

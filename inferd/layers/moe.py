@@ -122,6 +122,9 @@ class ExpertLinear(nn.Module):
         if tuple(weight.shape) != expected:
             raise ValueError(f"shape {tuple(weight.shape)}, the model expects {expected}")
         blocks = None
+        if getattr(weight, "input_order", None) is not None:
+            raise ValueError("GPTQ act-order (desc_act) experts are not supported; use a "
+                             "checkpoint quantised without desc_act")  # fmt: skip
         if self.quant_method.wants_blocks and hasattr(weight, "load_blocks"):
             rows = expected[0]
             blocks = packed(lambda first, n: weight.load_blocks((first, n)), rows, self.in_features)

@@ -10,6 +10,9 @@ machine and the checkpoint (docs/performance.md has the measurements behind it):
   C block kernel at every step size (`gguf`, the same as `--quantization gguf`): one numeric
   definition for decode, prefill and big batches, each row's result independent of the others
   (exact integer sums); tensors the file keeps in floating point stay float32;
+* an HF folder with pre-quantised weights (AWQ, GPTQ, compressed-tensors INT8 / FP8, MXFP4:
+  inferd/loader/hf_quant_config.py) on a CPU: the checkpoint's own integers and scales repacked
+  into the C kernels' blocks (FP8: its own C kernel), the way a GGUF file's are kept;
 * anything else (an HF folder, a GPU, tensor parallelism, no C compiler): dense weights in
   bfloat16 where the device computes it fast, else float32.
 
@@ -27,6 +30,7 @@ import torch
 
 import inferd.cpu_info as cpu_info
 from inferd.layers.block_method import BlockMethod
+from inferd.layers.fp8_checkpoint_method import Fp8CheckpointMethod
 from inferd.layers.linear_method import DenseMethod, LinearMethod
 from inferd.layers.quant import INT4_ROW_LIMITS, Fp8Method, Int4Method, Int8Method
 from inferd.layers.row_tiles import TILE_ROWS, RowTiledMethod
@@ -49,6 +53,8 @@ class WeightScheme:
     deterministic: bool = False
     kernels: ctypes.CDLL | None = field(default=None, compare=False, repr=False)
     reason: str = field(default="", compare=False)  # why this scheme: a flag, or the machine
+    # An HF checkpoint's pre-quantised format (a QuantFormat), kept as it is stored (blocks)
+    stored: object | None = field(default=None, compare=False)
 
     @classmethod
     def dense(cls, dtype: torch.dtype, reason: str = "") -> WeightScheme:
@@ -79,6 +85,8 @@ class WeightScheme:
         if kind not in ("linear", "head", "embedding"):
             raise ValueError(f"unknown kind of matrix {kind!r}")
         matrix = "linear" if kind == "linear" else "head"  # a tied head shares the embedding's
+        if self.stored is not None and self.stored.method == "fp8" and kind == "linear":
+            return Fp8CheckpointMethod(self.stored.activations)
         if self.blocks:
             return BlockMethod()
         if self.quantize is None or kind == "embedding":
@@ -108,6 +116,11 @@ class WeightScheme:
         return self._dense_what()
 
     def _dense_what(self) -> str:
+        if self.stored is not None:
+            kernel = "inferd's FP8 C kernel" if self.stored.method == "fp8" else (
+                "C block kernels")  # fmt: skip
+            return (f"{self.name}: the checkpoint's {self.stored.describe()}, repacked for "
+                    f"{kernel} at every step size; other tensors {_name(self.dtype)}")
         if self.blocks:
             return (f"{self.name}: the GGUF blocks with C kernels at every step size (one C call "
                     "for all decoder layers of a step)")  # fmt: skip
@@ -159,11 +172,14 @@ def check_quantization(method: str, device: torch.device) -> None:
 
 def choose_scheme(quantization: str | None, dtype: str, checkpoint_format: str | None,
                   device: torch.device, tensor_parallel: int = 1,
-                  dtype_origin: str | None = None) -> WeightScheme:  # fmt: skip
+                  dtype_origin: str | None = None, prequantized=None) -> WeightScheme:  # fmt: skip
     """The scheme of these flags for this checkpoint (`gguf`, `hf`, or None: not known yet,
     only the flags are checked) on this device. Raises ValueError naming the flag.
-    `dtype_origin`: who set a non-auto `dtype`, when no flag did (a catalog entry)."""
+    `dtype_origin`: who set a non-auto `dtype`, when no flag did (a catalog entry).
+    `prequantized`: an HF checkpoint's QuantFormat (its weights run as stored)."""
     resolved = resolve_dtype(dtype, device)
+    if prequantized is not None:
+        return _stored(prequantized, quantization, dtype, resolved, device, tensor_parallel)
     if quantization is not None:
         check_quantization(quantization, device)
         forced = f"chosen by --quantization {quantization}"
@@ -193,6 +209,27 @@ def choose_scheme(quantization: str | None, dtype: str, checkpoint_format: str |
                                   "kernels")  # fmt: skip
     return _blocks(dtype, resolved, lib, "the default for a GGUF file on a CPU with inferd's C "
                    "kernels")  # fmt: skip
+
+
+def _stored(fmt, quantization: str | None, dtype: str, resolved: torch.dtype,
+            device: torch.device, tensor_parallel: int) -> WeightScheme:  # fmt: skip
+    """The scheme of a pre-quantised HF checkpoint: its weights as stored, or a clear refusal."""
+    what = f"this checkpoint is already quantised ({fmt.describe()})"
+    if quantization is not None:
+        raise ValueError(f"{what}: --quantization {quantization} would quantise it again; "
+                         "leave --quantization unset")  # fmt: skip
+    if device.type != "cpu":
+        raise ValueError(f"{what}: inferd runs {fmt.name} checkpoints with its CPU kernels, "
+                         f"not on {device} yet; use a GGUF file or an unquantised checkpoint")
+    if tensor_parallel > 1:
+        raise ValueError(f"{what}: its layers are not split across tensor-parallel ranks")
+    lib, reason = _kernels_or_reason()
+    if lib is None:
+        raise ValueError(f"{what}: running it needs inferd's C kernels, which cannot be built "
+                         f"here: {reason}")  # fmt: skip
+    held = torch.float32 if dtype == "auto" else resolved
+    return WeightScheme(fmt.method, held, blocks=True, kernels=lib, stored=fmt,
+                        reason=f"the checkpoint's quantization_config ({fmt.name})")
 
 
 def _blocks(dtype: str, resolved: torch.dtype, lib, reason: str) -> WeightScheme:

@@ -15,6 +15,8 @@ from inferd.loader.checkpoint_checks import check_config_matches_tensors
 from inferd.loader.gguf_file import GGUFFile
 from inferd.loader.gguf_model import gguf_weights, model_config_from_gguf
 from inferd.loader.hf_config import model_config_from_hf
+from inferd.loader.hf_quant_config import QuantFormat, read_quant_format
+from inferd.loader.hf_quantized import grouped, logical_shapes
 from inferd.loader.tensor_layout import normalized, normalized_shapes
 from inferd.models.architecture import Architecture
 from inferd.models.registry import architecture
@@ -26,6 +28,7 @@ class Checkpoint:
     format: str  # "gguf" or "hf"
     config: ModelConfig
     gguf: GGUFFile | None = None
+    quant: QuantFormat | None = None  # an HF folder's pre-quantised weights (hf_quant_config.py)
 
     @property
     def architecture(self) -> Architecture:
@@ -42,8 +45,11 @@ class Checkpoint:
         """(HF name, lazy weight) pairs, one 2-D matrix per projection and per expert
         (tensor_layout.py); `weight.load(dtype, rows=, cols=)` reads a tensor or just the slice
         a tensor-parallel rank keeps."""
-        raw = gguf_weights(self.gguf, self.config) if self.gguf is not None else (
-            hf_dir.hf_weights(self.path))  # fmt: skip
+        if self.gguf is not None:
+            raw = gguf_weights(self.gguf, self.config)
+        else:
+            raw = hf_dir.hf_weights(self.path)
+            raw = raw if self.quant is None else grouped(raw, self.quant)
         return normalized(raw, self.architecture, self.config)
 
     @property
@@ -104,10 +110,13 @@ def open_checkpoint(model: str | Path | None) -> Checkpoint:
     if config_file.exists():
         cfg = hf_dir.read_json(config_file)
         config = model_config_from_hf(cfg, name=path.name, source=config_file)
+        quant = read_quant_format(cfg, path)
         stored = {name: shape for name, (shape, _) in hf_dir.hf_tensor_shapes(path).items()}
+        if quant is not None:
+            stored = logical_shapes(stored, quant)
         shapes = normalized_shapes(stored, architecture(config.architecture), config)
         check_config_matches_tensors(config, shapes, path)
-        return Checkpoint(path, "hf", config)
+        return Checkpoint(path, "hf", config, quant=quant)
     ggufs = sorted(path.glob("*.gguf"))
     if len(ggufs) == 1:
         return _open_gguf(ggufs[0])

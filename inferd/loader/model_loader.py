@@ -12,6 +12,7 @@ from inferd.layers.weight_scheme import WeightScheme, choose_scheme
 from inferd.loader import gguf_cache
 from inferd.loader.checkpoint import Checkpoint
 from inferd.loader.hf_dir import hf_tensor_shapes
+from inferd.loader.hf_quantized import stored_weight_bytes
 from inferd.models.base import CausalLM
 from inferd.models.registry import model_class
 from inferd.progress import status
@@ -33,10 +34,11 @@ def load_model(
     if scheme is None:
         name = str(dtype).removeprefix("torch.")
         try:
-            scheme = choose_scheme(quantization, name, checkpoint.format, device, tp.world_size)
+            scheme = choose_scheme(quantization, name, checkpoint.format, device, tp.world_size,
+                                   prequantized=checkpoint.quant)  # fmt: skip
         except ValueError as e:
             raise ModelLoadError(str(e)) from e
-    if scheme.blocks and checkpoint.format != "gguf":
+    if scheme.blocks and checkpoint.format != "gguf" and checkpoint.quant is None:
         raise ModelLoadError(f"{scheme.name} keeps a GGUF file's own quantisation; "
                              f"{checkpoint.path} is not a GGUF file")  # fmt: skip
     if device.type == "cpu":
@@ -48,7 +50,7 @@ def load_model(
             model = cls(checkpoint.config, scheme, tp)
         except ValueError as e:  # e.g. heads that do not divide among the ranks
             raise ModelLoadError(str(e)) from e
-    if scheme.blocks:
+    if scheme.blocks and checkpoint.gguf is not None:
         gguf_cache.load_weights(model, checkpoint, tp, weight_cache_size)
     else:
         with torch.no_grad(), status(f"loading {checkpoint.path.name} ({scheme.name})"):
@@ -67,6 +69,8 @@ def weights_bytes(checkpoint: Checkpoint, scheme: WeightScheme) -> int:
                    if not (scheme.blocks and gguf_cache.is_packed(info)))  # fmt: skip
         return packed + rest * dense
     shapes = hf_tensor_shapes(checkpoint.path)
+    if checkpoint.quant is not None:  # the quantised layers as held, the rest dense
+        return stored_weight_bytes(shapes, checkpoint.quant, dense)
     return sum(math.prod(shape) for shape, _ in shapes.values()) * dense
 
 

@@ -58,6 +58,11 @@ class RowsView:
     def load(self, dtype, rows=None, cols=None):
         return self.base.load(dtype, rows=self._rows(rows), cols=cols)
 
+    @property
+    def input_order(self):
+        """The base's input order (GPTQ act-order), which a row range shares."""
+        return getattr(self.base, "input_order", None)
+
     def load_blocks(self, rows=None, cols=None):
         load_blocks = getattr(self.base, "load_blocks", None)
         return None if load_blocks is None else load_blocks(self._rows(rows), cols)

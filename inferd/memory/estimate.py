@@ -30,7 +30,13 @@ from inferd.memory.kv import (
     kv_bytes_per_token_per_layer,
     plan_kv_pool,
 )
-from inferd.memory.weight_plan import WeightPlan, block_plan, dense_plan, keeps_blocks
+from inferd.memory.weight_plan import (
+    WeightPlan,
+    block_plan,
+    dense_plan,
+    keeps_blocks,
+    stored_plan,
+)
 from inferd.memory.weights import (
     CheckpointWeights,
     ParamCounts,
@@ -271,7 +277,13 @@ def estimate_memory(
     wdtype = resolve_dtype(dtype, device)
     tp = tensor_parallel_size
     blocks = None
-    if keeps_blocks(dtype, device, checkpoint, tp, block_kernels):
+    if checkpoint is not None and checkpoint.quant is not None:
+        if device != "cpu" or tp != 1:
+            raise ValueError(f"a {checkpoint.quant.name} checkpoint runs on one CPU device in "
+                             "inferd (its weights as stored)")  # fmt: skip
+        blocks = stored_plan(checkpoint)
+        wdtype = blocks.compute_dtype
+    elif keeps_blocks(dtype, device, checkpoint, tp, block_kernels):
         blocks = block_plan(checkpoint)  # type: ignore[arg-type]
         wdtype = blocks.compute_dtype
     kv_dtype = "bf16" if blocks is not None else compute_dtype(wdtype)

@@ -30,6 +30,7 @@ class WeightPlan:
     # a first load's transient beyond `held`: the blocks of one range of rows unpacked at a time
     # (inferd/layers/gguf_blocks.py `packed`), before they are packed and written out
     unpacking: int = 0
+    stored: bool = False  # an HF checkpoint's pre-quantised weights, repacked as blocks
 
     @property
     def total(self) -> int:
@@ -37,7 +38,7 @@ class WeightPlan:
 
     @property
     def blocks(self) -> bool:
-        return self.scheme == "gguf"
+        return self.scheme == "gguf" or self.stored
 
 
 def dense_plan(num_params: int, precision: str) -> WeightPlan:
@@ -65,3 +66,16 @@ def block_plan(checkpoint: CheckpointWeights) -> WeightPlan:
             held += params * DENSE_BYTES["fp32"]
     return WeightPlan("gguf", "fp32", held, "the file's blocks, at every step size",
                       unpacking=UNPACKING_BYTES)  # fmt: skip
+
+
+def stored_plan(checkpoint: CheckpointWeights) -> WeightPlan:
+    """A pre-quantised HF checkpoint (AWQ, GPTQ, compressed-tensors, MXFP4): its weights kept
+    as stored, repacked for the C kernels; its other tensors float32."""
+    fmt = checkpoint.quant
+    return WeightPlan(
+        fmt.method,
+        "fp32",
+        checkpoint.quant_held,
+        f"the checkpoint's {fmt.describe()}; {fmt.held_bits_per_weight():.2f} bits per weight held",
+        stored=True,
+    )

@@ -243,6 +243,10 @@ class CheckpointWeights:
     data_bytes: int  # tensor data as stored
     file_bytes: int  # the files, headers and metadata included
     by_type: dict[str, tuple[int, int]] = field(default_factory=dict)  # type → (params, bytes)
+    # A pre-quantised HF checkpoint (inferd/loader/hf_quant_config.py): its QuantFormat, and
+    # the bytes its weights take once repacked for the C kernels (the rest in float32)
+    quant: object | None = None
+    quant_held: int = 0
 
     @property
     def bits_per_weight(self) -> float:
@@ -279,12 +283,22 @@ def checkpoint_weights(checkpoint: Checkpoint) -> CheckpointWeights | None:
         return None
     by_type = {}
     params = stored = data = 0
-    for name, (shape, dtype) in shapes.items():
+    for _name, (shape, dtype) in shapes.items():
         n = math.prod(shape)
         nbytes = n * _SAFETENSORS_BYTES.get(dtype.upper(), 4)
         stored, data = stored + n, data + nbytes
         p, b = by_type.get(dtype, (0, 0))
         by_type[dtype] = (p + n, b + nbytes)
+    quant, held = checkpoint.quant, 0
+    if quant is not None:  # parameters are the logical weights, not the packed words
+        from inferd.loader.hf_quantized import logical_shapes, stored_weight_bytes
+
+        held = stored_weight_bytes(shapes, quant, 4)
+        shapes = {n: (s, "") for n, s in logical_shapes(
+            {n: s for n, (s, _) in shapes.items()}, quant).items()}  # fmt: skip
+        stored = sum(math.prod(s) for s, _ in shapes.values())
+    for name, (shape, _) in shapes.items():
+        n = math.prod(shape)
         # Buffers and a tied head's stored copy are not parameters of the model.
         if name.endswith("rotary_emb.inv_freq"):
             continue
@@ -298,5 +312,7 @@ def checkpoint_weights(checkpoint: Checkpoint) -> CheckpointWeights | None:
         stored_params=stored,
         data_bytes=data,
         file_bytes=sum(f.stat().st_size for f in files),
+        quant=quant,
+        quant_held=held,
         by_type=by_type,
     )

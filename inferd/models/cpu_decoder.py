@@ -85,6 +85,8 @@ def _blocks_of(linear: Linear) -> BlockLinear | None:
     method = linear.quant_method
     if not isinstance(method, BlockMethod) or method.blocks is None:
         return None
+    if method.input_order is not None:  # GPTQ act-order: the layer gathers its inputs first
+        return None
     parts = method.blocks.parts
     if len(parts) > MAX_PARTS:
         return None

@@ -69,7 +69,8 @@ def weight_scheme(config: EngineConfig, device: torch.device, checkpoint: Checkp
     without a checkpoint, only the flags are checked."""
     scheme = choose_scheme(config.quantization, config.dtype,
                            checkpoint.format if checkpoint is not None else None, device,
-                           tp_size, dict(config.defaults_from).get("dtype"))  # fmt: skip
+                           tp_size, dict(config.defaults_from).get("dtype"),
+                           checkpoint.quant if checkpoint is not None else None)  # fmt: skip
     if not config.deterministic:
         return scheme
     if config.attention_backend not in ("auto", "cpu"):

@@ -1,0 +1,126 @@
+"""Pre-quantised HF checkpoints (AWQ, GPTQ, compressed-tensors INT8 and FP8) agree with HF
+transformers running the same weights dequantised: 8 prompts decoded together, greedy, on a
+tiny random Llama whose linear layers the test quantises and packs as each format's tools do
+(tests/quantized_checkpoints.py). inferd reads the packed integers into its C kernels' blocks
+(never a dense copy), so this checks the unpacking, the repacking and the kernels.
+
+Also: the default mode gives a prompt the same tokens alone and inside a batch, and the
+start-up line names the format."""
+
+from __future__ import annotations
+
+import functools
+import zlib
+
+import pytest
+import torch
+from quantized_checkpoints import (
+    awq_layer,
+    compressed_config,
+    fp8_layer,
+    gptq_layer,
+    int8_layer,
+    write_quantized,
+)
+from test_family_parity import PROMPTS, batched_greedy
+from tiny_models import hf_greedy, make_tiny_model
+
+from inferd.layers.block_method import BlockMethod
+from inferd.loader import load_model, open_checkpoint
+
+NEW_TOKENS = 16
+# hidden 128 and MLP 256 hold whole groups of 128; head_dim 32 keeps 4 heads
+SHAPE = dict(hidden_size=128, intermediate_size=256, head_dim=32)
+
+
+def _gptq(bits, group, sym, act_order):
+    config = {"quant_method": "gptq", "bits": bits, "group_size": group, "sym": sym,
+              "desc_act": act_order}  # fmt: skip
+    return (lambda key, w: gptq_layer(w, bits, group, sym, act_order, _input_seed(key))), config
+
+
+def _input_seed(key: str) -> int:
+    """One act-order permutation per layer input: q, k and v read the same activations (so a
+    GPTQ tool sorts their inputs alike), as do gate and up."""
+    for proj, shared in (("k_proj", "q_proj"), ("v_proj", "q_proj"), ("up_proj", "gate_proj")):
+        key = key.replace(proj, shared)
+    return zlib.crc32(key.encode())
+
+
+def _int8(group, activations):
+    weights = {"num_bits": 8, "type": "int", "symmetric": True,
+               "strategy": "group" if group else "channel", "group_size": group}  # fmt: skip
+    acts = {"num_bits": 8, "type": "int", "strategy": "token", "dynamic": True} \
+        if activations else None  # fmt: skip
+    return (lambda key, w: int8_layer(w, group)), compressed_config(weights, acts, "int-quantized")
+
+
+def _fp8(per_channel, input_scale):
+    weights = {"num_bits": 8, "type": "float", "symmetric": True,
+               "strategy": "channel" if per_channel else "tensor"}  # fmt: skip
+    acts = {"num_bits": 8, "type": "float", "strategy": "tensor", "dynamic": False} \
+        if input_scale else None  # fmt: skip
+    return ((lambda key, w: fp8_layer(w, per_channel, input_scale)),
+            compressed_config(weights, acts, "float-quantized"))  # fmt: skip
+
+
+FORMATS = {
+    "awq-g32": (
+        (lambda key, w: awq_layer(w, 32)),
+        {"quant_method": "awq", "bits": 4, "group_size": 32, "zero_point": True, "version": "gemm"},
+    ),  # fmt: skip
+    "awq-g128": (
+        (lambda key, w: awq_layer(w, 128)),
+        {
+            "quant_method": "awq",
+            "bits": 4,
+            "group_size": 128,
+            "zero_point": True,
+            "version": "gemm",
+        },
+    ),  # fmt: skip
+    "gptq-4bit-sym-g64": _gptq(4, 64, True, False),
+    "gptq-4bit-asym-act-order": _gptq(4, 32, False, True),
+    "gptq-8bit-asym-g128": _gptq(8, 128, False, False),
+    "gptq-8bit-sym-act-order": _gptq(8, 64, True, True),
+    "int8-w8a16-channel": _int8(None, False),
+    "int8-w8a8-group64": _int8(64, True),
+    "fp8-channel": _fp8(True, None),
+    "fp8-tensor-static-acts": _fp8(False, 0.02),
+}
+
+
+@functools.cache
+def _folder_and_reference(kind: str, root: str):
+    from pathlib import Path
+
+    folder = Path(root) / kind
+    model = make_tiny_model("llama", folder, **SHAPE)
+    quantize, config = FORMATS[kind]
+    write_quantized(model, folder, quantize, config)
+    if kind == "fp8-tensor-static-acts":  # the checkpoint's activations: e4m3 at 0.02
+        from inferd.layers.fp8_checkpoint_method import fp8_rounded
+
+        for module in model.modules():
+            if isinstance(module, torch.nn.Linear) and module is not model.lm_head:
+                module.register_forward_pre_hook(lambda m, args: (fp8_rounded(args[0], 0.02),))
+    expected = [hf_greedy(model, p, NEW_TOKENS)[1] for p in PROMPTS]
+    return folder, expected
+
+
+@pytest.fixture(scope="module")
+def root(tmp_path_factory):
+    return str(tmp_path_factory.mktemp("quantized"))
+
+
+@pytest.mark.parametrize("kind", list(FORMATS))
+def test_quantized_checkpoint_matches_hf_on_its_dequantised_weights(kind, root, c_kernels):
+    folder, expected = _folder_and_reference(kind, root)
+    checkpoint = open_checkpoint(folder)
+    assert checkpoint.quant is not None
+    model = load_model(checkpoint, torch.float32, torch.device("cpu"))
+    q_proj = model.model.layers[0].self_attn.qkv_proj
+    assert q_proj.weight.numel() == 0  # no dense copy: the checkpoint's format computes
+    if not kind.startswith("fp8"):
+        assert isinstance(q_proj.quant_method, BlockMethod) and q_proj.quant_method.blocks
+    assert batched_greedy(model, PROMPTS, NEW_TOKENS) == expected
