@@ -6,7 +6,9 @@ Tool calling: `--enable-auto-tool-choice --tool-call-parser NAME` as in vLLM (bo
 when it shows tools, else with the bundled template of the call format in use; `required` and a
 named function use that format too, which is the parser's, or without one the model family's
 (its Architecture record's `tool_call_format`, inferd/models/): pythonic for Gemma (Google's
-documented format), hermes for ChatML models.
+documented format), hermes for ChatML models. Harmony models (gpt-oss) have every reply read
+by the harmony parser (reasoning, answer, calls: inferd/tools/harmony.py); their own template
+shows tools, and no other parser can read their replies.
 """
 
 from __future__ import annotations
@@ -56,7 +58,8 @@ def add_feature_arguments(parser: argparse.ArgumentParser) -> None:
         choices=sorted(TOOL_PARSERS),
         default=None,
         help="how tool calls are read from replies: pythonic (Gemma 3, "
-        "[f(x=1)]) or hermes (ChatML models, <tool_call>{json}</tool_call>) "
+        "[f(x=1)]), hermes (ChatML models, <tool_call>{json}</tool_call>) or harmony "
+        "(gpt-oss; vLLM's name: openai) "
         "(default: none; forced calls use the model family's format)",
     )
     cors = parser.add_argument_group("CORS (browsers)")
@@ -121,7 +124,9 @@ def with_request_limits(config, args: argparse.Namespace):
 
 def check_tool_flags(args: argparse.Namespace) -> None:
     if args.enable_auto_tool_choice and not args.tool_call_parser:
-        raise ValueError("--enable-auto-tool-choice needs --tool-call-parser (pythonic or hermes)")
+        raise ValueError(
+            "--enable-auto-tool-choice needs --tool-call-parser (pythonic, hermes or harmony)"
+        )
 
 
 def tool_settings(engine, args: argparse.Namespace) -> ToolSettings:
@@ -135,9 +140,18 @@ def tool_settings(engine, args: argparse.Namespace) -> ToolSettings:
     chatml = bool(own) and "<|im_start|>" in own
     family = architecture(engine.model_config.architecture).tool_call_format
     fmt = args.tool_call_parser or family
+    fmt = TOOL_PARSERS[fmt].name if fmt in TOOL_PARSERS else fmt  # "openai" is harmony
+    harmony = fmt == "harmony"
+    if family == "harmony" and not harmony:
+        raise ValueError(
+            f"--tool-call-parser {args.tool_call_parser}: this model answers in the harmony "
+            "format (gpt-oss); use --tool-call-parser harmony (or openai), or leave it out"
+        )
     template = None
     if template_handles_tools(own):
         log.info("tool calls: the model's chat template shows tools")
+    elif harmony:
+        log.warning("tool calls: the model's chat template does not show tools (harmony)")
     elif args.tool_call_parser or fmt == "pythonic" or chatml:
         template = ChatTemplate(tool_chat_template(fmt))
         log.info("tool calls: requests with tools use inferd's bundled %s template", fmt)
@@ -146,7 +160,8 @@ def tool_settings(engine, args: argparse.Namespace) -> ToolSettings:
             "tool calls: the model's chat template does not show tools, and no bundled "
             "template matches its turns; pass --tool-call-parser to choose one"
         )
-    return ToolSettings(args.tool_call_parser, args.enable_auto_tool_choice, fmt, template)
+    return ToolSettings(args.tool_call_parser, args.enable_auto_tool_choice, fmt, template,
+                        harmony=harmony)  # fmt: skip
 
 
 def cors_settings(args: argparse.Namespace) -> CORSSettings:

@@ -62,7 +62,7 @@ class Tokenizer:
         self.special_tokens = {k: v for k, v in (special_tokens or {}).items() if v is not None}
         if add_bos_token is not None or add_eos_token is not None:
             self._set_post_processor(bool(add_bos_token), bool(add_eos_token))
-        eos = [self.eos_token_id, *extra_eos_token_ids]
+        eos = [self.eos_token_id, *extra_eos_token_ids, *_harmony_ends(backend)]
         self._eos_token_ids = tuple(dict.fromkeys(int(i) for i in eos if i is not None))
         # NOTE: the source, compiled on first use (`compiled_chat_template`): compiling needs
         # Jinja, whose import would otherwise cost every start, chat or not.
@@ -335,6 +335,15 @@ class Tokenizer:
 _GGUF_ID_KEYS = ("bos_token_id", "eos_token_id", "unknown_token_id", "padding_token_id")
 # llama.cpp's own names for tokens that end a turn; files state them when the model has them.
 _GGUF_TURN_END_KEYS = ("tokenizer.ggml.eot_token_id", "tokenizer.ggml.eom_token_id")
+
+
+def _harmony_ends(backend: Backend | CompactBPE) -> list[int | None]:
+    """The ids that end a reply in a harmony vocabulary (gpt-oss): <|return|> after the answer,
+    <|call|> after a tool call. HF's generation_config lists both, but a GGUF names one eos:
+    without the other, a reply would run on past its call into an invented tool result."""
+    if backend.token_to_id("<|channel|>") is None:
+        return []
+    return [backend.token_to_id("<|return|>"), backend.token_to_id("<|call|>")]
 
 
 def checkpoint_tokenizer(checkpoint: Checkpoint) -> Tokenizer:

@@ -19,7 +19,7 @@ from inferd.tools import TOOL_PARSERS
 def tool_chat_template(parser: str) -> str:
     """The bundled template written for `parser`'s call format (pythonic: Gemma's turns;
     hermes: ChatML's)."""
-    if parser not in TOOL_PARSERS:
+    if parser not in TOOL_PARSERS or not TOOL_PARSERS[parser].template:
         raise ValueError(f"no tool chat template for parser {parser!r}")
     return (TEMPLATES_DIR / TOOL_PARSERS[parser].template).read_text(encoding="utf-8")
 
@@ -30,12 +30,33 @@ def template_handles_tools(source: str | None) -> bool:
     return bool(source) and "tools" in source
 
 
+# An assistant message's reasoning, by the names clients send it (vLLM's and OpenRouter's) and
+# templates read it (Qwen3's reasoning_content, gpt-oss's thinking): each is given all of them.
+REASONING_FIELDS = ("reasoning_content", "reasoning", "thinking")
+
+
+def _with_reasoning(message: dict[str, Any], where: str) -> None:
+    given = [f for f in REASONING_FIELDS if message.get(f) is not None]
+    if not given or message.get("role") != "assistant":
+        return
+    text = message[given[0]]
+    for name in given:
+        if not isinstance(message[name], str):
+            raise ValueError(f"{where}.{name} must be a string")
+        if message[name] != text:
+            raise ValueError(f"{where}: {', '.join(given)} differ; send the reasoning once")
+    message.update(dict.fromkeys(REASONING_FIELDS, text))
+
+
 def prepare_messages(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """A copy of OpenAI chat messages as templates expect them: each assistant tool call's
     `function.arguments`, a JSON string on the wire, parsed into an object (as HF transformers
-    and vLLM hand it to templates). ValueError naming the message when it is not JSON."""
+    and vLLM hand it to templates), and an assistant's reasoning under each name templates read
+    (REASONING_FIELDS). ValueError naming the message when it is malformed."""
     prepared = copy.deepcopy(messages)
     for i, message in enumerate(prepared):
+        if isinstance(message, dict):
+            _with_reasoning(message, f"messages[{i}]")
         calls = message.get("tool_calls") if isinstance(message, dict) else None
         for j, call in enumerate(calls or []):
             function = call.get("function") if isinstance(call, dict) else None

@@ -476,6 +476,8 @@ row(CHAT, "modalities", ["text"], ok)
 row(CHAT, "modalities", ["audio"], unsupported("modalities"))
 row(CHAT, "store", False, ok)
 row(CHAT, "store", True, unsupported("store"))
+# The fake template does not read reasoning_effort (test_harmony_server.py has one that does).
+row(CHAT, "reasoning_effort", "low", refused("reasoning_effort"))
 
 for name, value in [
     ("add_generation_prompt", False),

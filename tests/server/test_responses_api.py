@@ -170,9 +170,14 @@ ROWS = {  # field → [(value, extra body, check(response json, fake) or the ref
             {},
             "input[0].content[0].type",
         ),
-        ([{"type": "reasoning", "summary": []}], {}, "input[0].type"),
+        ([{"type": "item_reference", "id": "x"}], {}, "input[0].type"),
     ],
     "instructions": [("sys", {}, lambda r, f: prompt_of(f).startswith("system:sys|"))],
+    "reasoning": [  # the fake template does not read reasoning_effort
+        ({"effort": "low"}, {}, "reasoning.effort"),
+        ({"summary": "detailed"}, {}, "reasoning.summary"),
+        ({"summary": "auto"}, {}, lambda r, f: r["reasoning"] == {"summary": "auto"}),
+    ],
     "previous_response_id": [("resp_none", {}, "previous_response_id")],
     "max_output_tokens": [
         (
@@ -271,7 +276,8 @@ def test_each_field_is_honoured_or_refused(field, value, extra, check):
 
 def test_an_undeclared_field_is_refused_by_name():
     with served() as (_, _, http):
-        r = http.post("/v1/responses", json={"input": "hi", "reasoning": {"effort": "low"}})
+        r = http.post("/v1/responses", json={"input": "hi", "conversation": "conv_1"})
     assert r.status_code == 400
     error = r.json()["error"]
-    assert error["message"] == "unsupported parameter: reasoning" and error["param"] == "reasoning"
+    assert error["message"] == "unsupported parameter: conversation"
+    assert error["param"] == "conversation"

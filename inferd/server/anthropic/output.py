@@ -1,8 +1,11 @@
-"""Replies in Anthropic's Messages API shapes: the message object (text and tool_use content
-blocks, stop_reason, usage), its stream events, and its errors.
+"""Replies in Anthropic's Messages API shapes: the message object (thinking, text and tool_use
+content blocks, stop_reason, usage), its stream events, and its errors.
 
+A model's reasoning (harmony's analysis channel) is a `thinking` block before the text, its
+`signature` empty: nothing here signs it, and the server reads thinking sent back unsigned.
 A stream is `message_start` (the message, empty), then per content block `content_block_start`,
-`content_block_delta`s (`text_delta`, or `input_json_delta` for a tool_use block's input) and
+`content_block_delta`s (`thinking_delta`, `text_delta`, or `input_json_delta` for a tool_use
+block's input) and
 `content_block_stop`, then `message_delta` (stop_reason, stop_sequence, usage) and
 `message_stop`; each on an `event:` line named as its `type`, as `anthropic.types` and the
 SDK's `client.messages.stream()` helper read them. A failure after the start is an `error`
@@ -52,17 +55,32 @@ def usage_json(out: RequestOutput, generated: int | None = None) -> dict[str, An
     }
 
 
+def tool_input(arguments: str) -> dict[str, Any]:
+    """A call's arguments as a tool_use input object. Harmony calls pass the model's own text on,
+    which may not be a JSON object: it then stays readable as {"arguments": text}."""
+    try:
+        value = json.loads(arguments or "{}")
+    except ValueError:
+        value = None
+    return value if isinstance(value, dict) else {"arguments": arguments}
+
+
 def tool_use_block(call: ToolCall) -> dict[str, Any]:
     return {
         "type": "tool_use",
         "id": call.id,
         "name": call.name,
-        "input": json.loads(call.arguments or "{}"),
+        "input": tool_input(call.arguments),
     }
 
 
+def thinking_block(text: str) -> dict[str, Any]:
+    return {"type": "thinking", "thinking": text, "signature": ""}
+
+
 def message_json(mid: str, model: str, reply: Reply, stop_sequences: list[str] | None) -> dict:
-    content = [{"type": "text", "text": reply.content}] if reply.content else []
+    content = [thinking_block(reply.reasoning)] if reply.reasoning else []
+    content += [{"type": "text", "text": reply.content}] if reply.content else []
     content += [tool_use_block(c) for c in reply.calls]
     reason, sequence = stop_reason(
         reply.finish_reason, reply.stop_reason, bool(reply.calls), stop_sequences
@@ -85,7 +103,7 @@ class MessageEvents:
     def __init__(self, mid: str, model: str, stop_sequences: list[str] | None):
         self.mid, self.model, self.stop_sequences = mid, model, stop_sequences
         self.blocks = 0  # content blocks started
-        self.open: str | None = None  # the open block's kind: "text" or "tool_use"
+        self.open: str | None = None  # the open block's kind: "thinking", "text", "tool_use"
         self.calls: dict[int, int] = {}  # tool-call index → its block index
         self.called = False
 
@@ -118,6 +136,13 @@ class MessageEvents:
             return []
         self.open = None
         return [self.event("content_block_stop", index=self.blocks - 1)]
+
+    def thinking(self, text: str) -> list[bytes]:
+        if not text:
+            return []
+        events = [] if self.open == "thinking" else self._start("thinking", thinking_block(""))
+        delta = {"type": "thinking_delta", "thinking": text}
+        return events + [self.event("content_block_delta", index=self.blocks - 1, delta=delta)]
 
     def text(self, text: str) -> list[bytes]:
         if not text:

@@ -4,6 +4,7 @@ into the chat request every chat API runs as (chat_pipeline.py).
     system (a string or text blocks)   → a system message first
     messages: text blocks              → the message's text (blocks joined by a line break)
               tool_use (assistant)     → the assistant's tool_calls (input as JSON arguments)
+              thinking (assistant)     → the assistant's reasoning_content
               tool_result (user)       → tool messages, before the user's own text; a result
                                          with is_error: true reads "Error: ..."
     max_tokens, stop_sequences, temperature, top_p, top_k → the same knobs (stop, ...)
@@ -12,7 +13,7 @@ into the chat request every chat API runs as (chat_pipeline.py).
                                          none, parallel_tool_calls
     metadata.user_id                   → the request's end user (the access log)
 
-Images, documents, thinking blocks, server tools and every field not declared below are a 400
+Images, documents, redacted thinking, server tools and every field not declared below are a 400
 naming them. `cache_control` is accepted on blocks and tools: the server caches prompt prefixes
 by itself (--enable-prefix-caching), so the hint needs no action.
 """
@@ -31,6 +32,7 @@ from inferd.server.openai.tool_calls import checked_tools
 # The chat request's field → this API's, for errors raised on the way (chat_pipeline.renamed).
 CHAT_NAMES = {"max_completion_tokens": "max_tokens", "stop": "stop_sequences", "prompt": "messages"}
 _TEXT_KEYS = {"type", "text", "cache_control", "citations"}
+_THINKING_KEYS = {"type", "thinking", "signature", "cache_control"}
 _TOOL_USE_KEYS = {"type", "id", "name", "input", "cache_control"}
 _RESULT_KEYS = {"type", "tool_use_id", "content", "is_error", "cache_control"}
 _TOOL_KEYS = {"type", "name", "description", "input_schema", "cache_control"}
@@ -113,7 +115,7 @@ def _message(message: dict[str, Any], i: int) -> list[dict[str, Any]]:
     role = message.get("role")
     if role not in ("user", "assistant") or set(message) - {"role", "content"}:
         raise InvalidRequest(where, f"{where} must be {{role: user|assistant, content}}")
-    texts, calls, results = [], [], []
+    texts, calls, results, thinking = [], [], [], []
     for j, block in enumerate(_blocks(message.get("content"), f"{where}.content")):
         at, kind = f"{where}.content[{j}]", block.get("type")
         if kind == "text":
@@ -125,6 +127,11 @@ def _message(message: dict[str, Any], i: int) -> list[dict[str, Any]]:
             arguments = json.dumps(block["input"], ensure_ascii=False)
             function = {"name": block.get("name"), "arguments": arguments}
             calls.append({"id": block["id"], "type": "function", "function": function})
+        elif kind == "thinking" and role == "assistant":
+            _refuse_keys(block, _THINKING_KEYS, at)
+            if not isinstance(block.get("thinking"), str):
+                raise InvalidRequest(f"{at}.thinking", f"{at}.thinking must be a string")
+            thinking.append(block["thinking"])  # the signature is not checked: none is made
         elif kind == "tool_result" and role == "user":
             _refuse_keys(block, _RESULT_KEYS, at)
             text = _text_of(block.get("content", ""), f"{at}.content")
@@ -137,12 +144,14 @@ def _message(message: dict[str, Any], i: int) -> list[dict[str, Any]]:
             raise InvalidRequest(
                 f"{at}.type",
                 f"{at}.type: content blocks of type {kind!r} are not "
-                f"supported in a {role} message (text, tool_use from the "
+                f"supported in a {role} message (text, thinking and tool_use from the "
                 "assistant, tool_result from the user)",
             )
     out = results
-    if texts or calls or not results:
+    if texts or calls or thinking or not results:
         chat: dict[str, Any] = {"role": role, "content": "\n".join(texts)}
+        if thinking:
+            chat["reasoning_content"] = "\n".join(thinking)
         if calls:
             chat["tool_calls"] = calls
         out = out + [chat]

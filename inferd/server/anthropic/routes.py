@@ -68,6 +68,8 @@ async def _stream(
         for event in events.opening(len(run.prompt["prompt_token_ids"])):
             yield event
         async for delta in reply_deltas(run):
+            for event in events.thinking(delta.reasoning):
+                yield event
             for event in events.text(delta.content):
                 yield event
             for call in delta.tool_calls:

@@ -51,7 +51,7 @@ async def start_chat(body: ChatCompletionRequest, request: Request, id_prefix: s
     arrival = arrival_now()
     state = get_state(request)
     plan = plan_tools(body, state.tools)
-    params = chat_params(body, plan.spec)
+    params = chat_params(body, plan.spec, special_tokens=plan.special_tokens)
     refuse_streamed_prompt_logprobs(body.stream, params.prompt_logprobs)
     messages = body.template_messages()
     # 400/503 before rendering: the messages' text bounds the prompt's tokens from below.
@@ -98,13 +98,15 @@ class Reply:
     calls: list[ToolCall]
     finish_reason: str | None  # the engine's: stop, length, abort
     stop_reason: int | str | None  # the stop string or token that ended it, if one did
+    reasoning: str = ""  # the model's reasoning (harmony's analysis channel), if any
 
 
 async def whole_reply(run: ChatRun) -> Reply:
     out = (await collect(run.group))[run.group.request_ids[0]]
     sample = out.outputs[0]
-    content, calls = run.plan.reply(sample.text)
-    return Reply(out, content, calls, sample.finish_reason, sample.stop_reason)
+    parsed = run.plan.reply(sample.text)
+    return Reply(out, parsed.content, parsed.calls, sample.finish_reason, sample.stop_reason,
+                 parsed.reasoning)  # fmt: skip
 
 
 @dataclass
@@ -119,11 +121,12 @@ class ReplyDelta:
     output_tokens: int  # the reply's tokens so far
     finish_reason: str | None  # set on the last delta only
     stop_reason: int | str | None
+    reasoning: str = ""
 
 
 async def reply_deltas(run: ChatRun) -> AsyncIterator[ReplyDelta]:
-    """The reply as it grows, content and tool-call fragments separated (the tool-call parser
-    holds back text that may start a call); the last delta carries the finish."""
+    """The reply as it grows, reasoning, content and tool-call fragments separated (the parser
+    holds back text that may start a call or a marker); the last delta carries the finish."""
     deltas, stream, output_tokens = ChoiceDeltas(tokens_too=True), run.plan.stream(), 0
     async for out in run.group.outputs():
         if not out.outputs:
@@ -135,4 +138,5 @@ async def reply_deltas(run: ChatRun) -> AsyncIterator[ReplyDelta]:
             continue
         added = stream.take(d.text, final=d.finish_reason is not None)
         yield ReplyDelta(out, added.content, added.tool_calls, d.token_ids, d.logprobs,
-                         output_tokens, d.finish_reason, sample.stop_reason)  # fmt: skip
+                         output_tokens, d.finish_reason, sample.stop_reason,
+                         added.reasoning)  # fmt: skip

@@ -21,6 +21,9 @@ if TYPE_CHECKING:
 _RESERVED = frozenset({"messages", "add_generation_prompt", "tools", "continue_final_message",
                        "split_special_tokens", "chat_template_kwargs", "self",
                        "tokenize"})  # fmt: skip
+# OpenAI's reasoning_effort values that gpt-oss (the models whose template reads it) was
+# trained with.
+REASONING_EFFORTS = ("low", "medium", "high")
 
 
 def checked_template_kwargs(kwargs: dict[str, Any] | None) -> dict[str, Any]:
@@ -33,6 +36,35 @@ def checked_template_kwargs(kwargs: dict[str, Any] | None) -> dict[str, Any]:
             f"{', '.join(sorted(_RESERVED))}); use the request's own fields",
         )
     return dict(kwargs or {})
+
+
+def with_reasoning_effort(
+    kwargs: dict[str, Any] | None, effort: str | None, source: str | None
+) -> dict[str, Any] | None:
+    """`chat_template_kwargs` with the request's `reasoning_effort` (OpenAI's field) added as the
+    template variable of that name, as vLLM passes it. A template that does not read it would
+    silently ignore it: that is a 400, as are other values and a conflicting kwargs entry."""
+    if effort is None:
+        return kwargs
+    if effort not in REASONING_EFFORTS:
+        raise InvalidRequest(
+            "reasoning_effort",
+            f"reasoning_effort must be one of {', '.join(REASONING_EFFORTS)}, got {effort!r}",
+        )
+    if "reasoning_effort" not in (source or ""):
+        raise InvalidRequest(
+            "reasoning_effort",
+            "reasoning_effort is not supported by this model: its chat template does not read "
+            "it (gpt-oss's does); leave it out",
+        )
+    given = (kwargs or {}).get("reasoning_effort", effort)
+    if given != effort:
+        raise InvalidRequest(
+            "reasoning_effort",
+            f"reasoning_effort {effort!r} differs from chat_template_kwargs.reasoning_effort "
+            f"{given!r}; give one",
+        )
+    return {**(kwargs or {}), "reasoning_effort": effort}
 
 
 def checked_text(param: str, text: str) -> str:
@@ -107,15 +139,21 @@ def chat_render(
     """`chat_prompt` of a request's chat fields, as the call to run off the event loop (the
     chat APIs and /tokenize render alike). The tool template renders when tools are shown, and
     when the conversation holds tool calls or results (tool_choice "none" after a call: the
-    model's own template may have no tool turns)."""
+    model's own template may have no tool turns). `reasoning_effort` (chat requests) is checked
+    against the template that renders."""
     with_tools = bool(tools) or any(
         m.get("role") == "tool" or m.get("tool_calls") for m in messages if isinstance(m, dict)
     )
+    template = tool_template if with_tools else None
+    source = getattr(template, "source", None) or getattr(tokenizer, "chat_template", None)
+    kwargs = with_reasoning_effort(
+        fields.chat_template_kwargs, getattr(fields, "reasoning_effort", None), source
+    )
     return lambda: chat_prompt(
-        tokenizer, messages, fields.add_generation_prompt, fields.chat_template_kwargs,
+        tokenizer, messages, fields.add_generation_prompt, kwargs,
         continue_final_message=fields.continue_final_message,
         split_special_tokens=fields.split_special_tokens, tools=tools,
-        chat_template=tool_template if with_tools else None,
+        chat_template=template,
         add_special_tokens=bool(add_special_tokens),
     )  # fmt: skip
 

@@ -85,10 +85,17 @@ def completion_params(body: CompletionRequest) -> SamplingParams:
 
 
 def chat_params(
-    body: ChatCompletionRequest, forced: StructuredOutputsParams | None = None
+    body: ChatCompletionRequest,
+    forced: StructuredOutputsParams | None = None,
+    special_tokens: bool = False,
 ) -> SamplingParams:
-    """`forced`: the spec of a forced tool call (tool_choice "required" or a named function)."""
+    """`forced`: the spec of a forced tool call (tool_choice "required" or a named function).
+    `special_tokens`: the reply is decoded with its special tokens, whatever
+    skip_special_tokens says: its parser reads them as markers and removes every one (harmony),
+    so the reply's fields hold none either way."""
     kwargs = _common(body, forced)
+    if special_tokens:
+        kwargs["skip_special_tokens"] = False
     limit = body.max_completion_tokens
     if limit is not None and limit < 1:
         raise InvalidRequest(

@@ -218,6 +218,8 @@ class ChatCompletionRequest(ChatTemplateFields, OpenAIFields):
     top_logprobs: int | None = None
     tool_choice: str | dict[str, Any] | None = None
     parallel_tool_calls: bool = True
+    # OpenAI's; the chat template's variable of that name (prompts.with_reasoning_effort)
+    reasoning_effort: str | None = None
     modalities: list[str] | None = None
     store: bool | None = None
 

@@ -15,6 +15,11 @@ not show tools, the server renders tool requests with the parser's bundled templ
 
 finish_reason is "tool_calls" when an `auto` or `required` reply that called tools ended
 normally, and "stop" for a named function, as OpenAI answers.
+
+Harmony models (gpt-oss, `ToolSettings.harmony`) answer in channels: every reply is read by the
+harmony parser, with or without tools, into reasoning (`reasoning_content`), content and calls;
+calls count only where the request offered tools with tool_choice "auto" (else they stay
+content). Forced calls have no grammar in harmony: "required" and a named function are a 400.
 """
 
 from __future__ import annotations
@@ -25,8 +30,9 @@ from typing import Any
 from inferd.errors import InvalidRequest
 from inferd.server.openai.protocol import ChatCompletionRequest
 from inferd.structured_params import StructuredOutputsParams
-from inferd.tools import StreamDelta, ToolCall, ToolCallStream, ToolParser, get_tool_parser
+from inferd.tools import ParsedReply, StreamDelta, ToolCallStream, ToolParser, get_tool_parser
 from inferd.tools.constrain import parse_tools, tool_call_spec
+from inferd.tools.harmony import HarmonyToolParser
 
 
 @dataclass(frozen=True)
@@ -35,6 +41,7 @@ class ToolSettings:
     enable_auto: bool = False  # --enable-auto-tool-choice
     forced_format: str = "hermes"  # the call format of required / named calls
     template: Any = None  # a template object that shows tools, or None: the model's own
+    harmony: bool = False  # the model answers in harmony channels (gpt-oss)
 
 
 @dataclass
@@ -47,23 +54,32 @@ class ToolPlan:
     named: bool = False
     parallel: bool = True
 
-    def reply(self, text: str) -> tuple[str, list[ToolCall]]:
-        """(content, calls) of a whole reply; the text itself when it called no tools."""
+    @property
+    def special_tokens(self) -> bool:
+        """Whether replies are decoded with their special tokens (the parser reads channels)."""
+        return self.parser is not None and self.parser.channels
+
+    def reply(self, text: str) -> ParsedReply:
+        """A whole reply's content, calls and reasoning; the text itself as content when it
+        called no tools (unless the parser reads channels: then never the raw text)."""
         if self.parser is None:
-            return text, []
-        content, calls = self.parser.extract(text)
+            return ParsedReply(text, [])
+        parsed = self.parser.parse(text)
         if not self.parallel:
-            calls = calls[:1]
-        return (content, calls) if calls else (text, [])
+            parsed.calls = parsed.calls[:1]
+        return parsed if parsed.calls or self.parser.channels else ParsedReply(text, [])
 
     def message(self, role: str, text: str) -> tuple[dict[str, Any], bool]:
-        """The reply's chat message, and whether it called tools."""
-        content, calls = self.reply(text)
-        if not calls:
-            return {"role": role, "content": text}, False
-        message = {"role": role, "content": content or None}
-        message["tool_calls"] = [c.to_openai() for c in calls]
-        return message, True
+        """The reply's chat message, and whether it called tools. Reasoning is vLLM's
+        `reasoning_content` (the field its reasoning parsers fill)."""
+        parsed = self.reply(text)
+        message: dict[str, Any] = {"role": role, "content": parsed.content}
+        if parsed.reasoning:
+            message["reasoning_content"] = parsed.reasoning
+        if parsed.calls:
+            message["content"] = parsed.content or None
+            message["tool_calls"] = [c.to_openai() for c in parsed.calls]
+        return message, bool(parsed.calls)
 
     def finish_reason(self, finish_reason: str | None, called: bool) -> str | None:
         if called and finish_reason == "stop" and not self.named:
@@ -95,14 +111,18 @@ class ChoiceStream:
             rest = self._calls.finish()
             out.content += rest.content
             out.tool_calls += rest.tool_calls
+            out.reasoning += rest.reasoning
         out.tool_calls = [c for c in out.tool_calls if self.plan.parallel or c.index == 0]
         self.called = self.called or bool(out.tool_calls)
         return out
 
     def feed(self, text: str, final: bool) -> dict[str, Any]:
-        """The chat chunk's `delta` fields (content, tool_calls) for a text delta."""
+        """The chat chunk's `delta` fields (reasoning_content, content, tool_calls) for a text
+        delta."""
         out = self.take(text, final)
         delta: dict[str, Any] = {}
+        if out.reasoning:
+            delta["reasoning_content"] = out.reasoning
         if out.content:
             delta["content"] = out.content
         if out.tool_calls:
@@ -125,6 +145,25 @@ def checked_tools(tools: list[dict[str, Any]], schema_field: str) -> list[dict[s
 
 def plan_tools(body: ChatCompletionRequest, settings: ToolSettings) -> ToolPlan:
     """Check `tools` / `tool_choice` against the server's settings (400 naming the field)."""
+    if settings.harmony:
+        return _harmony_plan(body, settings)
+    return _plan(body, settings)
+
+
+def _harmony_plan(body: ChatCompletionRequest, settings: ToolSettings) -> ToolPlan:
+    if body.tools is not None and body.tool_choice not in (None, "auto", "none"):
+        parse_tools(body.tools)  # a malformed list is named first
+        raise InvalidRequest(
+            "tool_choice",
+            'tool_choice "required" and named functions are not supported for models that '
+            'answer in the harmony format (gpt-oss); use "auto" or "none"',
+        )
+    plan = _plan(body, settings)
+    plan.parser = HarmonyToolParser(calls=plan.parser is not None)
+    return plan
+
+
+def _plan(body: ChatCompletionRequest, settings: ToolSettings) -> ToolPlan:
     choice = body.tool_choice
     if body.tools is None:
         if choice not in (None, "none"):

@@ -1,9 +1,10 @@
-"""Replies in the Responses API's shapes: the response object, its output items (a `message`
-with `output_text`, `function_call`s), and the typed events of a stream.
+"""Replies in the Responses API's shapes: the response object and its output items (a
+`reasoning` item, a `message` with `output_text`, `function_call`s); events.py streams them.
 
 A stream opens with `response.created` and `response.in_progress`; each output item is opened
-(`response.output_item.added`, for a message also `response.content_part.added`), grows
-(`response.output_text.delta`, `response.function_call_arguments.delta`) and is closed
+(`response.output_item.added`, for a message or reasoning also `response.content_part.added`),
+grows (`response.output_text.delta`, `response.reasoning_text.delta`,
+`response.function_call_arguments.delta`) and is closed
 (`...done` events), one item after the other; `response.completed` (or `response.incomplete`
 when `max_output_tokens` cut the reply) carries the whole response last. Every event has a
 `sequence_number`, counting from 0. The names and fields are those of `openai.types.responses`,
@@ -19,7 +20,7 @@ from typing import Any
 
 from inferd.outputs import RequestOutput
 from inferd.sampling_params import SamplingParams
-from inferd.server.http.sse import encode_named_event
+from inferd.server.responses.reasoning import reasoning_item
 from inferd.server.responses.request import ResponsesRequest
 from inferd.tools import ToolCall
 
@@ -47,16 +48,18 @@ def text_part(text: str, logprobs: list[dict[str, Any]]) -> dict[str, Any]:
 
 @dataclass
 class Item:
-    """One output item: a message (its text) or a function call (its arguments)."""
+    """One output item: reasoning or a message (its text), or a function call (its arguments)."""
 
-    kind: str  # "message" or "function_call"
+    kind: str  # "reasoning", "message" or "function_call"
     id: str
-    text: str = ""  # the message's text, or the call's arguments
+    text: str = ""  # the reasoning's or message's text, or the call's arguments
     call_id: str = ""
     name: str = ""
     logprobs: list[dict[str, Any]] = field(default_factory=list)
 
     def json(self, status: str) -> dict[str, Any]:
+        if self.kind == "reasoning":
+            return reasoning_item(self.id, self.text, status)
         if self.kind == "message":
             return {
                 "type": "message",
@@ -75,11 +78,14 @@ class Item:
         }
 
 
-def items_of(content: str, calls: list[ToolCall], logprobs: list[dict[str, Any]]) -> list[Item]:
-    """A whole reply's items: its text (if any, or if there is nothing else), then its calls."""
-    items = [Item("message", item_id("msg"), content, logprobs=logprobs)]
-    if calls and not content:
-        items = []
+def items_of(
+    content: str, calls: list[ToolCall], logprobs: list[dict[str, Any]], reasoning: str = ""
+) -> list[Item]:
+    """A whole reply's items: its reasoning (if any), its text (if any, or if there is nothing
+    else), then its calls."""
+    items = [Item("reasoning", item_id("rs"), reasoning)] if reasoning else []
+    if content or not (calls or reasoning):
+        items.append(Item("message", item_id("msg"), content, logprobs=logprobs))
     calls_items = [Item("function_call", item_id("fc"), c.arguments, c.id, c.name) for c in calls]
     return items + calls_items
 
@@ -87,12 +93,18 @@ def items_of(content: str, calls: list[ToolCall], logprobs: list[dict[str, Any]]
 def as_chat_message(items: list[Item]) -> dict[str, Any]:
     """The reply as a chat assistant message, for the conversation a stored response continues."""
     text = "".join(i.text for i in items if i.kind == "message")
+    reasoning = "".join(i.text for i in items if i.kind == "reasoning")
     calls = [
         {"id": i.call_id, "type": "function", "function": {"name": i.name, "arguments": i.text}}
         for i in items
         if i.kind == "function_call"
     ]
-    return {"role": "assistant", "content": text, **({"tool_calls": calls} if calls else {})}
+    message: dict[str, Any] = {"role": "assistant", "content": text}
+    if reasoning:
+        message["reasoning_content"] = reasoning
+    if calls:
+        message["tool_calls"] = calls
+    return message
 
 
 class ResponseShape:
@@ -135,6 +147,7 @@ class ResponseShape:
             "output": [i.json(item_status) for i in items] if status != "in_progress" else [],
             "parallel_tool_calls": body.parallel_tool_calls,
             "previous_response_id": body.previous_response_id,
+            "reasoning": body.reasoning,
             "store": self.store,
             "temperature": self.params.temperature,
             "text": text,
@@ -148,139 +161,3 @@ class ResponseShape:
             "metadata": body.metadata or {},
             "background": False,
         }
-
-
-class EventStream:
-    """The typed events of one streamed response."""
-
-    def __init__(self, shape: ResponseShape):
-        self.shape = shape
-        self.items: list[Item] = []
-        self.calls: dict[int, Item] = {}  # tool-call index → its item
-        self.open: Item | None = None
-        self.sequence = 0
-        self.pending: list[dict[str, Any]] = []  # logprobs of text the tool parser holds back
-        self.response: dict[str, Any] | None = None  # the whole response, once closed
-
-    def event(self, kind: str, **fields: Any) -> bytes:
-        payload = {"type": kind, "sequence_number": self.sequence, **fields}
-        self.sequence += 1
-        return encode_named_event(kind, payload)
-
-    def opening(self) -> list[bytes]:
-        response = self.shape.json("in_progress", [])
-        return [
-            self.event("response.created", response=response),
-            self.event("response.in_progress", response=response),
-        ]
-
-    def _where(self, item: Item) -> dict[str, Any]:
-        return {"item_id": item.id, "output_index": self.items.index(item)}
-
-    def _start(self, item: Item) -> list[bytes]:
-        events = self._close()
-        self.items.append(item)
-        self.open = item
-        index = len(self.items) - 1
-        added = item.json("in_progress")
-        if item.kind == "message":
-            added["content"] = []
-        events.append(self.event("response.output_item.added", output_index=index, item=added))
-        if item.kind == "message":
-            events.append(
-                self.event(
-                    "response.content_part.added",
-                    **self._where(item),
-                    content_index=0,
-                    part=text_part("", []),
-                )
-            )
-        return events
-
-    def _close(self, status: str = "completed") -> list[bytes]:
-        item, self.open = self.open, None
-        if item is None:
-            return []
-        where = self._where(item)
-        if item.kind == "message":
-            part = text_part(item.text, item.logprobs)
-            events = [
-                self.event(
-                    "response.output_text.done",
-                    **where,
-                    content_index=0,
-                    text=item.text,
-                    logprobs=item.logprobs,
-                ),
-                self.event("response.content_part.done", **where, content_index=0, part=part),
-            ]
-        else:
-            events = [
-                self.event("response.function_call_arguments.done", **where, arguments=item.text)
-            ]
-        index = where["output_index"]
-        return events + [
-            self.event("response.output_item.done", output_index=index, item=item.json(status))
-        ]
-
-    def text(self, delta: str, logprobs: list[dict[str, Any]]) -> list[bytes]:
-        """Text for the message item (opened first if need be); tokens without text yet keep
-        their logprobs for the next text."""
-        self.pending += logprobs
-        if not delta:
-            return []
-        events = []
-        if self.open is None or self.open.kind != "message":
-            events = self._start(Item("message", item_id("msg")))
-        assert self.open is not None
-        logprobs, self.pending = self.pending, []
-        self.open.text += delta
-        self.open.logprobs += logprobs
-        return events + [
-            self.event(
-                "response.output_text.delta",
-                **self._where(self.open),
-                content_index=0,
-                delta=delta,
-                logprobs=logprobs,
-            )
-        ]
-
-    def call(
-        self, index: int, call_id: str | None, name: str | None, arguments: str
-    ) -> list[bytes]:
-        events = []
-        if call_id is not None:  # the first fragment of a call: a new item
-            item = Item("function_call", item_id("fc"), call_id=call_id, name=name or "")
-            self.calls[index] = item
-            events = self._start(item)
-        item = self.calls[index]
-        if not arguments:
-            return events
-        item.text += arguments
-        return events + [
-            self.event(
-                "response.function_call_arguments.delta", **self._where(item), delta=arguments
-            )
-        ]
-
-    def closing(self, finish_reason: str | None, out: RequestOutput, generated: int
-                ) -> list[bytes]:  # fmt: skip
-        """The last events: the open item closed, then the whole response (`out`: the last
-        delta output; `generated`: the reply's tokens)."""
-        status, incomplete = self.shape.status_of(finish_reason)
-        events = [] if self.items else self._start(Item("message", item_id("msg")))  # empty
-        if self.open is not None and self.open.kind == "message":
-            self.open.logprobs += self.pending
-        events += self._close("incomplete" if incomplete else "completed")
-        self.response = self.shape.json(status, self.items, out, incomplete, generated=generated)
-        kind = "response.incomplete" if incomplete else "response.completed"
-        return events + [self.event(kind, response=self.response)]
-
-    def failed(self, message: str, code: str | None) -> list[bytes]:
-        error = {"code": "server_error", "message": message}
-        response = self.shape.json("failed", self.items, error=error)
-        return [
-            self.event("error", code=code, message=message, param=None),
-            self.event("response.failed", response=response),
-        ]

@@ -4,13 +4,15 @@ API runs as (chat_pipeline.py).
     input (a string, or items)          → messages: message items (roles user, assistant, system,
                                           developer = system), function_call items as the
                                           assistant's tool_calls, function_call_output as tool
-                                          messages; input_text / output_text parts as text
+                                          messages; input_text / output_text parts as text;
+                                          reasoning items as the assistant's reasoning_content
     instructions                        → a system message first (never carried over by
                                           previous_response_id, as OpenAI has it)
     previous_response_id                → the stored conversation before the input
     max_output_tokens, temperature, top_p, top_logprobs (+ include logprobs) → the same knobs
     text.format                         → response_format (json_schema, json_object)
     tools (function), tool_choice, parallel_tool_calls → the chat's tools, as tool_calls.py has them
+    reasoning.effort                    → reasoning_effort (responses/reasoning.py)
 
 What the server cannot do is a 400 naming the field: built-in tools (web search, file search,
 computer use, ...), `background`, images, audio and files in the input, and every field not
@@ -26,6 +28,7 @@ from pydantic import ValidationError
 from inferd.errors import InvalidRequest
 from inferd.server.openai.protocol import Body, ChatCompletionRequest
 from inferd.server.openai.tool_calls import checked_tools
+from inferd.server.responses.reasoning import input_reasoning, reasoning_effort
 
 LOGPROBS_INCLUDE = "message.output_text.logprobs"
 _TEXT_PARTS = ("input_text", "output_text")
@@ -41,6 +44,7 @@ CHAT_NAMES = {
     "max_completion_tokens": "max_output_tokens",
     "response_format.json_schema": "text.format",
     "response_format": "text.format",
+    "reasoning_effort": "reasoning.effort",
 }
 
 
@@ -58,6 +62,7 @@ class ResponsesRequest(Body):
     tools: list[dict[str, Any]] | None = None
     tool_choice: str | dict[str, Any] | None = None
     parallel_tool_calls: bool = True
+    reasoning: dict[str, Any] | None = None
     stream: bool = False
     stream_options: dict[str, Any] | None = None
     store: bool | None = None  # None: store when the server keeps responses (OpenAI: true)
@@ -147,9 +152,15 @@ def input_messages(value: str | list[dict[str, Any]]) -> list[dict[str, Any]]:
                     f"{where}.role must be user, assistant, system or developer, got {role!r}",
                 )
             role = "system" if role == "developer" else role
-            messages.append(
-                {"role": role, "content": _text(item.get("content"), f"{where}.content")}
-            )
+            text = _text(item.get("content"), f"{where}.content")
+            last = messages[-1] if messages else None
+            if role == "assistant" and last is not None and _reasoning_only(last):
+                last["content"] = text  # the answer after its reasoning: one turn
+            else:
+                messages.append({"role": role, "content": text})
+        elif kind == "reasoning":
+            text = input_reasoning(item, where)
+            messages.append({"role": "assistant", "content": "", "reasoning_content": text})
         elif kind == "function_call":
             _refuse_keys(item, _CALL_KEYS, where)
             call = {
@@ -178,12 +189,21 @@ def input_messages(value: str | list[dict[str, Any]]) -> list[dict[str, Any]]:
             raise InvalidRequest(
                 f"{where}.type",
                 f"{where}.type {kind!r} is not supported (this "
-                "server takes message, function_call and function_call_output "
-                "items)",
+                "server takes message, function_call, function_call_output and "
+                "reasoning items)",
             )
     if not messages:
         raise InvalidRequest("input", "input must hold at least one item")
     return messages
+
+
+def _reasoning_only(message: dict[str, Any]) -> bool:
+    return (
+        message["role"] == "assistant"
+        and "reasoning_content" in message
+        and not message["content"]
+        and "tool_calls" not in message
+    )
 
 
 def chat_tools(tools: list[dict[str, Any]] | None) -> list[dict[str, Any]] | None:
@@ -247,6 +267,7 @@ def to_chat(body: ResponsesRequest, conversation: list[dict[str, Any]]) -> ChatC
         "tools": chat_tools(body.tools),
         "tool_choice": chat_tool_choice(body.tool_choice),
         "parallel_tool_calls": body.parallel_tool_calls,
+        "reasoning_effort": reasoning_effort(body.reasoning),
         "stream": body.stream,
         "user": body.user,
         "safety_identifier": body.safety_identifier,

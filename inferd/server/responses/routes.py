@@ -2,7 +2,7 @@
 /v1/responses/{id}` for stored responses.
 
 A request is translated into a chat request (responses/request.py) and runs as every chat API
-runs (chat_pipeline.py); its reply is shaped here and in responses_output.py. `store` (default
+runs (chat_pipeline.py); its reply is shaped here, in output.py and events.py. `store` (default
 true, as OpenAI's) keeps the response and its conversation in the server's bounded store
 (responses_store.py), so that `previous_response_id` can continue it.
 """
@@ -27,7 +27,8 @@ from inferd.server.generation.streaming import guarded
 from inferd.server.http.errors import APIError
 from inferd.server.http.sse import sse_response
 from inferd.server.openai.shapes import chat_logprobs
-from inferd.server.responses.output import EventStream, ResponseShape, as_chat_message, items_of
+from inferd.server.responses.events import EventStream
+from inferd.server.responses.output import ResponseShape, as_chat_message, items_of
 from inferd.server.responses.request import CHAT_NAMES, ResponsesRequest, input_messages, to_chat
 from inferd.server.responses.store import ResponseStore, StoredResponse
 from inferd.server.state import ServerState, get_state, note_user
@@ -91,7 +92,7 @@ async def create_response(body: ResponsesRequest, request: Request) -> Response:
     reply = await whole_reply(run)
     sample = reply.output.outputs[0]
     logprobs = _logprobs(state, run, list(sample.token_ids), list(sample.logprobs or []), top)
-    items = items_of(reply.content, reply.calls, logprobs)
+    items = items_of(reply.content, reply.calls, logprobs, reply.reasoning)
     status, incomplete = shape.status_of(reply.finish_reason)
     response = shape.json(status, items, reply.output, incomplete)
     remember(response, items)
@@ -119,6 +120,8 @@ async def _stream(
             yield event
         async for delta in reply_deltas(run):
             logprobs = _logprobs(state, run, delta.token_ids, delta.logprobs, top)
+            for event in events.reasoning(delta.reasoning):
+                yield event
             for event in events.text(delta.content, logprobs):
                 yield event
             for call in delta.tool_calls:
