@@ -90,6 +90,8 @@ def read_quant_format(cfg: dict, folder: Path) -> QuantFormat | None:
     if not isinstance(qc, dict):
         raise ModelLoadError(f"{source}: quantization_config must be an object")
     method = qc.get("quant_method")
+    if method is None:
+        raise ModelLoadError(f"{source}: quantization_config has no quant_method")
     if method not in READ:
         raise ModelLoadError(
             f"{source}: the weights are quantised with {method!r}, which inferd does not run "

@@ -124,3 +124,21 @@ def test_quantized_checkpoint_matches_hf_on_its_dequantised_weights(kind, root, 
     if not kind.startswith("fp8"):
         assert isinstance(q_proj.quant_method, BlockMethod) and q_proj.quant_method.blocks
     assert batched_greedy(model, PROMPTS, NEW_TOKENS) == expected
+
+
+@pytest.mark.parametrize("kind", ["awq-g128", "gptq-4bit-asym-act-order", "int8-w8a8-group64",
+                                  "fp8-tensor-static-acts"])  # fmt: skip
+def test_default_mode_gives_a_prompt_the_same_tokens_alone_and_in_a_batch(kind, root, c_kernels):
+    from inferd import LLM, SamplingParams
+
+    folder, _ = _folder_and_reference(kind, root)
+    llm = LLM(model=str(folder))  # dtype auto: the checkpoint's format, the engine's defaults
+    try:
+        assert llm.engine.runner.model.scheme.stored is not None
+        greedy = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
+        prompts = [{"prompt_token_ids": p} for p in PROMPTS]
+        together = [o.outputs[0].token_ids for o in llm.generate(prompts, greedy)]
+        alone = [llm.generate([p], greedy)[0].outputs[0].token_ids for p in prompts[:3]]
+    finally:
+        llm.shutdown()
+    assert alone == together[:3]
