@@ -201,3 +201,45 @@ def test_reasoning_effort_reaches_the_template_or_is_refused():
     for r in (bad, clash, unread):
         assert r.status_code == 400 and r.json()["error"]["param"] == "reasoning_effort", r.text
     assert "does not read it" in unread.json()["error"]["message"]
+
+
+@pytest.mark.parametrize(
+    "family, flag, outcome",
+    [
+        ("harmony", None, "harmony"),  # the family's format: every reply read as harmony
+        ("harmony", "openai", "harmony"),  # vLLM's name for it
+        ("hermes", "harmony", "harmony"),  # asked for on a model whose record does not say so
+        ("harmony", "hermes", "refused"),  # no other parser can read harmony replies
+        ("hermes", None, "hermes"),
+    ],
+)
+def test_serve_settings_for_harmony(monkeypatch, family, flag, outcome):
+    import argparse
+    from types import SimpleNamespace
+
+    import inferd.loader
+    from inferd.commands.serve_features import tool_settings
+
+    monkeypatch.setattr(inferd.loader, "architecture",
+                        lambda name: SimpleNamespace(tool_call_format=family))  # fmt: skip
+    engine = SimpleNamespace(tokenizer=SimpleNamespace(chat_template="{{ tools }}"),
+                             model_config=SimpleNamespace(architecture="any"))  # fmt: skip
+    args = argparse.Namespace(tool_call_parser=flag, enable_auto_tool_choice=flag is not None)
+    if outcome == "refused":
+        with pytest.raises(ValueError, match="--tool-call-parser hermes: this model answers in"):
+            tool_settings(engine, args)
+        return
+    settings = tool_settings(engine, args)
+    assert (settings.forced_format, settings.harmony) == (outcome, outcome == "harmony")
+    assert settings.template is None  # the model's own template shows tools
+
+
+def test_a_stored_response_is_continued_with_its_reasoning():
+    with served(ANSWER) as (http, fake):
+        first = http.post("/v1/responses", json={"input": "Weather?", "max_output_tokens": 400})
+        body = {"input": "Thanks", "previous_response_id": first.json()["id"]}
+        assert http.post("/v1/responses", json=body).status_code == 200
+        _, assistant, _ = fake.tokenizer.last_call["messages"]
+    assert [i["type"] for i in first.json()["output"]] == ["reasoning", "message"]
+    assert assistant["content"] == "It is sunny."
+    assert assistant["thinking"] == "Need the weather tool."
