@@ -176,6 +176,7 @@ def test_stream_holds_back_only_possible_calls(parser, prefix, sent):
 def test_unknown_parser_names_the_choices():
     with pytest.raises(
         ValueError,
-        match=r"--tool-call-parser: unknown parser 'xml' \(choose from harmony, hermes, openai, pythonic\)",
+        match=r"--tool-call-parser: unknown parser 'xml' "
+        r"\(choose from harmony, hermes, openai, pythonic\)",
     ):
         get_tool_parser("xml")
