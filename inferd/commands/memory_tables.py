@@ -155,6 +155,13 @@ def _print_loading(console, plan, overhead: int) -> None:
     """What loading a GGUF file's blocks takes (loader/gguf_cache.py): a first load packs them
     a layer at a time into the weight cache's entry, a cached one maps that entry."""
     unpacking = _bin(plan.unpacking)
+    if plan.stored:  # an HF checkpoint's quantised layers: repacked in memory at every start
+        rows = [("every load", _bin(overhead + plan.held + plan.unpacking),
+                 "runtime + the checkpoint's layers repacked as blocks, a range of rows at a "
+                 f"time ({unpacking} unpacked at once); no weight cache entry")]  # fmt: skip
+        _print(console, "Loading (resident memory, with the runtime)", ("load", "bytes", "how"),
+               rows)  # fmt: skip
+        return
     rows = [
         ("first", _bin(overhead + plan.held + plan.unpacking),
          "runtime + the blocks, packed a layer at a time and written to the weight cache "

@@ -77,5 +77,6 @@ def stored_plan(checkpoint: CheckpointWeights) -> WeightPlan:
         "fp32",
         checkpoint.quant_held,
         f"the checkpoint's {fmt.describe()}; {fmt.held_bits_per_weight():.2f} bits per weight held",
+        unpacking=UNPACKING_BYTES,
         stored=True,
     )
