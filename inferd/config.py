@@ -66,6 +66,10 @@ class ModelConfig:
     rope_local: RopeConfig | None = None  # sliding layers, when they differ (Gemma 3)
     query_scale: float | None = None  # None: 1/sqrt(head_dim)
     embedding_multiplier: float = 1.0  # Gemma scales embeddings by sqrt(hidden)
+    # Granite: every attention and MLP output scaled before it joins the residual stream, and
+    # the logits divided by `logits_scaling`
+    residual_multiplier: float = 1.0
+    logits_scaling: float = 1.0
     final_logit_softcapping: float | None = None
     attn_logit_softcapping: float | None = None
     bos_token_id: int | None = None

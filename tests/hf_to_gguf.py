@@ -20,7 +20,12 @@ GGUF_ARCH = {
     "qwen2_moe": ("qwen2moe", False),
     "qwen3_moe": ("qwen3moe", False),
     "olmoe": ("olmoe", False),
+    "gemma2": ("gemma2", False),
+    "granite": ("granite", True),  # llama.cpp converts Granite as a Llama
+    "olmo2": ("olmo2", False),
 }
+# Families whose norm gains llama.cpp's converter stores as (1 + w), as their RMSNorm applies them
+NORM_PLUS_ONE = {"gemma2"}
 
 
 def _permute(w: torch.Tensor, heads: int) -> torch.Tensor:
@@ -48,7 +53,9 @@ def _stacked_experts(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     return out
 
 
-def write_gguf(model, kind: str, path: Path, quantize: bool = False) -> Path:
+def write_gguf(model, kind: str, path: Path, quantize: bool = False, vocab: bool = False) -> Path:
+    """`vocab`: with a plain vocabulary of the model's size in the metadata, so that
+    `LLM(model=path)` runs the file (token ids in, token ids out)."""
     import gguf
     from gguf.constants import GGMLQuantizationType as T
 
@@ -79,6 +86,9 @@ def write_gguf(model, kind: str, path: Path, quantize: bool = False) -> Path:
         )
         if getattr(cfg, "shared_expert_intermediate_size", 0):
             writer.add_expert_shared_feed_forward_length(cfg.shared_expert_intermediate_size)
+    _family_metadata(writer, arch, cfg)
+    if vocab:
+        _plain_vocab(writer, cfg.vocab_size)
     writer.add_bos_token_id(1)
     writer.add_eos_token_id(2)
     names = gguf.TensorNameMap(gguf.MODEL_ARCH[arch.upper()], cfg.num_hidden_layers)
@@ -90,6 +100,8 @@ def write_gguf(model, kind: str, path: Path, quantize: bool = False) -> Path:
             t = _permute(t, heads)
         elif permuted and base.endswith("k_proj"):
             t = _permute(t, kv_heads)
+        if kind in NORM_PLUS_ONE and name.endswith("norm.weight"):
+            t = t + 1
         if base.endswith("shared_expert_gate"):
             t = t.reshape(-1)  # llama.cpp declares ffn_gate_inp_shexp [n_embd]
         data = t.numpy().astype(np.float32)
@@ -105,6 +117,30 @@ def write_gguf(model, kind: str, path: Path, quantize: bool = False) -> Path:
     writer.write_tensors_to_file()
     writer.close()
     return path
+
+
+def _family_metadata(writer, arch: str, cfg) -> None:
+    """The keys llama.cpp's converter writes for one family only (none for olmo2)."""
+    if arch == "gemma2":
+        writer.add_attn_logit_softcapping(cfg.attn_logit_softcapping)
+        writer.add_final_logit_softcapping(cfg.final_logit_softcapping)
+    elif arch == "granite":  # the *_multiplier config keys as *_scale, each only when set
+        for add, value in ((writer.add_attention_scale, cfg.attention_multiplier),
+                           (writer.add_embedding_scale, cfg.embedding_multiplier),
+                           (writer.add_residual_scale, cfg.residual_multiplier),
+                           (writer.add_logit_scale, cfg.logits_scaling)):  # fmt: skip
+            if value:
+                add(value)
+
+
+def _plain_vocab(writer, size: int) -> None:
+    """<unk>, <s>, </s>, <pad>, then pieces "▁t4" ... (SentencePiece style)."""
+    writer.add_tokenizer_model("llama")
+    writer.add_token_list(["<unk>", "<s>", "</s>", "<pad>"]
+                          + [f"\u2581t{i}" for i in range(4, size)])  # fmt: skip
+    writer.add_token_scores([0.0] * 4 + [-float(i) for i in range(4, size)])
+    writer.add_token_types([2, 3, 3, 3] + [1] * (size - 4))
+    writer.add_unk_token_id(0)
 
 
 def _checkpoint_state(model) -> dict[str, torch.Tensor]:

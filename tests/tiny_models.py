@@ -122,6 +122,38 @@ TINY_CONFIGS = {
             hidden_activation="gelu_pytorch_tanh",
         ),
     ),
+    "gemma2": (
+        "Gemma2Config",
+        "Gemma2ForCausalLM",
+        dict(
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            head_dim=32,
+            sliding_window=6,  # shorter than the test prompts; layers 0 and 2 slide
+            query_pre_attn_scalar=8,  # a query scale twice 1/sqrt(head_dim)
+            attn_logit_softcapping=5.0,
+            final_logit_softcapping=3.0,
+            initializer_range=0.15,  # scores large enough for the soft-caps to bite, not saturate
+            tie_word_embeddings=True,  # llama.cpp's gemma2 files have no output matrix
+        ),
+    ),
+    "granite": (
+        "GraniteConfig",
+        "GraniteForCausalLM",
+        dict(
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            embedding_multiplier=3.0,
+            residual_multiplier=0.5,
+            attention_multiplier=0.1,
+            logits_scaling=4.0,
+        ),
+    ),
+    "olmo2": (
+        "Olmo2Config",
+        "Olmo2ForCausalLM",
+        dict(num_attention_heads=4, num_key_value_heads=2),
+    ),
 }
 
 

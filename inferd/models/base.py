@@ -108,7 +108,10 @@ class CausalLM(nn.Module):
         return rotary.cos_sin(positions, torch.float32)
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        return self.lm_head(hidden, self.config.final_logit_softcapping)
+        logits = self.lm_head(hidden, self.config.final_logit_softcapping)
+        if self.config.logits_scaling != 1.0:  # Granite
+            logits = logits / self.config.logits_scaling
+        return logits
 
     # ---- weights -------------------------------------------------------------------------
     def load_weights(self, weights: Iterable[tuple[str, object]],

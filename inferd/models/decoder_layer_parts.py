@@ -21,9 +21,9 @@ class DecoderLayerParts:
         h += post_mlp_norm(mlp(pre_mlp_norm(h)))                  (no post norm: h += mlp)
     """
 
-    input_norm: RMSNorm
+    input_norm: RMSNorm | None  # None: OLMo 2's post-norm layers (not for the C layer)
     attention: SelfAttention
-    pre_mlp_norm: RMSNorm
+    pre_mlp_norm: RMSNorm | None
     mlp: nn.Module  # a GatedMLP (gate_up_proj, down_proj, act), or a SparseMoE (layers/moe.py)
     activation: str  # the config's hidden_act
     post_attention_norm: RMSNorm | None = None  # Gemma's sandwich norms

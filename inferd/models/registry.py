@@ -17,7 +17,7 @@ from inferd.models.architecture import Architecture
 # Model files (inferd/models/<name>.py), each with an ARCHITECTURE record.
 FAMILIES = (
     "llama", "mistral", "phi3", "qwen2", "qwen3", "gemma3",
-    "qwen2_moe", "qwen3_moe", "olmoe", "mixtral",
+    "qwen2_moe", "qwen3_moe", "olmoe", "mixtral", "gemma2", "granite", "olmo2",
 )  # fmt: skip
 
 

@@ -33,7 +33,7 @@ PROMPTS = [
 ]
 NEW_TOKENS = 32
 MOE = ["qwen3_moe", "qwen2_moe", "olmoe", "mixtral"]
-DENSE = ["phi3", "mistral"]
+DENSE = ["phi3", "mistral", "gemma2", "granite", "olmo2"]
 
 
 def batched_greedy(model, prompts: list[list[int]], n: int, block_size: int = 4):
@@ -103,6 +103,11 @@ def test_gguf_file_matches_hf(references, kind, tmp_path):
     if kind == "qwen3_moe":  # llama.cpp's qwen3moe has no dense layers: all sparse here
         model = make_tiny_model(kind, tmp_path / "all-sparse", mlp_only_layers=[])
         expected = [hf_greedy(model, p, NEW_TOKENS)[1] for p in PROMPTS]
+    if kind == "gemma2":  # llama.cpp's gemma2 files store no query_pre_attn_scalar: head_dim
+        model = make_tiny_model(
+            kind, tmp_path / "head-dim-scale", query_pre_attn_scalar=model.config.head_dim
+        )
+        expected = [hf_greedy(model, p, NEW_TOKENS)[1] for p in PROMPTS]
     path = write_gguf(model, kind, tmp_path / f"{kind}.gguf")
     ckpt = open_checkpoint(path)
     record = {"mistral": "llama"}.get(kind, kind)  # Mistral's GGUF files are "llama" files
@@ -123,8 +128,9 @@ def _tensor_names(folder) -> set[str]:
 def test_sliding_window_is_shorter_than_the_prompts():
     from tiny_models import TINY_CONFIGS
 
-    # Phi-3, Mistral and Mixtral attend over 7 tokens: the parity above must cross the window.
-    for kind in ("phi3", "mistral", "mixtral"):
+    # Phi-3, Mistral and Mixtral attend over 7 tokens, Gemma 2's sliding layers over 6: the
+    # parity above must cross the window.
+    for kind in ("phi3", "mistral", "mixtral", "gemma2"):
         assert TINY_CONFIGS[kind][2]["sliding_window"] < max(len(p) for p in PROMPTS)
 
 
