@@ -7,6 +7,7 @@
  *   x = norm(h); q, k, v = x W_qkv (+ bias); q, k = rope(norm_qk(q, k)); cache <- k, v
  *   a = attention(q) W_o;  Gemma: h += norm(a), x = norm(h);  Llama: h += a, x = norm(h)
  *   m = (act(x W_gate) * x W_up) W_down;  Gemma: h += norm(m);  Llama: h += m
+ *   (Granite: a and m times its residual multiplier before they are added)
  *
  * All in float32; the norms follow rms_norm.c. Sizes come from the layer description below,
  * which Python fills once per layer (inferd/models/cpu_decoder.py). A step is any number of
@@ -35,6 +36,7 @@ typedef struct {
     int64_t sandwich; /* 1: Gemma's norms after attention and MLP too */
     int64_t window;   /* 0: none */
     float eps, scale, softcap; /* softcap 0: none */
+    float residual;            /* each branch's output multiplier before the add (Granite), or 1 */
     BlockLinear qkv, o, gate_up, down;
     const float* qkv_bias;       /* or NULL */
     const float* input_gain;     /* [hidden] */
@@ -170,9 +172,15 @@ ONE_DIVISION static void gated_row(const LayerSpec* L, const float* restrict g,
         for (int64_t c = 0; c < I; c++) out[c] = silu(g[c]) * g[I + c];
 }
 
-static void add(float* restrict h, const float* restrict y, int64_t count) {
+/* h += y * s: the product rounded, then the sum, as PyTorch computes `h + y * s` */
+static void add(float* restrict h, const float* restrict y, int64_t count, float s) {
+    if (s == 1.0f) {
 #pragma omp parallel for if (count >= PARALLEL_ROWS * 1024) schedule(static)
-    for (int64_t c = 0; c < count; c++) h[c] += y[c];
+        for (int64_t c = 0; c < count; c++) h[c] += y[c];
+        return;
+    }
+#pragma omp parallel for if (count >= PARALLEL_ROWS * 1024) schedule(static)
+    for (int64_t c = 0; c < count; c++) h[c] += y[c] * s;
 }
 
 /* Rows of a step that take the second half of a layer (from the attention's output on)
@@ -192,10 +200,10 @@ static int layer_tail(const LayerSpec* L, const float* att, int64_t m, const int
     if ((rc = inferd_lora_add(&L->lora_o, adapter, att, m, y))) return rc;
     if (L->sandwich) {
         inferd_rms_norm(y, L->post_attn_gain, m, hid, L->eps, y);
-        add(h, y, m * hid);
+        add(h, y, m * hid, L->residual);
         inferd_rms_norm(h, L->pre_ffn_gain, m, hid, L->eps, x);
     } else {
-        add(h, y, m * hid);
+        add(h, y, m * hid, L->residual);
         inferd_rms_norm(h, L->post_attn_gain, m, hid, L->eps, x);
     }
     if ((rc = gemv(&L->gate_up, x, m, mlp))) return rc;
@@ -205,7 +213,7 @@ static int layer_tail(const LayerSpec* L, const float* att, int64_t m, const int
     if ((rc = gemv(&L->down, act, m, y))) return rc;
     if ((rc = inferd_lora_add(&L->lora_down, adapter, act, m, y))) return rc;
     if (L->sandwich) inferd_rms_norm(y, L->post_ffn_gain, m, hid, L->eps, y);
-    add(h, y, m * hid);
+    add(h, y, m * hid, L->residual);
     return 0;
 }
 

@@ -67,10 +67,11 @@ class LayerSpec(ctypes.Structure):
     _fields_ = [
         ("hidden", _I), ("heads", _I), ("kv_heads", _I), ("head_dim", _I), ("inter", _I),
         ("gelu", _I), ("sandwich", _I), ("window", _I), ("eps", _F), ("scale", _F),
-        ("softcap", _F), ("qkv", BlockLinear), ("o", BlockLinear), ("gate_up", BlockLinear),
-        ("down", BlockLinear), ("qkv_bias", _P), ("input_gain", _P), ("post_attn_gain", _P),
-        ("pre_ffn_gain", _P), ("post_ffn_gain", _P), ("qk_gain", _P), ("lora_qkv", LoraLinear),
-        ("lora_o", LoraLinear), ("lora_gate_up", LoraLinear), ("lora_down", LoraLinear),
+        ("softcap", _F), ("residual", _F), ("qkv", BlockLinear), ("o", BlockLinear),
+        ("gate_up", BlockLinear), ("down", BlockLinear), ("qkv_bias", _P), ("input_gain", _P),
+        ("post_attn_gain", _P), ("pre_ffn_gain", _P), ("post_ffn_gain", _P), ("qk_gain", _P),
+        ("lora_qkv", LoraLinear), ("lora_o", LoraLinear), ("lora_gate_up", LoraLinear),
+        ("lora_down", LoraLinear),
     ]  # fmt: skip
 
 
@@ -127,8 +128,9 @@ class _CLayer:
         self.spec = LayerSpec(
             hidden, s.num_heads, s.num_kv_heads, s.head_dim, parts.mlp.down_proj.in_features,
             ACTIVATIONS[parts.activation], int(sandwich), s.window or 0,
-            parts.input_norm.eps, s.scale, s.softcap or 0.0, *matrices, ptr("bias"),
-            ptr("input"), ptr("post_attn"), ptr("pre_ffn"), ptr("post_ffn"), ptr("qk"),
+            parts.input_norm.eps, s.scale, s.softcap or 0.0, parts.residual_multiplier,
+            *matrices, ptr("bias"), ptr("input"), ptr("post_attn"), ptr("pre_ffn"),
+            ptr("post_ffn"), ptr("qk"),
         )  # fmt: skip
         self.attention = s
 

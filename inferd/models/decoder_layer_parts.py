@@ -19,6 +19,8 @@ class DecoderLayerParts:
 
         h += post_attention_norm(attention(input_norm(h)))       (no post norm: h += attention)
         h += post_mlp_norm(mlp(pre_mlp_norm(h)))                  (no post norm: h += mlp)
+
+    each added term times `residual_multiplier` (Granite's; 1 elsewhere).
     """
 
     input_norm: RMSNorm | None  # None: OLMo 2's post-norm layers (not for the C layer)
@@ -28,3 +30,4 @@ class DecoderLayerParts:
     activation: str  # the config's hidden_act
     post_attention_norm: RMSNorm | None = None  # Gemma's sandwich norms
     post_mlp_norm: RMSNorm | None = None
+    residual_multiplier: float = 1.0

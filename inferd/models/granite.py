@@ -30,7 +30,8 @@ class GraniteDecoderLayer(LlamaDecoderLayer):
     def parts(self) -> DecoderLayerParts:
         return DecoderLayerParts(input_norm=self.input_layernorm, attention=self.self_attn,
                                  pre_mlp_norm=self.post_attention_layernorm, mlp=self.mlp,
-                                 activation=self.activation)  # fmt: skip
+                                 activation=self.activation,
+                                 residual_multiplier=self.residual_multiplier)  # fmt: skip
 
 
 class GraniteForCausalLM(LlamaForCausalLM):
@@ -71,5 +72,4 @@ ARCHITECTURE = Architecture(
     # Granite 3's own template calls tools as <|tool_call|>[{...}], which no inferd parser reads;
     # hermes is the JSON format nearest to it.
     tool_call_format="hermes",
-    c_decoder=False,  # the C layer adds each branch's output unscaled
 )

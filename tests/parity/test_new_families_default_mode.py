@@ -8,6 +8,9 @@
   batch of all: Granite from its HF folder (dense weights), Gemma 2 from a Q8_0 GGUF file (its
   blocks, every step in the C decoder layer: soft-capped scores, sliding windows, sandwich
   norms).
+* Granite's residual multiplier in the C decoder layer: with every step in C, the logits equal
+  those of the same GGUF blocks through the layers' own forward, to rounding, and are the same
+  bits in every kernel variant this CPU runs (natively or emulated, tests/kernel_variants.py).
 """
 
 from __future__ import annotations
@@ -15,11 +18,15 @@ from __future__ import annotations
 import pytest
 import torch
 from hf_to_gguf import write_gguf
+from kernel_variants import available_variants, use_variant
+from logits_probe import step_logits
 from test_family_parity import PROMPTS
 from tiny_models import hf_greedy, make_tiny_checkpoint, make_tiny_model
 
 from inferd import LLM, SamplingParams
+from inferd.attention.cpu_backend import CpuAttentionBackend
 from inferd.engine.execution.runner import ModelRunner, SequenceStep
+from inferd.layers.weight_scheme import WeightScheme
 from inferd.loader import load_model, open_checkpoint
 
 GREEDY = SamplingParams(temperature=0, max_tokens=16, ignore_eos=True)
@@ -70,3 +77,54 @@ def test_default_mode_quantized_gguf_batch_invariance(tmp_path, monkeypatch, c_k
     alone, together = _alone_and_together(llm, PROMPTS)
     assert together == alone
     assert len({tuple(ids) for ids in alone}) > 1  # the prompts lead somewhere different
+
+
+def _steps_logits(model, lib, prompts: list[list[int]], decode_steps: int = 3) -> torch.Tensor:
+    """Logits of a prefill of all prompts, then of decode steps (next tokens fixed), attended
+    by the cpu backend in its fixed-order mode: the steps the C decoder layer serves."""
+    runner = ModelRunner(model, [64 * len(prompts) + 1], 4, torch.float32, torch.device("cpu"),
+                         backend=CpuAttentionBackend(lib))  # fmt: skip
+    tables = [[list(range(1 + 16 * i, 17 + 16 * i))] for i in range(len(prompts))]
+    out = [runner.execute([SequenceStep(p, 0, t) for p, t in zip(prompts, tables)])]
+    for step in range(decode_steps):
+        rows = [SequenceStep([10 + step], len(p) + step, t) for p, t in zip(prompts, tables)]
+        out.append(runner.execute(rows))
+    return torch.cat(out)
+
+
+def test_granite_residual_multiplier_in_the_c_layer(tmp_path, monkeypatch, c_kernels):
+    monkeypatch.setenv("INFERD_WEIGHT_CACHE", "0")
+    hf = make_tiny_model("granite", tmp_path / "hf")
+    path = write_gguf(hf, "granite", tmp_path / "granite.gguf", quantize=True)
+    scheme = WeightScheme("gguf", torch.float32, blocks=True, kernels=c_kernels)
+    models = [load_model(open_checkpoint(path), torch.float32, torch.device("cpu"), scheme=scheme)
+              for _ in range(2)]  # fmt: skip
+    in_c, layers = models
+    assert in_c.cpu_decoder is not None
+    calls = []
+    run = in_c.cpu_decoder.run
+    in_c.cpu_decoder.run = lambda *a: calls.append(1) or run(*a)
+    layers.cpu_decoder = None  # the same blocks through each layer's forward
+    got = _steps_logits(in_c, c_kernels, PROMPTS)
+    expected = _steps_logits(layers, c_kernels, PROMPTS)
+    assert len(calls) == 4  # every step in C
+    assert ((got - expected).abs().max() / expected.abs().max()).item() < 1e-3
+
+
+def test_granite_c_layer_same_bits_in_every_kernel_variant(tmp_path, monkeypatch, c_kernels):
+    here = available_variants()
+    if here == ["portable"]:
+        pytest.skip("only the portable kernels run (or are emulated) here: nothing to compare")
+    monkeypatch.setenv("INFERD_WEIGHT_CACHE", "0")
+    hf = make_tiny_model("granite", tmp_path / "hf")
+    path = write_gguf(hf, "granite", tmp_path / "granite.gguf", quantize=True, vocab=True)
+    logits = {}
+    for name in here:
+        with pytest.MonkeyPatch.context() as patch:
+            use_variant(patch, name)
+            llm = LLM(model=str(path), kv_cache_memory=16 << 20)
+            assert llm.engine.runner.model.cpu_decoder is not None
+            logits[name] = step_logits(llm, PROMPTS[:3])
+    assert len(logits["portable"]) == 6  # a step per generated token
+    same = [all(map(torch.equal, logits[n], logits["portable"])) for n in here]
+    assert all(same), f"{[n for n, s in zip(here, same) if not s]} differ from portable"
