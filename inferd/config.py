@@ -34,6 +34,13 @@ class MoEConfig:
     shared_intermediate_size: int = 0  # an expert every token uses (Qwen2-MoE); 0: none
     shared_gate: bool = False  # the shared expert's output scaled by sigmoid(x . w)
     dense_layers: tuple[int, ...] = ()  # layers whose MLP is the model's dense one instead
+    # gpt-oss: the router and every expert's gate/up and down carry biases; the softmax runs
+    # over the chosen experts' logits only; the experts' activation is the clamped SwiGLU
+    # (layers/activation.py `clamped_swiglu`) with these constants
+    biases: bool = False
+    softmax_after_top_k: bool = False
+    swiglu_limit: float | None = None
+    swiglu_alpha: float = 1.702
 
     def __post_init__(self) -> None:
         if not 1 <= self.top_k <= self.num_experts:
@@ -58,6 +65,7 @@ class ModelConfig:
     tie_word_embeddings: bool = False
     hidden_act: str = "silu"
     attention_bias: bool = False  # Qwen2: bias on q/k/v projections
+    output_bias: bool = False  # gpt-oss: a bias on o_proj too
     qk_norm: bool = False  # Qwen3 / Gemma 3: RMSNorm over each head of q and k
     # One entry per layer: FULL_ATTENTION or SLIDING_ATTENTION.
     layer_types: tuple[str, ...] = ()

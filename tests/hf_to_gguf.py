@@ -23,6 +23,7 @@ GGUF_ARCH = {
     "gemma2": ("gemma2", False),
     "granite": ("granite", True),  # llama.cpp converts Granite as a Llama
     "olmo2": ("olmo2", False),
+    "gpt_oss": ("gpt-oss", False),
 }
 # Families whose norm gains llama.cpp's converter stores as (1 + w), as their RMSNorm applies them
 NORM_PLUS_ONE = {"gemma2"}
@@ -53,15 +54,19 @@ def _stacked_experts(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     return out
 
 
-def write_gguf(model, kind: str, path: Path, quantize: bool = False, vocab: bool = False) -> Path:
+def write_gguf(model, kind: str, path: Path, quantize: bool = False, vocab: bool = False,
+               experts_type=None) -> Path:  # fmt: skip
     """`vocab`: with a plain vocabulary of the model's size in the metadata, so that
-    `LLM(model=path)` runs the file (token ids in, token ids out)."""
+    `LLM(model=path)` runs the file (token ids in, token ids out). `experts_type`: a
+    GGMLQuantizationType for the stacked experts' matrices (gpt-oss's MXFP4)."""
     import gguf
     from gguf.constants import GGMLQuantizationType as T
 
     arch, permuted = GGUF_ARCH[kind]
     cfg = model.config
     state = _stacked_experts({k: v.detach().float() for k, v in _checkpoint_state(model).items()})
+    if kind == "gpt_oss":
+        state = _gpt_oss_tensors(state)
     heads, kv_heads = cfg.num_attention_heads, cfg.num_key_value_heads
     head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // heads
     writer = gguf.GGUFWriter(str(path), arch)
@@ -91,7 +96,10 @@ def write_gguf(model, kind: str, path: Path, quantize: bool = False, vocab: bool
         _plain_vocab(writer, cfg.vocab_size)
     writer.add_bos_token_id(1)
     writer.add_eos_token_id(2)
-    names = gguf.TensorNameMap(gguf.MODEL_ARCH[arch.upper()], cfg.num_hidden_layers)
+    if arch == "gpt-oss":
+        _gpt_oss_metadata(writer, cfg)
+    names = gguf.TensorNameMap(gguf.MODEL_ARCH[arch.upper().replace("-", "_")],
+                               cfg.num_hidden_layers)  # fmt: skip
     for name, t in state.items():
         base, _, leaf = name.rpartition(".")
         gguf_name = names.get_name(base)
@@ -105,6 +113,10 @@ def write_gguf(model, kind: str, path: Path, quantize: bool = False, vocab: bool
         if base.endswith("shared_expert_gate"):
             t = t.reshape(-1)  # llama.cpp declares ffn_gate_inp_shexp [n_embd]
         data = t.numpy().astype(np.float32)
+        if experts_type is not None and ".experts." in base and leaf == "weight":
+            writer.add_tensor(f"{gguf_name}.{leaf}", gguf.quants.quantize(data, experts_type),
+                              raw_dtype=experts_type)  # fmt: skip
+            continue
         whole_blocks = data.shape[-1] % 32 == 0  # Q8_0 rows are blocks of 32
         if quantize and data.ndim >= 2 and whole_blocks and "norm" not in base \
                 and not base.endswith(".gate"):  # fmt: skip
@@ -157,3 +169,37 @@ def _checkpoint_state(model) -> dict[str, torch.Tensor]:
     if model.config.tie_word_embeddings:
         state.pop("lm_head.weight", None)
     return state
+
+
+def _gpt_oss_tensors(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """As llama.cpp's converter: the packed experts (stored input by output, gate and up
+    interleaved along the outputs) as stacked gate, up and down matrices [experts, out, in] and
+    their biases; the sinks named as a weight."""
+    out: dict[str, torch.Tensor] = {}
+    for name, t in state.items():
+        prefix = name.rpartition(".")[0] + "."
+        if name.endswith(".experts.gate_up_proj"):
+            t = t.transpose(-1, -2)
+            out[prefix + "gate_proj.weight"], out[prefix + "up_proj.weight"] = t[:, ::2], t[:, 1::2]
+        elif name.endswith(".experts.gate_up_proj_bias"):
+            out[prefix + "gate_proj.bias"], out[prefix + "up_proj.bias"] = t[:, ::2], t[:, 1::2]
+        elif name.endswith(".experts.down_proj"):
+            out[prefix + "down_proj.weight"] = t.transpose(-1, -2)
+        elif name.endswith(".experts.down_proj_bias"):
+            out[prefix + "down_proj.bias"] = t
+        elif name.endswith(".self_attn.sinks"):
+            out[name + ".weight"] = t
+        else:
+            out[name] = t
+    return {name: t.contiguous() for name, t in out.items()}
+
+
+def _gpt_oss_metadata(writer, cfg) -> None:
+    """What llama.cpp's converter adds for gpt-oss: YaRN (it keeps no `truncate`: gpt-oss's own
+    is false)."""
+    import gguf
+
+    rope = cfg.rope_parameters
+    writer.add_rope_scaling_type(gguf.RopeScalingType.YARN)
+    writer.add_rope_scaling_factor(rope["factor"])
+    writer.add_rope_scaling_orig_ctx_len(rope["original_max_position_embeddings"])

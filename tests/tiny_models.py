@@ -154,7 +154,32 @@ TINY_CONFIGS = {
         "Olmo2ForCausalLM",
         dict(num_attention_heads=4, num_key_value_heads=2),
     ),
+    "gpt_oss": (
+        "GptOssConfig",
+        "GptOssForCausalLM",
+        dict(
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            head_dim=16,
+            num_local_experts=4,
+            num_experts_per_tok=2,
+            intermediate_size=32,  # each expert's (a multiple of MXFP4's blocks of 32)
+            sliding_window=6,  # shorter than the test prompts; even layers slide (HF's default)
+            rope_parameters={
+                "rope_type": "yarn",
+                "rope_theta": 150000.0,
+                "factor": 4.0,
+                "beta_fast": 32.0,
+                "beta_slow": 1.0,
+                "truncate": False,  # gpt-oss's own
+                "original_max_position_embeddings": 64,  # x factor = max_position_embeddings
+            },
+        ),
+    ),
 }
+# Parameters HF initialises to zero (biases) or near it (sinks) that the tests must see used;
+# gpt-oss's gate/up weights large enough for some values to pass its SwiGLU's clamps (at 7).
+_RANDOMISED = {"gpt_oss": {"bias": 0.1, "sinks": 2.0, "gate_up_proj": 0.6}}
 
 
 def train_tokenizer(folder: Path, vocab_size: int = 300) -> int:
@@ -222,6 +247,9 @@ def make_tiny_model(kind: str, folder: Path, seed: int = 0, **overrides):
         for name, p in model.named_parameters():
             if "norm" in name:
                 p.add_(torch.randn_like(p) * 0.1)
+            for part, scale in _RANDOMISED.get(kind, {}).items():
+                if name.endswith(part):
+                    p.copy_(torch.randn_like(p) * scale)
     return model
 
 

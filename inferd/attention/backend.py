@@ -23,7 +23,7 @@ kv_heads, head_dim] from its group's pool; token t of a sequence lives in slot
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, ClassVar, Generic, TypeVar
 
 import torch
@@ -76,6 +76,9 @@ class LayerAttentionSpec:
     softcap: float | None
     group: int  # index of the layer's KV group
     index_in_group: int  # which cache tensor of that group
+    # gpt-oss's attention sinks: per query head a learned logit that joins the softmax's
+    # denominator and weighs no value (float32 [num_heads], this rank's heads); None: none.
+    sinks: torch.Tensor | None = field(default=None, compare=False)
 
 
 Metadata = TypeVar("Metadata")

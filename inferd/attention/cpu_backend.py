@@ -45,7 +45,7 @@ class AttentionShape(ctypes.Structure):
     """Mirrors AttentionShape in cpu_kernels/kernels.h."""
 
     _fields_ = [("heads", _I), ("kv_heads", _I), ("head_dim", _I), ("window", _I),
-                ("cache_bf16", _I), ("scale", _F), ("softcap", _F)]  # fmt: skip
+                ("cache_bf16", _I), ("scale", _F), ("softcap", _F), ("sinks", _P)]  # fmt: skip
 
 
 @dataclass
@@ -103,9 +103,11 @@ def attend_in_c(lib: ctypes.CDLL, q: torch.Tensor, kv_cache: torch.Tensor, rows:
     """The rows' attention read straight from the pool (keys and values already stored)."""
     q = q.float().contiguous()
     out = torch.empty(q.shape[0], spec.num_heads, spec.head_dim)
+    sinks = None if spec.sinks is None else spec.sinks.float().contiguous()  # lives past the call
     shape = AttentionShape(spec.num_heads, spec.num_kv_heads, spec.head_dim, spec.window or 0,
                            int(kv_cache.dtype == torch.bfloat16), spec.scale,
-                           spec.softcap or 0.0)  # fmt: skip
+                           spec.softcap or 0.0,
+                           None if sinks is None else sinks.data_ptr())  # fmt: skip
     rc = lib.inferd_paged_attention(q.data_ptr(), kv_cache[0].data_ptr(), kv_cache[1].data_ptr(),
                                     ctypes.byref(rows.struct), ctypes.byref(shape),
                                     out.data_ptr())  # fmt: skip

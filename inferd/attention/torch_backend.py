@@ -168,10 +168,16 @@ def _per_kv_head(x: torch.Tensor) -> torch.Tensor:
     return x.permute(0, 2, 1, 3).reshape(n * heads, span, dim)
 
 
-def _scores_to_probs(scores: torch.Tensor, spec: LayerAttentionSpec, bias: torch.Tensor):
+def _scores_to_probs(scores: torch.Tensor, spec: LayerAttentionSpec, bias: torch.Tensor,
+                     sinks: torch.Tensor | None = None):  # fmt: skip
+    """float32 softmax over the last dim. `sinks`: each query row's sink logit, shaped as
+    `scores` with 1 key: a column joined to the softmax, then dropped (HF's eager gpt-oss)."""
     if spec.softcap is not None:
         scores = torch.tanh(scores / spec.softcap) * spec.softcap
-    return torch.softmax(scores.float() + bias, dim=-1)
+    logits = scores.float() + bias
+    if sinks is None:
+        return torch.softmax(logits, dim=-1)
+    return torch.softmax(torch.cat([logits, sinks], dim=-1), dim=-1)[..., :-1]
 
 
 class TorchAttentionBackend(AttentionBackend[TorchAttentionMetadata]):
@@ -211,7 +217,10 @@ class TorchAttentionBackend(AttentionBackend[TorchAttentionMetadata]):
             qc = qc.permute(1, 2, 0, 3).to(dtype)
             keys = k_flat[c.slots].permute(1, 2, 0).to(dtype)
             scores = torch.matmul(qc, keys[:, None]) * spec.scale
-            probs = _scores_to_probs(scores, spec, c.bias).to(dtype)
+            sinks = None
+            if spec.sinks is not None:  # [kv_heads, group, length, 1], as the scores
+                sinks = spec.sinks.view(kv_heads, group_size, 1, 1).expand(-1, -1, c.length, 1)
+            probs = _scores_to_probs(scores, spec, c.bias, sinks).to(dtype)
             values = v_flat[c.slots].permute(1, 0, 2).to(dtype)
             res = torch.matmul(probs, values[:, None])  # [kv_heads, group, length, head_dim]
             out[c.start : c.start + c.length] = res.permute(2, 0, 1, 3).reshape(
@@ -240,16 +249,21 @@ class TorchAttentionBackend(AttentionBackend[TorchAttentionMetadata]):
         n = q.shape[0]
         span = plan.width * kv_cache.shape[2]
         dtype = _compute_dtype(kv_cache.dtype) if n * span >= LARGE_DECODE else torch.float32
-        if spec.softcap is not None:
+        if spec.softcap is not None or spec.sinks is not None:
             dtype = torch.float32
-        qd = q.reshape(n * kv_heads, spec.num_heads // kv_heads, head_dim).to(dtype)
+        group = spec.num_heads // kv_heads
+        qd = q.reshape(n * kv_heads, group, head_dim).to(dtype)
         keys = _per_kv_head(kv_cache[0].index_select(0, plan.blocks).view(n, span, kv_heads, -1))
         values = _per_kv_head(kv_cache[1].index_select(0, plan.blocks).view(n, span, kv_heads, -1))
         bias = plan.bias_for(kv_heads, dtype)
-        if spec.softcap is None:
+        if spec.softcap is None and spec.sinks is None:
             scores = torch.baddbmm(bias, qd, keys.to(dtype).transpose(1, 2), alpha=spec.scale)
             probs = torch.softmax(scores, dim=-1, dtype=torch.float32).to(dtype)
         else:
             scores = torch.bmm(qd, keys.to(dtype).transpose(1, 2)) * spec.scale
-            probs = _scores_to_probs(scores, spec, bias)
+            sinks = None
+            if spec.sinks is not None:  # [n * kv_heads, group, 1], as the scores
+                sinks = spec.sinks.view(1, kv_heads * group, 1).expand(n, -1, 1)
+                sinks = sinks.reshape(n * kv_heads, group, 1)
+            probs = _scores_to_probs(scores, spec, bias, sinks)
         return torch.bmm(probs, values.to(dtype)).view(n, spec.num_heads, head_dim)

@@ -148,6 +148,7 @@ class TritonAttentionBackend(AttentionBackend[TritonAttentionMetadata]):
                 spec.scale,
                 g.window,
                 spec.softcap,
+                spec.sinks,
             )
         parts = metadata.decode_partitions or self._num_parts(
             plan.num_decode, spec.num_kv_heads, plan.decode_spans, q.device
@@ -167,6 +168,7 @@ class TritonAttentionBackend(AttentionBackend[TritonAttentionMetadata]):
             spec.softcap,
             parts,
             self.min_partition,
+            spec.sinks,
         )
         return out
 

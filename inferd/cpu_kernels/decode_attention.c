@@ -45,6 +45,7 @@ typedef struct {
     const KeyPlan* plan;
     int64_t H, KV, D, G, window, bf16;
     float scale, softcap;
+    const float* sinks; /* [H] or NULL */
 } Problem;
 
 typedef struct {
@@ -206,13 +207,24 @@ static void fold(const Problem* P, const Tile* T, int64_t c, const float* part, 
     }
 }
 
+/* out = output / sum. A sink joins the sum as one more term of the running (max, sum): with
+ * m = max(max, sink), out = output e^(max - m) / (sum e^(max - m) + e^(sink - m)), after the
+ * keys' fold (its place in a fixed order; it weighs no value). */
 static void finish(const Problem* P, const Tile* T, int64_t kvh, const float* state, float* out) {
     const int64_t D = P->D, G = P->G;
     for (int64_t r = T->r0; r < T->r1; r++)
         for (int64_t g = 0; g < G; g++) {
             const float* s = state + ((r - T->r0) * G + g) * PART(D);
             float* o = out + (r * P->H + kvh * G + g) * D;
-            for (int64_t d = 0; d < D; d++) o[d] = s[2 + d] / s[1];
+            if (!P->sinks) {
+                for (int64_t d = 0; d < D; d++) o[d] = s[2 + d] / s[1];
+                continue;
+            }
+            const float sink = P->sinks[kvh * G + g];
+            const float m = sink > s[0] ? sink : s[0];
+            const float a = inferd_exp(s[0] - m);
+            const float sum = s[1] * a + inferd_exp(sink - m);
+            for (int64_t d = 0; d < D; d++) o[d] = s[2 + d] * a / sum;
         }
 }
 
@@ -330,7 +342,7 @@ int inferd_paged_attention(const float* q, const void* k_pool, const void* v_poo
     const int64_t H = shape->heads, KV = shape->kv_heads;
     if (KV < 1 || H % KV) return -1;
     const Problem P = {q, k_pool, v_pool, plan, H, KV, shape->head_dim, H / KV, shape->window,
-                       shape->cache_bf16, shape->scale, shape->softcap};
+                       shape->cache_bf16, shape->scale, shape->softcap, shape->sinks};
     int64_t count = 0, tall = 1;
     Tile* tiles = make_tiles(&P, &count, &tall);
     if (!tiles) return -2;

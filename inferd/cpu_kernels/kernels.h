@@ -40,10 +40,12 @@ typedef struct {
     int64_t width, block_size;
 } KeyPlan;
 
-/* One attention layer: window 0 for none, softcap 0 for none. */
+/* One attention layer: window 0 for none, softcap 0 for none; sinks NULL for none, else one
+ * logit per query head that joins each row's softmax denominator (gpt-oss). */
 typedef struct {
     int64_t heads, kv_heads, head_dim, window, cache_bf16;
     float scale, softcap;
+    const float* sinks;
 } AttentionShape;
 
 int inferd_paged_attention(const float* q, const void* k_pool, const void* v_pool,

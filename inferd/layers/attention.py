@@ -47,7 +47,11 @@ class SelfAttention(nn.Module):
         self.qkv_proj = Linear(config.hidden_size, [nh * hd, nkv * hd, nkv * hd],
                                config.attention_bias, scheme, row_ranges=rows, tp=tp)  # fmt: skip
         cols = (q0 * hd, nq * hd) if tp.enabled else None  # row-parallel: this rank's heads
-        self.o_proj = Linear(nh * hd, config.hidden_size, False, scheme, col_range=cols, tp=tp)
+        if config.output_bias and tp.enabled:  # each rank would add it before the all-reduce
+            raise ValueError("an o_proj bias (gpt-oss) cannot be split over tensor_parallel_size "
+                             f"{tp.world_size}")  # fmt: skip
+        self.o_proj = Linear(nh * hd, config.hidden_size, config.output_bias, scheme,
+                             col_range=cols, tp=tp)  # fmt: skip
         if config.qk_norm:
             self.q_norm = scheme_norm(scheme, hd, config.rms_norm_eps, norm_offset)
             self.k_norm = scheme_norm(scheme, hd, config.rms_norm_eps, norm_offset)

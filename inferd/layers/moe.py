@@ -34,7 +34,7 @@ from torch import nn
 
 from inferd.config import ModelConfig
 from inferd.distributed.state import SINGLE, TPGroup
-from inferd.layers.activation import gated
+from inferd.layers.activation import clamped_swiglu, gated
 from inferd.layers.gguf_blocks import BlockWeight, packed, stack
 from inferd.layers.linear_method import DenseMethod, LinearMethod, dropped
 from inferd.layers.weight_scheme import WeightScheme, as_scheme
@@ -107,14 +107,21 @@ class ExpertLinear(nn.Module):
     [gate; up] (two shards) or down. Checkpoints give them one expert, one shard at a time."""
 
     def __init__(self, num_experts: int, in_features: int, shard_sizes: list[int],
-                 scheme: WeightScheme):  # fmt: skip
+                 scheme: WeightScheme, bias: bool = False):  # fmt: skip
+        """`bias`: one per expert and output (gpt-oss), added to each group's product."""
         super().__init__()
         self.shard_sizes, self.in_features = shard_sizes, in_features
         self.out_features = sum(shard_sizes)
         shape = (num_experts, self.out_features, in_features)
         self.weight = nn.Parameter(torch.empty(shape, dtype=scheme.dtype), requires_grad=False)
+        self.bias = None
+        if bias:
+            bias_shape = (num_experts, self.out_features)
+            self.bias = nn.Parameter(torch.empty(bias_shape, dtype=scheme.dtype),
+                                     requires_grad=False)  # fmt: skip
         self.quant_method = expert_method(scheme)
         self.loaded: set[tuple[int, int]] = set()  # (expert, shard) filled so far
+        self.loaded_bias: set[tuple[int, int]] = set()
 
     def load_expert(self, expert: int, shard: int, weight) -> None:
         """Expert `expert`'s (this rank's numbering) part `shard` from a lazy weight."""
@@ -135,11 +142,26 @@ class ExpertLinear(nn.Module):
             self.weight.data[expert, start : start + expected[0]] = weight.load(self.weight.dtype)
         self.loaded.add((expert, shard))
 
+    def load_expert_bias(self, expert: int, shard: int, weight) -> None:
+        if self.bias is None:
+            raise ValueError("a bias for experts without one")
+        if tuple(weight.shape) != (self.shard_sizes[shard],):
+            raise ValueError(f"shape {tuple(weight.shape)}, the model expects "
+                             f"({self.shard_sizes[shard]},)")  # fmt: skip
+        start, dtype = sum(self.shard_sizes[:shard]), self.bias.dtype
+        self.bias.data[expert, start : start + self.shard_sizes[shard]] = weight.load(dtype)
+        self.loaded_bias.add((expert, shard))
+
     def finish_loading(self) -> None:
         self.quant_method.finish(self)
 
     def grouped(self, x: torch.Tensor, counts: list[int]) -> torch.Tensor:
-        return self.quant_method.apply_grouped(self, x, counts)
+        y = self.quant_method.apply_grouped(self, x, counts)
+        if self.bias is None:
+            return y
+        groups = torch.arange(len(counts), device=x.device)
+        each = torch.tensor(counts, device=x.device)
+        return y + self.bias.index_select(0, groups.repeat_interleave(each)).to(y.dtype)
 
     def extra_repr(self) -> str:
         return f"experts={self.weight.shape[0]}, in={self.in_features}, out={self.shard_sizes}"
@@ -147,16 +169,26 @@ class ExpertLinear(nn.Module):
 
 class Router(nn.Module):
     """Scores [tokens, experts] → each token's `top_k` experts and their weights (softmax over
-    all experts, then the chosen ones, optionally renormalised to sum to 1), as HF computes."""
+    all experts, then the chosen ones, optionally renormalised to sum to 1), as HF computes.
+    `bias`, `after_top_k` (gpt-oss): logits with a bias, the softmax over the chosen ones."""
 
-    def __init__(self, hidden: int, num_experts: int, top_k: int, normalize: bool):
+    def __init__(self, hidden: int, num_experts: int, top_k: int, normalize: bool,
+                 bias: bool = False, after_top_k: bool = False):  # fmt: skip
         super().__init__()
-        self.top_k, self.normalize = top_k, normalize
+        self.top_k, self.normalize, self.after_top_k = top_k, normalize, after_top_k
         self.weight = nn.Parameter(torch.empty(num_experts, hidden, dtype=torch.float32),
                                    requires_grad=False)  # fmt: skip
+        self.bias = None
+        if bias:
+            self.bias = nn.Parameter(torch.empty(num_experts, dtype=torch.float32),
+                                     requires_grad=False)  # fmt: skip
 
     def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        probs = F.linear(x.float(), self.weight).softmax(dim=-1)
+        logits = F.linear(x.float(), self.weight, self.bias)
+        if self.after_top_k:
+            top, experts = logits.topk(self.top_k, dim=-1)
+            return top.softmax(dim=-1), experts
+        probs = logits.softmax(dim=-1)
         weights, experts = probs.topk(self.top_k, dim=-1)
         if self.normalize:
             weights = weights / weights.sum(dim=-1, keepdim=True)
@@ -183,31 +215,37 @@ class Experts(nn.Module):
         moe, hidden = config.moe, config.hidden_size
         inter = moe.intermediate_size
         self.first, self.count, self.total = first, count, moe.num_experts
-        self.gate_up_proj = ExpertLinear(count, hidden, [inter, inter], scheme)
-        self.down_proj = ExpertLinear(count, inter, [hidden], scheme)
-        self.act = gated(config.hidden_act)
+        self.gate_up_proj = ExpertLinear(count, hidden, [inter, inter], scheme, moe.biases)
+        self.down_proj = ExpertLinear(count, inter, [hidden], scheme, moe.biases)
+        self.act = gated(config.hidden_act) if moe.swiglu_limit is None else clamped_swiglu(
+            moe.swiglu_alpha, moe.swiglu_limit)  # fmt: skip
 
     def load_checkpoint_tensor(self, rest: str, weight) -> None:
-        """`rest` is the name under this module, `E.gate_proj.weight` (E the model's expert
-        number): experts other ranks hold are skipped unread."""
+        """`rest` is the name under this module, `E.gate_proj.weight` (or `.bias`; E the
+        model's expert number): experts other ranks hold are skipped unread."""
         parts = rest.split(".")
         if len(parts) != 3 or not parts[0].isdigit() or parts[1] not in _EXPERT_MATRICES \
-                or parts[2] != "weight":  # fmt: skip
+                or parts[2] not in ("weight", "bias"):  # fmt: skip
             raise ValueError("it has no place in the model")
         expert = int(parts[0])
         if expert >= self.total:
             raise ValueError(f"the model has {self.total} experts")
         if self.first <= expert < self.first + self.count:
             kind, shard = _EXPERT_MATRICES[parts[1]]
-            getattr(self, kind).load_expert(expert - self.first, shard, weight)
+            linear = getattr(self, kind)
+            load = linear.load_expert if parts[2] == "weight" else linear.load_expert_bias
+            load(expert - self.first, shard, weight)
 
     def missing_tensors(self) -> list[str]:
         """Names (under this module) of expert matrices of this rank not loaded."""
         out = []
         for kind, (linear, shard) in _EXPERT_MATRICES.items():
-            loaded = getattr(self, linear).loaded
+            module = getattr(self, linear)
             out += [f"{e + self.first}.{kind}.weight" for e in range(self.count)
-                    if (e, shard) not in loaded]  # fmt: skip
+                    if (e, shard) not in module.loaded]  # fmt: skip
+            if module.bias is not None:
+                out += [f"{e + self.first}.{kind}.bias" for e in range(self.count)
+                        if (e, shard) not in module.loaded_bias]  # fmt: skip
         return out
 
     def forward(self, x: torch.Tensor, weights: torch.Tensor, chosen: torch.Tensor) -> torch.Tensor:
@@ -256,7 +294,8 @@ class SparseMoE(nn.Module):
         scheme, moe = as_scheme(scheme), config.moe
         first, count = tp.split(moe.num_experts, "the number of experts")
         self.tp = tp
-        self.gate = Router(config.hidden_size, moe.num_experts, moe.top_k, moe.normalize_top_k)
+        self.gate = Router(config.hidden_size, moe.num_experts, moe.top_k, moe.normalize_top_k,
+                           moe.biases, moe.softmax_after_top_k)  # fmt: skip
         self.experts = Experts(config, scheme, first, count)
         self.shared_expert = shared
         self.shared_expert_gate = SharedGate(config.hidden_size) if moe.shared_gate else None

@@ -48,6 +48,17 @@ class GGUFReader:
     def has_tensor(self, name: str) -> bool:
         return name in self.gguf.tensors
 
+    def yarn(self) -> dict[str, Any]:
+        """YaRN as llama.cpp's converter stores it, in HF's rope_scaling keys (a family's
+        record adds what the file does not say, e.g. gpt-oss's `truncate`)."""
+        out = {"rope_type": "yarn", "factor": float(self.meta("rope.scaling.factor")),
+               "original_max_position_embeddings": int(
+                   self.meta("rope.scaling.original_context_length"))}  # fmt: skip
+        for key, name in (("yarn_beta_fast", "beta_fast"), ("yarn_beta_slow", "beta_slow")):
+            if self.meta(f"rope.scaling.{key}", None) is not None:
+                out[name] = float(self.meta(f"rope.scaling.{key}"))
+        return out
+
     @property
     def num_layers(self) -> int:
         return int(self.meta("block_count"))
@@ -99,6 +110,8 @@ def model_config_from_gguf(gguf: GGUFFile) -> ModelConfig:
     scaling = None
     if meta("rope.scaling.type", None) == "linear":
         scaling = {"rope_type": "linear", "factor": float(meta("rope.scaling.factor"))}
+    elif meta("rope.scaling.type", None) == "yarn":
+        scaling = g.yarn()
     elif meta("rope.scaling.type", None) not in (None, "none"):
         raise ModelLoadError(f"{gguf.path}: unsupported RoPE scaling {meta('rope.scaling.type')!r}")
     if "rope_freqs.weight" in gguf.tensors:

@@ -26,7 +26,11 @@ _ROPE_SCALING_KEYS = {
     "llama3": (
         "factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings"
     ),
+    "yarn": ("factor", "original_max_position_embeddings"),
 }  # fmt: skip
+# Keys a scaling type may have (positive numbers when present; `truncate` true or false).
+_ROPE_OPTIONAL_KEYS = {"yarn": ("beta_fast", "beta_slow", "attention_factor", "mscale",
+                                "mscale_all_dim")}  # fmt: skip
 
 
 class ConfigReader:
@@ -130,6 +134,10 @@ class ConfigReader:
                 raise where.fail("rope_type", f"one of {', '.join(_ROPE_SCALING_KEYS)}", kind)
             for name in _ROPE_SCALING_KEYS[kind]:
                 where.number(name)
+            for name in _ROPE_OPTIONAL_KEYS.get(kind, ()):
+                where.number(name, None)
+            if kind == "yarn":
+                where.bool("truncate", True)
         return RopeConfig(theta=float(theta if theta is not None else 10000.0), scaling=scaling)
 
     def sliding_everywhere(self) -> tuple[str, ...]:

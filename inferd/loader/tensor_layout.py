@@ -27,6 +27,7 @@ from collections.abc import Iterable, Iterator
 from typing import Any
 
 from inferd.config import ModelConfig
+from inferd.loader.hf_mxfp4 import mxfp4_weights
 from inferd.models.architecture import Architecture
 
 _LAYER = re.compile(r"(model\.layers\.\d+\.)(.+)\.(weight|bias)$")
@@ -115,6 +116,11 @@ def normalized(
     weights: Iterable[tuple[str, Any]], record: Architecture, config: ModelConfig
 ) -> Iterator[tuple[str, Any]]:
     """(name, lazy weight) pairs as inferd's modules load them (see the module docstring)."""
+    # MXFP4 tensors (`X_blocks` + `X_scales`: gpt-oss's HF experts) as one weight X each, then
+    # the family's own layout (gpt-oss's packed experts)
+    weights = mxfp4_weights(weights)
+    if record.tensor_layout is not None:
+        weights = record.tensor_layout(weights, config)
     for name, weight in weights:
         for old, new in record.renames:
             name = name.replace(old, new)

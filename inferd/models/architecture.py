@@ -19,7 +19,7 @@ and one name in registry.py's FAMILIES (docs/architecture.md has the recipe).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -100,10 +100,16 @@ class Architecture:
     fused: Mapping[str, Callable[[ModelConfig], tuple[tuple[str, int], ...]]] = field(
         default_factory=dict
     )
+    # The family's own stored layout (gpt-oss's packed, interleaved experts and MXFP4 blocks):
+    # the checkpoint's (name, lazy weight) pairs → pairs the shared normalisation then reads
+    # (loader/tensor_layout.py); None: nothing of its own.
+    tensor_layout: Callable[[Iterable[tuple[str, Any]], ModelConfig],
+                            Iterator[tuple[str, Any]]] | None = None  # fmt: skip
     layer_norms: tuple[str, ...] = PRE_NORMS  # each `hidden` wide
     # Tensors of a layer only this family has (OLMoE's q/k norms over whole projections).
     extra_layer_tensors: Callable[[ModelConfig], dict[str, tuple[int, ...]]] = _no_tensors
-    tool_call_format: str = "hermes"  # forced tool calls: "hermes" (ChatML) or "pythonic"
+    # forced tool calls: "hermes" (ChatML), "pythonic", or "harmony" (gpt-oss's channels)
+    tool_call_format: str = "hermes"
     c_decoder: bool = True  # cpu_decoder.py computes its layers (dense gated MLPs only)
     tensor_parallel: bool = True  # its layers can be split over ranks (inferd/distributed/)
 
@@ -125,6 +131,8 @@ class Architecture:
         if c.attention_bias:  # on q, k and v only (Qwen2)
             out.update({"self_attn.q_proj.bias": (q,), "self_attn.k_proj.bias": (kv,),
                         "self_attn.v_proj.bias": (kv,)})  # fmt: skip
+        if c.output_bias:  # gpt-oss
+            out["self_attn.o_proj.bias"] = (h,)
         if c.qk_norm:  # one gain over each head, shared by the heads
             out.update({"self_attn.q_norm.weight": (c.head_dim,),
                         "self_attn.k_norm.weight": (c.head_dim,)})  # fmt: skip
@@ -152,6 +160,12 @@ def moe_tensors(config: ModelConfig) -> dict[str, tuple[int, ...]]:
     out: dict[str, tuple[int, ...]] = {"mlp.gate.weight": (moe.num_experts, h)}
     for e in range(moe.num_experts):
         out.update(gated_mlp_tensors(f"mlp.experts.{e}", h, moe.intermediate_size))
+    if moe.biases:  # gpt-oss: the router's and each expert's
+        out["mlp.gate.bias"] = (moe.num_experts,)
+        for e in range(moe.num_experts):
+            out.update({f"mlp.experts.{e}.{kind}.bias": (rows,) for kind, rows in (
+                ("gate_proj", moe.intermediate_size), ("up_proj", moe.intermediate_size),
+                ("down_proj", h))})  # fmt: skip
     if moe.shared_intermediate_size:
         out.update(gated_mlp_tensors("mlp.shared_expert", h, moe.shared_intermediate_size))
     if moe.shared_gate:

@@ -103,7 +103,8 @@ class CausalLM(nn.Module):
         --deterministic: the same bits for a position whatever the step), else PyTorch's (HF's
         bits: the parity tests)."""
         if self.scheme.kernels is not None and positions.device.type == "cpu":
-            cos, sin = kernel_cos_sin(self.scheme.kernels, rotary.portable_inv_freq, positions)
+            cos, sin = kernel_cos_sin(self.scheme.kernels, rotary.portable_inv_freq, positions,
+                                      rotary.magnitude)  # fmt: skip
             return cos[:, None, :], sin[:, None, :]
         return rotary.cos_sin(positions, torch.float32)
 

@@ -137,11 +137,12 @@ class _CLayer:
 
 class CpuDecoder:
     def __init__(self, layers: list[_CLayer], lib: ctypes.CDLL, inv_freqs: list[torch.Tensor],
-                 rope_index: list[int]):  # fmt: skip
+                 rope_index: list[int], magnitudes: list[float] | None = None):  # fmt: skip
         """`inv_freqs`: the RoPE frequencies of each distinct RoPE config; `rope_index`: which
-        one each layer uses."""
+        one each layer uses; `magnitudes`: each config's cos/sin scale (YaRN's; default 1)."""
         self.layers, self.lib = layers, lib
         self.inv_freqs = [f.float().contiguous() for f in inv_freqs]
+        self.magnitudes = magnitudes or [1.0] * len(inv_freqs)
         self.rope_index = rope_index
         self.lora = None  # the model's LoRASlots (layers/lora.py), once attached
         self._layer_pointers = None  # the layers' specs as the C call takes them (`run`)
@@ -167,6 +168,9 @@ class CpuDecoder:
                 return None
             if not isinstance(getattr(parts.mlp, "gate_up_proj", None), Linear):
                 return None  # a Mixture of Experts: the C layer has a dense gated MLP only
+            attention = parts.attention
+            if attention.spec.sinks is not None or attention.o_proj.bias is not None:
+                return None  # gpt-oss's attention sinks and o_proj bias: not in the C layer
             linears = [parts.attention.qkv_proj, parts.attention.o_proj,
                        parts.mlp.gate_up_proj, parts.mlp.down_proj]  # fmt: skip
             matrices = [_blocks_of(lin) for lin in linears]
@@ -174,7 +178,7 @@ class CpuDecoder:
                 return None
             layers.append(_CLayer(parts, matrices, model.config.hidden_size))
         return cls(layers, scheme.kernels, [r.portable_inv_freq for r in model.rotaries],
-                   model.rope_index)  # fmt: skip
+                   model.rope_index, [r.magnitude for r in model.rotaries])  # fmt: skip
 
     def attach_lora(self, slots) -> None:
         """Compute the adapters of `slots` (a LoRASlots) beside each block product."""
@@ -203,7 +207,8 @@ class CpuDecoder:
         """The residual stream after every layer, for a step `serves` accepted: all layers in
         one C call (decode_layer.c, `inferd_decode_layers`)."""
         h = h.float().contiguous()
-        tables = [kernel_cos_sin(self.lib, f, positions) for f in self.inv_freqs]
+        tables = [kernel_cos_sin(self.lib, f, positions, m)
+                  for f, m in zip(self.inv_freqs, self.magnitudes)]  # fmt: skip
         if self.layer_by_layer:
             for index, rope in enumerate(self.rope_index):
                 self.run_layer(index, h, tables[rope], ctx)

@@ -39,6 +39,17 @@ def log2_scores(qk, scale, softcap, HAS_SOFTCAP: tl.constexpr):
 
 
 @triton.jit
+def with_sinks(acc, m, l_sum, sinks_ptr, head, mask):
+    """(acc, sum) of rows whose running max is `m` (log2 domain) with each row's sink logit
+    (gpt-oss, per query head `head`) joined to the sum: rescaled to max(m, sink). A sink
+    weighs no value, so it only rescales the accumulator."""
+    sink = tl.load(sinks_ptr + head, mask=mask, other=0.0).to(tl.float32) * LOG2E
+    top = tl.maximum(m, sink)
+    alpha = tl.exp2(m - top)
+    return acc * alpha[:, None], l_sum * alpha + tl.exp2(sink - top)
+
+
+@triton.jit
 def dot_operand(x, INTERPRETED: tl.constexpr):
     # NOTE: the CPU interpreter stores bfloat16 as raw uint16 and its tl.dot multiplies the bit
     # patterns (triton-lang/triton#11584), so on CPU the operands go through float32. The

@@ -11,6 +11,9 @@ walking thousands of keys, so the context is also cut into up to `num_parts` par
 * `_reduce_kernel`, grid (sequences, query heads): rescales every partition's result to the
   common max, m = max_p m_p, and divides:  out = Σ_p 2^(m_p - m) acc_p / Σ_p 2^(m_p - m) l_p.
 
+Attention sinks (gpt-oss: a logit per query head) join the sum once per row: in the reduce
+(m also over the sink), or unsplit, after the program's last key tile.
+
 A sequence's visible span [lo, seq_len) (lo > 0 only behind a sliding window) is cut into
 partitions of max(span / num_parts, min_part) keys, rounded to the key tile: short contexts use
 fewer partitions than the grid offers and the spare programs return at once. The grid depends
@@ -27,12 +30,14 @@ import triton
 import triton.language as tl
 
 from inferd.attention.triton_kernels.common import (
+    LOG2E,
     Tiles,
     dot_operand,
     downcast,
     interpreted,
     log2_scores,
     mma,
+    with_sinks,
 )
 
 
@@ -59,6 +64,7 @@ def _decode_kernel(
     query_start_ptr,
     seq_lens_ptr,
     block_tables_ptr,
+    sinks_ptr,  # [heads] float32 (HAS_SINKS only)
     stride_qt,
     stride_qh,
     stride_qd,
@@ -83,6 +89,7 @@ def _decode_kernel(
     WINDOW: tl.constexpr,
     NUM_PARTS: tl.constexpr,
     HAS_SOFTCAP: tl.constexpr,
+    HAS_SINKS: tl.constexpr,
     INDIRECT: tl.constexpr,
     INTERPRETED: tl.constexpr,
     IEEE: tl.constexpr,
@@ -143,6 +150,8 @@ def _decode_kernel(
         m = m_new
 
     if NUM_PARTS == 1:
+        if HAS_SINKS:
+            acc, l_sum = with_sinks(acc, m, l_sum, sinks_ptr, head, g < GROUP)
         o_off = tok * stride_ot + head * stride_oh
         out = acc / l_sum[:, None]
         tl.store(
@@ -166,6 +175,7 @@ def _reduce_kernel(
     seq_ids_ptr,
     query_start_ptr,
     seq_lens_ptr,
+    sinks_ptr,
     stride_ot,
     stride_oh,
     stride_od,
@@ -176,6 +186,7 @@ def _reduce_kernel(
     BLOCK_N: tl.constexpr,
     WINDOW: tl.constexpr,
     NUM_PARTS: tl.constexpr,
+    HAS_SINKS: tl.constexpr,
     INDIRECT: tl.constexpr,
     INTERPRETED: tl.constexpr,
 ):
@@ -192,7 +203,13 @@ def _reduce_kernel(
     row = (i * NUM_HEADS + head).to(tl.int64) * NUM_PARTS + part
     m = tl.load(part_ml_ptr + row * 2, mask=used, other=float("-inf"))
     l_sum = tl.load(part_ml_ptr + row * 2 + 1, mask=used, other=0.0)
-    weight = tl.where(used, tl.exp2(m - tl.max(m, 0)), 0.0)
+    top = tl.max(m, 0)
+    extra = 0.0  # what the sink adds to the sum (none without one)
+    if HAS_SINKS:
+        sink = tl.load(sinks_ptr + head).to(tl.float32) * LOG2E
+        top = tl.maximum(top, sink)
+        extra = tl.exp2(sink - top)
+    weight = tl.where(used, tl.exp2(m - top), 0.0)
     d = tl.arange(0, HEAD_PAD)
     dmask = d < HEAD_DIM
     acc = tl.load(
@@ -200,7 +217,7 @@ def _reduce_kernel(
         mask=used[:, None] & dmask[None, :],
         other=0.0,
     )
-    out = tl.sum(acc * weight[:, None], 0) / tl.sum(l_sum * weight, 0)
+    out = tl.sum(acc * weight[:, None], 0) / (tl.sum(l_sum * weight, 0) + extra)
     tok = tl.load(query_start_ptr + seq).to(tl.int64)
     tl.store(
         out_ptr + tok * stride_ot + head * stride_oh + d * stride_od,
@@ -224,6 +241,7 @@ def paged_decode(
     softcap: float | None,
     num_parts: int,  # power of two
     min_part: int,
+    sinks: torch.Tensor | None = None,  # [heads] float32
 ) -> None:
     if num_seqs == 0:
         return
@@ -243,9 +261,11 @@ def paged_decode(
         BLOCK_N=tiles.block_n,
         WINDOW=window or 0,
         NUM_PARTS=num_parts,
+        HAS_SINKS=sinks is not None,
         INDIRECT=indirect,
         INTERPRETED=interpreted(_decode_kernel),
     )
+    sinks = sinks if sinks is not None else seq_lens  # a placeholder, never read
     _decode_kernel[(num_seqs, kv_heads, num_parts)](
         q,
         k_cache,
@@ -257,6 +277,7 @@ def paged_decode(
         query_start_loc,
         seq_lens,
         block_tables,
+        sinks,
         *q.stride(),
         *out.stride(),
         *k_cache.stride(),
@@ -280,6 +301,7 @@ def paged_decode(
             seq_ids,
             query_start_loc,
             seq_lens,
+            sinks,
             *out.stride(),
             min_part,
             **common,

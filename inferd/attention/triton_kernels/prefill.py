@@ -15,7 +15,8 @@ NOTE: the tile only reads keys in [lo, hi): hi is one past the last query positi
 and lo the first key inside the window of its first query. Every key in that range is visible
 to at least one row of the tile, so it was written and its block is still in the table; slots
 outside it (never written, or dropped from a sliding window to the null block) are never loaded.
-Per-row causality and window limits are then applied to the scores.
+Per-row causality and window limits are then applied to the scores. Attention sinks (gpt-oss:
+one logit per query head) join each row's running max and sum after the last key tile.
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ from inferd.attention.triton_kernels.common import (
     interpreted,
     log2_scores,
     mma,
+    with_sinks,
 )
 
 
@@ -44,6 +46,7 @@ def _prefill_kernel(
     query_start_ptr,
     seq_lens_ptr,
     block_tables_ptr,
+    sinks_ptr,  # [heads] float32 (HAS_SINKS only)
     stride_qt,
     stride_qh,
     stride_qd,
@@ -66,6 +69,7 @@ def _prefill_kernel(
     BLOCK_SIZE: tl.constexpr,
     WINDOW: tl.constexpr,  # 0 = full attention
     HAS_SOFTCAP: tl.constexpr,
+    HAS_SINKS: tl.constexpr,
     INTERPRETED: tl.constexpr,
     IEEE: tl.constexpr,
 ):
@@ -136,6 +140,8 @@ def _prefill_kernel(
         acc = acc * alpha[:, None] + mma(p, v, IEEE)
         m = m_new
 
+    if HAS_SINKS:
+        acc, l_sum = with_sinks(acc, m, l_sum, sinks_ptr, head, row_ok)
     out = acc / tl.where(l_sum > 0, l_sum, 1.0)[:, None]
     o_off = (q_start + tok).to(tl.int64) * stride_ot + head * stride_oh
     tl.store(
@@ -157,6 +163,7 @@ def paged_prefill(
     scale: float,
     window: int | None,
     softcap: float | None,
+    sinks: torch.Tensor | None = None,  # [heads] float32
 ) -> None:
     kv_heads, head_dim = kv_cache.shape[3], kv_cache.shape[4]
     if work.shape[0] == 0:
@@ -171,6 +178,7 @@ def paged_prefill(
         query_start_loc,
         seq_lens,
         block_tables,
+        sinks if sinks is not None else seq_lens,  # a placeholder, never read
         *q.stride(),
         *out.stride(),
         *k_cache.stride(),
@@ -186,6 +194,7 @@ def paged_prefill(
         BLOCK_SIZE=kv_cache.shape[2],
         WINDOW=window or 0,
         HAS_SOFTCAP=softcap is not None,
+        HAS_SINKS=sinks is not None,
         INTERPRETED=interpreted(_prefill_kernel),
         IEEE=q.dtype == torch.float32,
         num_warps=tiles.num_warps,
