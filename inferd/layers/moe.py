@@ -155,13 +155,14 @@ class ExpertLinear(nn.Module):
     def finish_loading(self) -> None:
         self.quant_method.finish(self)
 
-    def grouped(self, x: torch.Tensor, counts: list[int]) -> torch.Tensor:
+    def grouped(self, x: torch.Tensor, counts: list[int],
+                experts: torch.Tensor | None = None) -> torch.Tensor:  # fmt: skip
+        """`experts`: each row's expert (on x's device), for the biases (NOTE: given, not
+        made from `counts` here: a CUDA graph's capture may not copy from the host)."""
         y = self.quant_method.apply_grouped(self, x, counts)
         if self.bias is None:
             return y
-        groups = torch.arange(len(counts), device=x.device)
-        each = torch.tensor(counts, device=x.device)
-        return y + self.bias.index_select(0, groups.repeat_interleave(each)).to(y.dtype)
+        return y + self.bias.index_select(0, experts).to(y.dtype)
 
     def extra_repr(self) -> str:
         return f"experts={self.weight.shape[0]}, in={self.in_features}, out={self.shard_sizes}"
@@ -259,11 +260,11 @@ class Experts(nn.Module):
             mine = (experts >= self.first) & (experts < self.first + self.count)
             slots, experts = slots[mine], experts[mine] - self.first
         order = torch.argsort(experts, stable=True)
-        slots = slots[order]
+        slots, experts = slots[order], experts[order]
         counts = torch.bincount(experts, minlength=self.count).tolist()
         rows = slots // k
-        h = self.act(self.gate_up_proj.grouped(x.index_select(0, rows), counts))
-        y = self.down_proj.grouped(h, counts).float() * weights.reshape(-1)[slots, None]
+        h = self.act(self.gate_up_proj.grouped(x.index_select(0, rows), counts, experts))
+        y = self.down_proj.grouped(h, counts, experts).float() * weights.reshape(-1)[slots, None]
         # NOTE: index_add_ adds each token's experts in expert order, as HF's per-expert loop.
         return torch.zeros(tokens, x.shape[1], dtype=torch.float32, device=x.device).index_add_(
             0, rows, y
@@ -279,8 +280,9 @@ class Experts(nn.Module):
         share = torch.zeros(tokens, self.total, dtype=torch.float32, device=x.device)
         share = share.scatter_(1, chosen, weights.float())[:, self.first : self.first + self.count]
         counts = [tokens] * self.count
-        h = self.act(self.gate_up_proj.grouped(x.repeat(self.count, 1), counts))
-        y = self.down_proj.grouped(h, counts).float().view(self.count, tokens, -1)
+        each = torch.arange(self.count, device=x.device).repeat_interleave(tokens)
+        h = self.act(self.gate_up_proj.grouped(x.repeat(self.count, 1), counts, each))
+        y = self.down_proj.grouped(h, counts, each).float().view(self.count, tokens, -1)
         return (y * share.t().unsqueeze(-1)).sum(0)
 
 

@@ -89,6 +89,11 @@ def test_the_moe_layer_is_hf_s_on_its_packed_tensors():
     with torch.no_grad():
         expected, _ = mlp(x[None])
         torch.testing.assert_close(layer(x), expected[0], rtol=1e-5, atol=1e-5)
+        # a CUDA graph's path (every expert on every row, biases included) sums the same
+        weights, chosen = layer.gate(x)
+        every = layer.experts.every_expert(x, weights, chosen)
+        torch.testing.assert_close(every, layer.experts(x, weights, chosen), rtol=1e-5,
+                                   atol=1e-5)  # fmt: skip
 
 
 def _hf_mxfp4(seed: int, shape: tuple[int, ...]):
