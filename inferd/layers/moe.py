@@ -13,8 +13,8 @@ blocks, one block matrix per expert, multiplied by the C block kernel at every g
 same arithmetic whatever else shares the step (`ExpertBlocks`, as `BlockMethod`). The
 re-quantising modes (int8, int4, fp8) do not cover experts: they are refused at load.
 
-The router is held in float32 whatever the scheme: which experts run is decided there, and
-rounding its weights would change the choice (it is experts x hidden, a sliver of the model).
+The router (moe_router.py) is held in float32 whatever the scheme. gpt-oss adds biases to the
+router and to every expert, and its own activation (the clamped SwiGLU, activation.py).
 
 A CUDA graph cannot capture the grouped path (its group sizes are read back to the host): under
 capture every expert runs on every row instead (`Experts.every_expert`), the same sums read off
@@ -29,7 +29,6 @@ experts, and one all-reduce sums the ranks' partial outputs.
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from inferd.config import ModelConfig
@@ -37,6 +36,7 @@ from inferd.distributed.state import SINGLE, TPGroup
 from inferd.layers.activation import clamped_swiglu, gated
 from inferd.layers.gguf_blocks import BlockWeight, packed, stack
 from inferd.layers.linear_method import DenseMethod, LinearMethod, dropped
+from inferd.layers.moe_router import Router, SharedGate
 from inferd.layers.weight_scheme import WeightScheme, as_scheme
 
 # checkpoint sub-name of one expert's matrix → (ExpertLinear, shard)
@@ -166,46 +166,6 @@ class ExpertLinear(nn.Module):
 
     def extra_repr(self) -> str:
         return f"experts={self.weight.shape[0]}, in={self.in_features}, out={self.shard_sizes}"
-
-
-class Router(nn.Module):
-    """Scores [tokens, experts] → each token's `top_k` experts and their weights (softmax over
-    all experts, then the chosen ones, optionally renormalised to sum to 1), as HF computes.
-    `bias`, `after_top_k` (gpt-oss): logits with a bias, the softmax over the chosen ones."""
-
-    def __init__(self, hidden: int, num_experts: int, top_k: int, normalize: bool,
-                 bias: bool = False, after_top_k: bool = False):  # fmt: skip
-        super().__init__()
-        self.top_k, self.normalize, self.after_top_k = top_k, normalize, after_top_k
-        self.weight = nn.Parameter(torch.empty(num_experts, hidden, dtype=torch.float32),
-                                   requires_grad=False)  # fmt: skip
-        self.bias = None
-        if bias:
-            self.bias = nn.Parameter(torch.empty(num_experts, dtype=torch.float32),
-                                     requires_grad=False)  # fmt: skip
-
-    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        logits = F.linear(x.float(), self.weight, self.bias)
-        if self.after_top_k:
-            top, experts = logits.topk(self.top_k, dim=-1)
-            return top.softmax(dim=-1), experts
-        probs = logits.softmax(dim=-1)
-        weights, experts = probs.topk(self.top_k, dim=-1)
-        if self.normalize:
-            weights = weights / weights.sum(dim=-1, keepdim=True)
-        return weights, experts
-
-
-class SharedGate(nn.Module):
-    """sigmoid(x . w) per token: the share of the shared expert's output a token takes."""
-
-    def __init__(self, hidden: int):
-        super().__init__()
-        self.weight = nn.Parameter(torch.empty(1, hidden, dtype=torch.float32),
-                                   requires_grad=False)  # fmt: skip
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return torch.sigmoid(F.linear(x.float(), self.weight))
 
 
 class Experts(nn.Module):
