@@ -87,8 +87,8 @@ CONFIG_CASES: dict[str, tuple[object, str]] = {
         "rope_scaling: required key 'factor' is missing",
     ),
     "unsupported rope type": (
-        config_with(rope_scaling={"rope_type": "yarn", "factor": 2.0}),
-        "rope_type must be one of linear, llama3",
+        config_with(rope_scaling={"rope_type": "longrope", "factor": 2.0}),
+        "rope_type must be one of linear, llama3, yarn",
     ),
     "layer_types too short": (
         config_with(layer_types=["full_attention"] * 2),
