@@ -158,7 +158,8 @@ def _print_loading(console, plan, overhead: int) -> None:
     if plan.stored:  # an HF checkpoint's quantised layers: repacked in memory at every start
         rows = [("every load", _bin(overhead + plan.held + plan.unpacking),
                  "runtime + the checkpoint's layers repacked as blocks, a range of rows at a "
-                 f"time ({unpacking} unpacked at once); no weight cache entry")]  # fmt: skip
+                 f"time ({unpacking} unpacked at once), written to the weight cache (not for "
+                 "GPTQ act-order or FP8), which later starts map")]  # fmt: skip
         _print(console, "Loading (resident memory, with the runtime)", ("load", "bytes", "how"),
                rows)  # fmt: skip
         return

@@ -147,7 +147,8 @@ class _StreamedEntry:
                         "at every start", checkpoint.path.name, why)  # fmt: skip
             return None
         info = {"model": str(checkpoint.path), "name": checkpoint.config.name, "mode": MODE,
-                "source_bytes": checkpoint.path.stat().st_size, "rank": tp.rank,
+                "source_bytes": weight_cache.source_identity(checkpoint.path)[0],
+                "rank": tp.rank,
                 "world": tp.world_size}  # fmt: skip
         return cls(model, path, writer, info, shapes, cache_bytes)
 
@@ -201,6 +202,11 @@ def _packed_layers(model):
 def packed_bytes(checkpoint: Checkpoint) -> int:
     """About what the file's blocks take packed (gguf_quants.PACKED_BITS), for the room an
     entry needs; its dense tensors are not in the entry."""
+    if checkpoint.gguf is None:  # a pre-quantised HF checkpoint (hf_quantized.py)
+        from inferd.loader.hf_dir import hf_tensor_shapes
+        from inferd.loader.hf_quantized import stored_weight_bytes
+
+        return stored_weight_bytes(hf_tensor_shapes(checkpoint.path), checkpoint.quant, 0)
     total = 0.0
     for info in checkpoint.gguf.tensors.values():
         if is_packed(info):

@@ -125,6 +125,9 @@ class GptqWeight(_QuantizedWeight):
             g_idx = tensors["g_idx"].load(torch.int64)
             contiguous = torch.arange(k) // group
             if not torch.equal(g_idx, contiguous):  # act-order: sort the inputs by group
+                if not fmt.desc_act:  # NOTE: the weight cache keeps no input order
+                    raise ValueError(f"{name}.g_idx is not in input order, but desc_act is "
+                                     "false in quantization_config")  # fmt: skip
                 order = torch.argsort(g_idx, stable=True)
                 if not torch.equal(g_idx[order], contiguous):
                     raise ValueError(f"{name}.g_idx does not give every group {group} inputs")

@@ -50,12 +50,20 @@ def load_model(
             model = cls(checkpoint.config, scheme, tp)
         except ValueError as e:  # e.g. heads that do not divide among the ranks
             raise ModelLoadError(str(e)) from e
-    if scheme.blocks and checkpoint.gguf is not None:
+    if scheme.blocks and (checkpoint.gguf is not None or _cacheable(checkpoint)):
         gguf_cache.load_weights(model, checkpoint, tp, weight_cache_size)
     else:
         with torch.no_grad(), status(f"loading {checkpoint.path.name} ({scheme.name})"):
             model.load_weights(checkpoint.weights())
     return model.eval()
+
+
+def _cacheable(checkpoint: Checkpoint) -> bool:
+    """Whether a pre-quantised HF checkpoint's packed blocks can go to the weight cache: not
+    GPTQ act-order (a layer's input order is not part of an entry) and not FP8 (its own
+    kernel's layout, not blocks: read as stored at every start)."""
+    fmt = checkpoint.quant
+    return fmt is not None and not fmt.desc_act and fmt.method != "fp8"
 
 
 def weights_bytes(checkpoint: Checkpoint, scheme: WeightScheme) -> int:

@@ -80,10 +80,21 @@ def entry_path(source: Path, mode: str, rank: int, world: int) -> Path:
     layout version) for this rank."""
     from inferd.version import __version__
 
-    st = source.stat()
-    ident = (f"{_FORMAT}|{source.resolve()}|{st.st_size}|{st.st_mtime_ns}|{mode}|{rank}/{world}"
+    size, mtime = source_identity(source)
+    ident = (f"{_FORMAT}|{source.resolve()}|{size}|{mtime}|{mode}|{rank}/{world}"
              f"|{__version__}|{torch.__version__}")  # fmt: skip
     return directory() / f"{hashlib.sha256(ident.encode()).hexdigest()[:32]}.safetensors"
+
+
+def source_identity(source: Path) -> tuple[int, int]:
+    """(bytes, latest mtime) of a GGUF file, or of an HF folder's config and weight files (a
+    pre-quantised checkpoint: any of them changing makes a new entry)."""
+    if not source.is_dir():
+        st = source.stat()
+        return st.st_size, st.st_mtime_ns
+    files = [source / "config.json", *sorted(source.glob("*.safetensors"))]
+    stats = [f.stat() for f in files if f.exists()]
+    return sum(st.st_size for st in stats), max(st.st_mtime_ns for st in stats)
 
 
 def budget(configured: int | None = None) -> int:

@@ -115,6 +115,31 @@ def root(tmp_path_factory):
     return str(tmp_path_factory.mktemp("quantized"))
 
 
+@pytest.fixture(autouse=True)
+def no_user_weight_cache(tmp_path, monkeypatch):
+    """The tiny folders' packed blocks go to a cache of the test's own, never the user's."""
+    monkeypatch.setenv("INFERD_CACHE", str(tmp_path / "cache"))
+
+
+def test_a_second_load_maps_the_packed_blocks_from_the_weight_cache(root, c_kernels,
+                                                                     monkeypatch):  # fmt: skip
+    from inferd.loader import weight_cache
+    from inferd.loader.hf_quant_weights import AwqWeight
+
+    folder, expected, _ = _folder_and_reference("awq-g128", root)
+    first = load_model(open_checkpoint(folder), torch.float32, torch.device("cpu"))
+    entries = list(weight_cache.directory().glob("*.safetensors"))
+    assert len(entries) == 1  # written while the first load packed the layers
+
+    def unpacked_again(*args, **kwargs):
+        raise AssertionError("a cached start unpacked the checkpoint's integers again")
+
+    monkeypatch.setattr(AwqWeight, "load_blocks", unpacked_again)
+    second = load_model(open_checkpoint(folder), torch.float32, torch.device("cpu"))
+    assert batched_greedy(second, PROMPTS, NEW_TOKENS) == expected
+    assert batched_greedy(first, PROMPTS[:2], NEW_TOKENS) == expected[:2]
+
+
 @pytest.mark.parametrize("kind", list(FORMATS))
 def test_quantized_checkpoint_matches_hf_on_its_dequantised_weights(kind, root, c_kernels):
     folder, expected, hf_model = _folder_and_reference(kind, root)
