@@ -186,6 +186,8 @@ def load(path: Path, variant: str | None = None) -> ctypes.CDLL:
     lib.inferd_decode_layer.restype = ctypes.c_int
     lib.inferd_decode_layers.argtypes = [i64, ptr, ptr, ptr]
     lib.inferd_decode_layers.restype = ctypes.c_int
+    lib.inferd_fp8_gemm.argtypes = [ptr, i64, ptr, ptr, i64]
+    lib.inferd_fp8_gemm.restype = ctypes.c_int
     return lib
 
 

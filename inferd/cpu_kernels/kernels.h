@@ -65,4 +65,14 @@ typedef struct {
 int inferd_lora_add(const LoraLinear* W, const int64_t* adapter, const float* x, int64_t n,
                     float* y);
 void inferd_argmax_rows(const float* x, int64_t rows, int64_t cols, int64_t* out);
+/* FP8 (e4m3fn) weights as stored, a scale per output row (inferd/layers/fp8_weight.py): the
+ * layout and the numeric definition are fp8_gemm.c's opening comment. */
+typedef struct {
+    const uint8_t* codes; /* [ceil(N/16), K, 16] */
+    const float* scale;   /* [ceil(N/16) * 16]: 256 * the row's scale, NaN for a row holding a NaN
+                           * code; 0 past N */
+    int64_t N, K;
+} Fp8Matrix;
+
+int inferd_fp8_gemm(const float* x, int64_t M, const Fp8Matrix* W, float* y, int64_t ldy);
 #endif
