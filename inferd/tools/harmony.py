@@ -133,13 +133,6 @@ class HarmonyStream(ToolCallStream):
         self._to: str | int = "content"  # a body's destination: reasoning, content, call index
         self.calls: list[list[str]] = []  # [id, name, arguments] of each call so far
 
-    def feed(self, delta: str) -> StreamDelta:
-        self._text += delta
-        return self._advance(final=False)
-
-    def finish(self) -> StreamDelta:
-        return self._advance(final=True)
-
     def _advance(self, final: bool) -> StreamDelta:
         out = StreamDelta()
         step = {_FIRST: self._first, _OUTSIDE: self._outside, _HEADER: self._header,

@@ -119,13 +119,6 @@ class _HermesStream(ToolCallStream):
         self._current = PartialCall(None, "", False)  # the block's call as last scanned
         self._emitter = CallEmitter()
 
-    def feed(self, delta: str) -> StreamDelta:
-        self._text += delta
-        return self._advance(final=False)
-
-    def finish(self) -> StreamDelta:
-        return self._advance(final=True)
-
     def _advance(self, final: bool) -> StreamDelta:
         out = StreamDelta()
         while True:

@@ -58,14 +58,22 @@ class CallEmitter:
 
 
 class ToolCallStream(ABC):
-    """One streamed reply. Feed every text delta, then call `finish()` once."""
+    """One streamed reply. Feed every text delta, then call `finish()` once. Each format keeps
+    the text it has not dealt with yet in `_text` and reads on from it in `_advance`."""
 
-    @abstractmethod
-    def feed(self, delta: str) -> StreamDelta: ...
+    _text: str
 
-    @abstractmethod
+    def feed(self, delta: str) -> StreamDelta:
+        self._text += delta
+        return self._advance(final=False)
+
     def finish(self) -> StreamDelta:
         """The end of the reply: releases any text still held back."""
+        return self._advance(final=True)
+
+    @abstractmethod
+    def _advance(self, final: bool) -> StreamDelta:
+        """What the text kept so far lets the stream send (`final`: no more text comes)."""
 
 
 class ToolParser(ABC):

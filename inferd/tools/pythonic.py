@@ -166,13 +166,6 @@ class _PythonicStream(ToolCallStream):
         self._consumed = 0
         self._emitter = CallEmitter()
 
-    def feed(self, delta: str) -> StreamDelta:
-        self._text += delta
-        return self._advance(final=False)
-
-    def finish(self) -> StreamDelta:
-        return self._advance(final=True)
-
     def _advance(self, final: bool) -> StreamDelta:
         out = StreamDelta()
         if self._mode == "wait":
