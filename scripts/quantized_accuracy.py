@@ -33,6 +33,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT / "tests"), str(ROOT / "tests" / "parity")]
 from quantized_checkpoints import (  # noqa: E402  (the tests' packers)
     LINEARS,
+    awq_config,
     awq_layer,
     compressed_config,
     fp8_layer,
@@ -88,9 +89,7 @@ def _fp8(per_channel: bool, input_scale: dict[str, float] | None):
 
 
 def _awq(scales):
-    config = {"quant_method": "awq", "bits": 4, "group_size": GROUP, "zero_point": True,
-              "version": "gemm"}  # fmt: skip
-    return (lambda key, w: awq_layer(w, GROUP)), config
+    return (lambda key, w: awq_layer(w, GROUP)), awq_config(GROUP)
 
 
 # name -> (what it is, builder(static input scale per layer) -> (quantize, quantization_config))

@@ -25,6 +25,7 @@ from safetensors.torch import save_file
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 from quantized_checkpoints import (  # noqa: E402  (the tests' packers)
     LINEARS,
+    awq_config,
     awq_layer,
     compressed_config,
     fp8_layer,
@@ -35,16 +36,7 @@ from quantized_checkpoints import (  # noqa: E402  (the tests' packers)
 from inferd.loader import open_checkpoint  # noqa: E402
 
 FORMATS = {
-    "awq": (
-        lambda w: awq_layer(w, 128)[0],
-        {
-            "quant_method": "awq",
-            "bits": 4,
-            "group_size": 128,
-            "zero_point": True,
-            "version": "gemm",
-        },
-    ),  # fmt: skip
+    "awq": (lambda w: awq_layer(w, 128)[0], awq_config(128)),
     "gptq": (
         lambda w: gptq_layer(w, 4, 128, True, False, 0)[0],
         {"quant_method": "gptq", "bits": 4, "group_size": 128, "sym": True, "desc_act": False},

@@ -61,6 +61,12 @@ def awq_layer(w: torch.Tensor, group: int):
     return tensors, deq
 
 
+def awq_config(group: int) -> dict:
+    """config.json's quantization_config of an AutoAWQ GEMM checkpoint."""
+    return {"quant_method": "awq", "bits": 4, "group_size": group, "zero_point": True,
+            "version": "gemm"}  # fmt: skip
+
+
 def gptq_layer(w: torch.Tensor, bits: int, group: int, sym: bool, act_order: bool, seed: int):
     """GPTQ (v1: zeros stored minus one) tensors of w [out, in] and its dequantised weight;
     with `act_order`, each input's group follows a random permutation (`g_idx`)."""

@@ -15,6 +15,7 @@ import zlib
 import pytest
 import torch
 from quantized_checkpoints import (
+    awq_config,
     awq_layer,
     compressed_config,
     fp8_layer,
@@ -67,20 +68,8 @@ def _fp8(per_channel, input_scale):
 # Checkpoints whose activations are rounded too (FP8 with a static input scale)
 ROUNDED_ACTIVATIONS = {"fp8-tensor-static-acts"}
 FORMATS = {
-    "awq-g32": (
-        (lambda key, w: awq_layer(w, 32)),
-        {"quant_method": "awq", "bits": 4, "group_size": 32, "zero_point": True, "version": "gemm"},
-    ),  # fmt: skip
-    "awq-g128": (
-        (lambda key, w: awq_layer(w, 128)),
-        {
-            "quant_method": "awq",
-            "bits": 4,
-            "group_size": 128,
-            "zero_point": True,
-            "version": "gemm",
-        },
-    ),  # fmt: skip
+    "awq-g32": ((lambda key, w: awq_layer(w, 32)), awq_config(32)),
+    "awq-g128": ((lambda key, w: awq_layer(w, 128)), awq_config(128)),
     "gptq-4bit-sym-g64": _gptq(4, 64, True, False),
     "gptq-4bit-asym-act-order": _gptq(4, 32, False, True),
     "gptq-8bit-asym-g128": _gptq(8, 128, False, False),

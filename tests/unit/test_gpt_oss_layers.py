@@ -8,6 +8,7 @@ from __future__ import annotations
 import pytest
 import torch
 import transformers
+from in_memory_weight import InMemoryWeight as _Lazy
 from transformers.integrations.mxfp4 import convert_moe_packed_tensors
 from transformers.models.gpt_oss import modeling_gpt_oss as hf
 
@@ -40,24 +41,6 @@ def test_clamped_swiglu_is_hf_s():
     assert torch.equal(clamped_swiglu(1.702, 3.0)(halves), expected)
     unclamped = clamped_swiglu(1.702, 1e9)(halves)
     assert (unclamped - expected).abs().max() > 1  # the clamps change values here
-
-
-class _Lazy:
-    """A checkpoint tensor as the loader hands it over."""
-
-    def __init__(self, t: torch.Tensor):
-        self.t, self.shape = t, tuple(t.shape)
-
-    def expert(self, index: int) -> _Lazy:
-        return _Lazy(self.t[index])
-
-    def load(self, dtype, rows=None, cols=None):
-        t = self.t
-        if rows is not None:
-            t = t[rows[0] : rows[0] + rows[1]]
-        if cols is not None:
-            t = t[:, cols[0] : cols[0] + cols[1]]
-        return t.to(dtype)
 
 
 def _inferd_config() -> ModelConfig:

@@ -7,27 +7,13 @@ import json
 
 import pytest
 import torch
+from in_memory_weight import InMemoryWeight
 from quantized_checkpoints import awq_layer, gptq_layer, int8_layer
 
 from inferd.errors import ModelLoadError
 from inferd.loader.hf_quant_config import read_quant_format
 from inferd.loader.hf_quant_weights import AwqWeight, GptqWeight, Int8Weight
 from inferd.loader.hf_quantized import logical_shapes
-
-
-class Tensor:
-    """A lazy weight over an in-memory tensor (HFWeight's `load` contract)."""
-
-    def __init__(self, t: torch.Tensor):
-        self.t, self.shape = t, tuple(t.shape)
-
-    def load(self, dtype, rows=None, cols=None):
-        t = self.t
-        if rows is not None:
-            t = t[rows[0] : rows[0] + rows[1]]
-        if cols is not None:
-            t = t[:, cols[0] : cols[0] + cols[1]]
-        return t.to(dtype)
 
 
 def _fmt(qc: dict, tmp_path):
@@ -83,7 +69,7 @@ def test_awq_unpacks_to_its_dequantised_weight(rows, tmp_path):
     w = torch.randn(48, 64)
     tensors, deq = awq_layer(w, 32)
     fmt = _fmt({"quant_method": "awq", "bits": 4, "group_size": 32}, tmp_path)
-    weight = AwqWeight({k: Tensor(v) for k, v in tensors.items()}, fmt, "x")
+    weight = AwqWeight({k: InMemoryWeight(v) for k, v in tensors.items()}, fmt, "x")
     assert weight.shape == (48, 64)
     want = deq if rows is None else deq[rows[0] : rows[0] + rows[1]]
     assert torch.allclose(weight.load(torch.float32, rows=rows), want, atol=1e-6)
@@ -98,7 +84,7 @@ def test_gptq_unpacks_to_its_dequantised_weight(bits, sym, act_order, tmp_path):
     tensors, deq = gptq_layer(w, bits, 32, sym, act_order, seed=1)
     qc = {"quant_method": "gptq", "bits": bits, "group_size": 32, "sym": sym,
           "desc_act": act_order}  # fmt: skip
-    weight = GptqWeight({k: Tensor(v) for k, v in tensors.items()}, _fmt(qc, tmp_path), "x")
+    weight = GptqWeight({k: InMemoryWeight(v) for k, v in tensors.items()}, _fmt(qc, tmp_path), "x")
     assert (weight.input_order is not None) == act_order
     blocks = weight.load_blocks((5, 17))
     assert blocks.offset is None if sym else blocks.offset is not None  # Q4_0-like when sym
@@ -110,7 +96,7 @@ def test_int8_channel_scales_become_block_scales(tmp_path):
     tensors, deq = int8_layer(w, None)
     qc = {"quant_method": "compressed-tensors", "config_groups": {"g": {"weights": {
         "num_bits": 8, "type": "int", "strategy": "channel"}}}}  # fmt: skip
-    weight = Int8Weight({k: Tensor(v) for k, v in tensors.items()}, _fmt(qc, tmp_path), "x")
+    weight = Int8Weight({k: InMemoryWeight(v) for k, v in tensors.items()}, _fmt(qc, tmp_path), "x")
     blocks = weight.load_blocks()
     assert blocks.scale.shape == (16, 3) and torch.equal(blocks.scale[:, 0], blocks.scale[:, 2])
     assert torch.allclose(_values(weight), deq, atol=1e-6)
@@ -121,7 +107,7 @@ def test_mismatched_parts_are_a_clear_error(tmp_path):
     tensors["scales"] = tensors["scales"][:1]
     fmt = _fmt({"quant_method": "awq", "bits": 4, "group_size": 32}, tmp_path)
     with pytest.raises(ValueError, match="x.scales has shape"):
-        AwqWeight({k: Tensor(v) for k, v in tensors.items()}, fmt, "x")
+        AwqWeight({k: InMemoryWeight(v) for k, v in tensors.items()}, fmt, "x")
 
 
 def test_logical_shapes_are_the_model_weights(tmp_path):
