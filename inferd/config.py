@@ -197,6 +197,13 @@ class EngineConfig:
     max_loras: int = 1
     max_lora_rank: int = 16
     max_cpu_loras: int | None = None
+    # KV tiers behind the pool (engine/kv_tiers/): bytes of a RAM tier shared by the replicas of
+    # one server, and a disk tier (a folder and its byte bound) that also survives restarts.
+    # None / None: no tier. The connector saves every computed block there and loads a prompt's
+    # leading blocks back before its first step (docs/architecture.md, "Where KV lives").
+    kv_offload_memory: int | None = None
+    kv_offload_dir: str | None = None
+    kv_offload_disk: int | None = None
     # Fields a short-name model's catalog entry set (loader/catalog.py `with_engine_defaults`),
     # with why: the start-up lines then name the entry, not a flag nobody gave.
     defaults_from: tuple[tuple[str, str], ...] = ()

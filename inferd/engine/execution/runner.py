@@ -198,13 +198,18 @@ class ModelRunner:
             adapter = self.adapter_cache.get(request, lora)
             lora.load(slot, request.lora_int_id, adapter.weights, adapter.config.scale)
 
+    def block_tensors(self, group: int) -> list[torch.Tensor]:
+        """Every tensor holding KV group `group`'s blocks, block index on dim 1: what a block
+        is made of, for zeroing, copying and the KV connector (engine/kv_tiers/)."""
+        return self.kv_caches[group]
+
     def clear_blocks(self, blocks: list[list[int]]) -> None:
         """Zero blocks (per group) before their first use: the torch backend reads whole blocks,
         including slots not written yet, and masks them; uninitialised memory could be NaN."""
         for group, ids in enumerate(blocks):
             if ids:
                 index = torch.tensor(ids, device=self.device)
-                for cache in self.kv_caches[group]:
+                for cache in self.block_tensors(group):
                     # fp8 has no index_fill on CPU: its caches go through a byte view (0 is 0 in
                     # bytes). Others fill in their own dtype: byte-wise filling is far slower.
                     target = cache.view(torch.uint8) if cache.element_size() == 1 else cache
@@ -213,7 +218,7 @@ class ModelRunner:
     def copy_blocks(self, copies: list[tuple[int, int, int]]) -> None:
         """Copy whole KV blocks (group, src, dst) in every layer of the group (fork)."""
         for group, src, dst in copies:
-            for cache in self.kv_caches[group]:
+            for cache in self.block_tensors(group):
                 cache[:, dst].copy_(cache[:, src])
 
 
