@@ -16,6 +16,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
+from inferd.engine.kv_tiers.tier_stats import TierStats
 from inferd.engine_snapshot import EngineSnapshot
 from inferd.outputs import RequestOutput
 from inferd.pooling_params import PoolerConfig, PoolingParams
@@ -67,6 +68,12 @@ class EngineStats:
     # LoRA: the adapters in slots now, and per adapter name the requests that ran under it.
     lora_resident: tuple[str, ...] = ()
     lora_requests: dict[str, int] = field(default_factory=dict)
+    # KV tiers (engine/kv_tiers/): per tier what it did, and the connector's block counts.
+    kv_tiers: tuple[TierStats, ...] = ()
+    kv_blocks_saved: int = 0
+    kv_blocks_loaded: int = 0
+    kv_saves_dropped: int = 0
+    kv_lookups_late: int = 0
 
 
 class TokenizerLike(Protocol):

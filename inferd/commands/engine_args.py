@@ -93,6 +93,17 @@ def add_engine_arguments(parser: argparse.ArgumentParser, model_positional: bool
     )
     parser.add_argument("--kv-cache-memory", type=size_arg, default=None,
                         help="bytes for the KV cache, e.g. 2GiB (CPU default 2GiB)")  # fmt: skip
+    parser.add_argument("--kv-offload-memory", type=size_arg, default=None,
+                        help="a RAM tier of this many bytes behind the KV cache, shared by the "
+                             "server's replicas: computed blocks are kept there and a prompt's "
+                             "blocks load back instead of being recomputed")  # fmt: skip
+    parser.add_argument("--kv-offload-dir", default=None,
+                        help="a disk tier for KV blocks in this folder (with --kv-offload-disk): "
+                             "shared by the replicas, and the next start of the same model "
+                             "finds its blocks")  # fmt: skip
+    parser.add_argument("--kv-offload-disk", type=size_arg, default=None,
+                        help="bytes the disk KV tier may hold, least recently used removed "
+                             "first")  # fmt: skip
     parser.add_argument("--weight-cache-size", type=cache_size_arg, default=None,
                         help="bytes the packed GGUF blocks kept for fast starts may take on disk "
                              "altogether, least recently used removed first; 0: none kept "
@@ -229,6 +240,9 @@ def engine_config_from_args(args: argparse.Namespace):
         max_num_batched_tokens=args.max_num_batched_tokens,
         kv_cache_memory=args.kv_cache_memory,
         weight_cache_size=args.weight_cache_size,
+        kv_offload_memory=args.kv_offload_memory,
+        kv_offload_dir=args.kv_offload_dir,
+        kv_offload_disk=args.kv_offload_disk,
         gpu_memory_utilization=args.gpu_memory_utilization,
         block_size=args.block_size,
         enable_prefix_caching=args.enable_prefix_caching,

@@ -16,15 +16,19 @@ strings and builds `RequestOutput`s. It is not thread-safe: one loop drives it
 
 from __future__ import annotations
 
+import atexit
 import hashlib
 import itertools
 import logging
+import os
 from dataclasses import replace
 
 from inferd.config import EngineConfig
 from inferd.engine.core.core_output import CoreOutput, CoreRequest
 from inferd.engine.execution.executor import Executor
 from inferd.engine.execution.setup import EngineSetup, describe_model, model_identity, set_up_engine
+from inferd.engine.kv_tiers.connector import remove_memory_tier
+from inferd.engine.kv_tiers.open_tiers import check_tier_flags, open_connector
 from inferd.engine.sampling.grammar_mask import GrammarMasks
 from inferd.engine.sampling.sampler import Sampler
 from inferd.engine.sampling.structured_outputs import (
@@ -44,14 +48,18 @@ from inferd.profiling.step_timer import StepTimer
 from inferd.sampling_params import SamplingParams
 from inferd.spec_decode import SpeculativeConfig
 from inferd.step_timing import StepTiming
+from inferd.version import __version__
 
 log = logging.getLogger(__name__)
 
 
 class EngineCore:
-    def __init__(self, config: EngineConfig):
+    def __init__(self, config: EngineConfig, owner_pid: int | None = None):
+        """`owner_pid`: the server process this core serves (its RAM KV tier is that
+        process's; engine/kv_tiers/); None: this process."""
         # Checked before anything loads: a bad value fails in one line, at once.
         spec_config = SpeculativeConfig.parse(config.speculative_config)
+        check_tier_flags(config)
         setup: EngineSetup = set_up_engine(config)
         self.config, self.setup = config, setup
         self.model_config = setup.model_config
@@ -74,9 +82,15 @@ class EngineCore:
         if spec_config is not None:
             self.speculation = Speculation(spec_config, self.max_model_len)
         adapters = AdapterSlots(config.max_loras) if config.enable_lora else None
+        self.owns_memory_tier = owner_pid is None
+        self.connector = open_connector(config, self.runner, self.hash_root,
+                                        _weights_identity(setup.checkpoint.path), __version__,
+                                        owner_pid or os.getpid())  # fmt: skip
+        if self.connector is not None and self.owns_memory_tier and config.kv_offload_memory:
+            atexit.register(remove_memory_tier, os.getpid())  # also without a shutdown()
         self.scheduler = Scheduler(self.kv, setup.max_num_seqs, setup.max_num_batched_tokens,
                                    self.max_model_len, self.eos_token_ids, self.hash_root,
-                                   self.speculation, adapters)  # fmt: skip
+                                   self.speculation, adapters, self.connector)  # fmt: skip
         # The phases of every step (inferd/step_timing.py); a trace, while one runs.
         self.step_timer = StepTimer()
         self.trace = None  # a profiling.trace.TraceSession while a trace runs
@@ -160,6 +174,7 @@ class EngineCore:
             result = self.executor.execute(record)
             timer.begin("output")
             outputs += self.scheduler.update_from_output(record, result)
+            self._save_named_blocks()
         except EngineDeadError as e:  # e.g. a tensor-parallel worker died: nothing can run
             timer.cancel()
             self.dead = str(e)
@@ -176,14 +191,37 @@ class EngineCore:
             self._ended_trace = self.stop_profile()
         return outputs
 
+    def _save_named_blocks(self) -> None:
+        """Copy the blocks this step named out of the pool for the KV connector, now: the next
+        step may hand them out again. The tiers are written by the connector's thread."""
+        saves = self.scheduler.take_saves() if self.connector is not None else []
+        if saves:
+            per_group = [list(blocks) for blocks in zip(*(b for _, b in saves))]
+            self.connector.save([h for h, _ in saves], self.runner.read_blocks(per_group))
+
     def shutdown(self) -> None:
         """Release what outlives the object: tensor-parallel worker processes, the grammar
-        compiler's thread."""
+        compiler's thread, the KV connector's threads (what they hold is written first) and a
+        RAM tier this process owns."""
         self.executor.shutdown()
         self.grammars.shutdown()
+        if self.connector is not None:
+            self.connector.close()
+            if self.owns_memory_tier and self.config.kv_offload_memory:
+                remove_memory_tier(os.getpid())
 
     def stats(self) -> EngineStats:
-        return replace(self.scheduler.stats(), step_timing=self.step_timer.snapshot())
+        stats = replace(self.scheduler.stats(), step_timing=self.step_timer.snapshot())
+        if self.connector is None:
+            return stats
+        c = self.connector.counters
+        return replace(stats, kv_tiers=self.connector.stats(), kv_blocks_saved=c.blocks_saved,
+                       kv_blocks_loaded=c.blocks_loaded, kv_saves_dropped=c.saves_dropped,
+                       kv_lookups_late=c.lookups_late)  # fmt: skip
+
+    def clear_kv_tiers(self) -> int:
+        """Delete every block of the KV tiers (POST /kv/clear); returns how many files."""
+        return self.connector.clear() if self.connector is not None else 0
 
     def rank_reports(self) -> list[dict]:
         """Per tensor-parallel rank: pid, bytes of weights and KV cache (empty without TP)."""
@@ -214,3 +252,16 @@ class EngineCore:
             raise ProfilerStateError("no trace is running; start one first")
         trace, self.trace = self.trace, None
         return trace.stop()
+
+
+def _weights_identity(path) -> tuple[int, int]:
+    """(bytes, mtime) of the weight files: a stored KV block is only as good as the weights
+    that computed it (engine/kv_tiers/connector.py `store_identity`)."""
+    from pathlib import Path
+
+    from inferd.loader.weight_cache import source_identity
+
+    try:
+        return source_identity(Path(path))
+    except (OSError, ValueError):
+        return (0, 0)

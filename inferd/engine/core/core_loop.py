@@ -117,7 +117,7 @@ def core_main(config, to_core: str, from_core: Connection, parent_pid: int,
     try:
         from inferd.engine.core.core import EngineCore
 
-        core = EngineCore(config)
+        core = EngineCore(config, owner_pid=parent_pid)  # its RAM KV tier is the server's
         gc.freeze()
         gc.enable()
         setup = core.setup
@@ -242,7 +242,8 @@ class CoreLoop:
         try:
             if message.method == "snapshot":
                 result = self.snapshots(self.core)
-            elif message.method in ("start_profile", "stop_profile", "rank_reports"):
+            elif message.method in ("start_profile", "stop_profile", "rank_reports",
+                                    "clear_kv_tiers"):  # fmt: skip
                 result = getattr(self.core, message.method)(*message.args)
             else:
                 raise ValueError(f"the engine core has no method {message.method!r}")

@@ -71,6 +71,8 @@ class ModelRunner:
         rows contribute to their embedding: engine/execution/pooler.py `chunk_part`)."""
         self.clear_blocks(record.blocks_to_clear)  # before the copies: they may land there
         self.copy_blocks(record.block_copies)
+        for load in record.kv_loads:  # blocks from a KV tier (engine/kv_tiers/): fresh ones
+            self.write_blocks(load.blocks, load.rows)
         self.load_adapters(record.adapter_loads)
         self.sequences.apply(record)
         rows = self.sequences.forward_rows(record)
@@ -202,6 +204,47 @@ class ModelRunner:
         """Every tensor holding KV group `group`'s blocks, block index on dim 1: what a block
         is made of, for zeroing, copying and the KV connector (engine/kv_tiers/)."""
         return self.kv_caches[group]
+
+    def kv_layout(self) -> str:
+        """What a block's bytes (`read_blocks`) are made of: dtype and shape of every tensor
+        of every group. Equal layouts read and write the same bytes."""
+        return ";".join(f"{t.dtype}{list(t.shape[2:])}" for g in range(len(self.groups))
+                        for t in self.block_tensors(g)) + f"|block_size={self.block_size}"  # fmt: skip
+
+    def block_bytes(self) -> int:
+        """Bytes of one block of every group (a row of `read_blocks`)."""
+        return sum(t[:, 0].numel() * t.element_size() for g in range(len(self.groups))
+                   for t in self.block_tensors(g))  # fmt: skip
+
+    def read_blocks(self, blocks: list[list[int]]) -> torch.Tensor:
+        """Copies of blocks, on the host: `blocks[g][j]` is block j's id in group g; row j of
+        the [len(blocks[0]), block_bytes()] uint8 result holds its every group and tensor."""
+        parts = []
+        for group, ids in enumerate(blocks):
+            index = torch.tensor(ids, device=self.device)
+            for cache in self.block_tensors(group):
+                picked = cache.index_select(1, index).transpose(0, 1).contiguous()
+                parts.append(picked.view(torch.uint8).reshape(len(ids), -1).cpu())
+        return torch.cat(parts, dim=1)
+
+    def write_blocks(self, blocks: list[list[int]], rows: torch.Tensor) -> None:
+        """The inverse of `read_blocks`: row j goes into blocks[g][j] of each group g; a
+        NULL block (0: the group does not need that block) skips that part."""
+        offset = 0
+        for group, ids in enumerate(blocks):
+            keep = [j for j, b in enumerate(ids) if b != 0]
+            index = torch.tensor([ids[j] for j in keep], device=self.device)
+            rows_kept = rows[keep] if len(keep) < len(ids) else rows
+            for cache in self.block_tensors(group):
+                one = cache[:, 0]
+                size = one.numel() * one.element_size()
+                if keep:
+                    part = rows_kept[:, offset : offset + size].contiguous().to(self.device)
+                    part = part.view(cache.dtype).reshape(len(keep), *one.shape)
+                    target = cache.view(torch.uint8) if cache.element_size() == 1 else cache
+                    source = part.view(torch.uint8) if cache.element_size() == 1 else part
+                    target.index_copy_(1, index, source.transpose(0, 1))
+                offset += size
 
     def clear_blocks(self, blocks: list[list[int]]) -> None:
         """Zero blocks (per group) before their first use: the torch backend reads whole blocks,

@@ -3,12 +3,14 @@ cache's usage is the fullest replica's, step timings pool every replica's steps.
 
 from __future__ import annotations
 
+from inferd.engine.kv_tiers.tier_stats import merge_tiers
 from inferd.engine_client import EngineStats
 
 _SUMMED = ("num_running", "num_waiting", "num_preemptions", "prefix_cache_queries",
            "prefix_cache_hits", "prompt_tokens", "generation_tokens", "steps",
            "spec_decode_num_drafts", "spec_decode_num_draft_tokens",
-           "spec_decode_num_accepted_tokens")  # fmt: skip
+           "spec_decode_num_accepted_tokens", "kv_blocks_saved", "kv_blocks_loaded",
+           "kv_saves_dropped", "kv_lookups_late")  # fmt: skip
 
 
 def merge_stats(stats: list[EngineStats]) -> EngineStats:
@@ -34,4 +36,5 @@ def merge_stats(stats: list[EngineStats]) -> EngineStats:
         for name, count in s.lora_requests.items():
             requests[name] = requests.get(name, 0) + count
     merged["lora_requests"] = requests
+    merged["kv_tiers"] = merge_tiers([s.kv_tiers for s in stats])
     return EngineStats(**merged)  # NOTE: a field added to EngineStats needs its rule here

@@ -84,10 +84,20 @@ class BlockPool:
                 if self.hash_of[block] is None:
                     self.free.move_to_end(block, last=False)
 
-    def register(self, block: int, h: bytes) -> None:
+    def register(self, block: int, h: bytes) -> bool:
+        """Name a computed block; False when it was named already (or another block has
+        that name)."""
         if self.enable_caching and self.hash_of[block] is None and h not in self.cached:
             self.cached[h] = block
             self.hash_of[block] = h
+            return True
+        return False
+
+    def unregister(self, block: int) -> None:
+        h = self.hash_of[block]
+        if h is not None and self.cached.get(h) == block:
+            del self.cached[h]
+        self.hash_of[block] = None
 
     def lookup(self, h: bytes) -> int | None:
         return self.cached.get(h)
@@ -220,16 +230,67 @@ class KVCacheManager:
                 pool.release(table[keep:][::-1])  # tail first, as `free` does
                 del table[keep:]
 
-    def cache_computed_blocks(self, seq: Sequence) -> None:
-        """Name the full blocks `seq` has computed so later prompts can find them."""
+    def cache_computed_blocks(self, seq: Sequence) -> list[tuple[bytes, list[int]]]:
+        """Name the full blocks `seq` has computed so later prompts can find them. Returns the
+        blocks named for the first time and held in every group, (hash, block per group): what
+        the KV connector keeps (engine/kv_tiers/connector.py)."""
         if not self.enable_prefix_caching:
-            return
+            return []
         full = min(seq.num_computed // self.block_size, len(seq.block_hashes))
+        named = []
         for i in range(seq.registered_blocks, full):
+            new, blocks = False, []
             for pool, table in zip(self.pools, seq.block_tables):
-                if i < len(table) and table[i] != NULL_BLOCK:
-                    pool.register(table[i], seq.block_hashes[i])
+                block = table[i] if i < len(table) else NULL_BLOCK
+                blocks.append(block)
+                if block != NULL_BLOCK:
+                    new = pool.register(block, seq.block_hashes[i]) or new
+            if new and NULL_BLOCK not in blocks:
+                named.append((seq.block_hashes[i], blocks))
         seq.registered_blocks = max(seq.registered_blocks, full)
+        return named
+
+    def add_loaded_blocks(self, prefix: tuple[int, list[list[int]]], hashes: list[bytes],
+                          count: int) -> tuple[tuple[int, list[list[int]]], list[list[int]]] | None:  # fmt: skip
+        """Extend a cached `prefix` (from `find_cached_prefix`) by `count` blocks read from a KV
+        tier: fresh blocks, named at once (their contents arrive before the step runs:
+        StepRecord.kv_loads). A sliding group takes only the blocks inside its window. Returns
+        (the longer prefix, per group the loaded blocks' ids, NULL_BLOCK where not needed), or
+        None when a pool is short. Until `settle_loaded` or `drop_loaded` the fresh blocks
+        hold one reference of their own."""
+        first, tables = prefix[0] // self.block_size, prefix[1]
+        end = first + count
+        wanted = [range(max(first, self._first_needed_block(g, end * self.block_size)), end)
+                  for g in range(len(self.pools))]  # fmt: skip
+        if any(len(w) > pool.num_free for w, pool in zip(wanted, self.pools)):
+            return None
+        loaded, longer = [], []
+        for g, pool in enumerate(self.pools):
+            fresh = iter(pool.allocate(len(wanted[g])))
+            blocks = [next(fresh) if i in wanted[g] else NULL_BLOCK for i in range(first, end)]
+            for i, block in zip(range(first, end), blocks):
+                if block != NULL_BLOCK:
+                    pool.register(block, hashes[i])
+            loaded.append(blocks)
+            longer.append(list(tables[g]) + blocks)
+        return (end * self.block_size, longer), loaded
+
+    def settle_loaded(self, loaded: list[list[int]]) -> None:
+        """The sequence took the loaded blocks (`allocate` shared them): drop their own
+        reference."""
+        for pool, blocks in zip(self.pools, loaded):
+            for block in blocks:
+                if block != NULL_BLOCK:
+                    pool.ref[block] -= 1
+
+    def drop_loaded(self, loaded: list[list[int]]) -> None:
+        """Undo `add_loaded_blocks` (the sequence could not be admitted): the blocks are
+        unnamed (their contents never arrived) and go back to the pool."""
+        for pool, blocks in zip(self.pools, loaded):
+            live = [b for b in blocks if b != NULL_BLOCK]
+            for block in live:
+                pool.unregister(block)
+            pool.release(live)
 
     def fork(self, parent: Sequence, child: Sequence) -> list[tuple[int, int, int]] | None:
         """Give `child` the blocks of the parent's `num_computed` tokens: full blocks shared,

@@ -8,6 +8,13 @@ Every step hands out at most `max_num_batched_tokens` tokens:
    starting after its longest cached prefix and taking what is left of the budget, so a prompt
    longer than the budget is prefilled in chunks over several steps.
 
+With a KV connector (engine/kv_tiers/connector.py) the blocks of a prompt past the pool's hit
+may come from a tier: the first few waiting prompts' blocks are looked up ahead; the queue head
+waits for its lookup (the running sequences step meanwhile), then starts after the pool's hit
+and the blocks that arrived, which go into fresh blocks before its first step
+(`StepRecord.kv_loads`) and count as cached tokens. Every block the scheduler names for the
+prefix cache is handed to the connector to keep (`take_saves`).
+
 When a pool cannot give a running sequence its next blocks, the newest running sequence is
 preempted: its blocks are freed and it goes back to the head of the queue, to be recomputed
 (cheaply, through the prefix cache) when memory allows. A step that preempts admits no one.
@@ -44,11 +51,14 @@ from inferd.engine.scheduling.request import (
     check_token_stops,
     update_block_hashes,
 )
-from inferd.engine.scheduling.step import ModelRunnerOutput, StepRecord, TokenLogprobs
+from inferd.engine.scheduling.step import KVLoad, ModelRunnerOutput, StepRecord, TokenLogprobs
 from inferd.engine_client import EngineStats
 from inferd.errors import InvalidRequest
 
+LOOKAHEAD = 4  # waiting prompts whose tier lookup starts ahead of their admission
+
 if TYPE_CHECKING:
+    from inferd.engine.kv_tiers.connector import KVConnector
     from inferd.engine.scheduling.speculative import Speculation
 
 
@@ -75,6 +85,7 @@ class Scheduler:
         hash_root: bytes = b"",  # salt of the prefix-cache hashes (the model's identity)
         speculation: Speculation | None = None,  # drafts to verify (speculative decoding)
         adapters: AdapterSlots | None = None,  # LoRA slots (None: LoRA is not enabled)
+        connector: KVConnector | None = None,  # KV tiers behind the pool (None: none)
     ):
         self.kv = kv
         self.max_num_seqs = max_num_seqs
@@ -84,6 +95,7 @@ class Scheduler:
         self.hash_root = hash_root
         self.speculation = speculation
         self.adapters = adapters
+        self.connector = connector
         self.requests: dict[str, Request] = {}  # unfinished requests by id
         self.sequences: dict[int, Sequence] = {}  # their samples (forks not started included)
         self.waiting: deque[Sequence] = deque()
@@ -99,6 +111,10 @@ class Scheduler:
         self._copies: list[tuple[int, int, int]] = []
         self._clears: list[list[int]] = [[] for _ in kv.pools]
         self._forgotten: list[int] = []
+        # The KV connector's share: blocks to load before the next step, blocks named since the
+        # last `take_saves` (hash, block per group) for it to keep.
+        self._loads: list[KVLoad] = []
+        self._saves: list[tuple[bytes, list[int]]] = []
 
     # ---- requests ----------------------------------------------------------------------------
     def add_request(self, req: Request) -> None:
@@ -148,6 +164,7 @@ class Scheduler:
         """The step could not run: fail its requests, keep its device work for the next one
         (clearing or copying a block that meanwhile went back to the pool is harmless)."""
         self._copies = record.block_copies + self._copies
+        self._loads = record.kv_loads + self._loads  # their blocks are named: fill them still
         for group, blocks in enumerate(record.blocks_to_clear):
             self._clears[group] = blocks + self._clears[group]
         ids = {self.sequences[r.seq_id].request.request_id for r in record.rows
@@ -236,6 +253,8 @@ class Scheduler:
                 chosen.append((seq, n, drafts))
                 budget -= n
 
+        if self.connector is not None and not preempted:
+            self._look_ahead()
         skipped = 0  # waiting sequences passed over: their adapter has no slot yet
         while not preempted and len(self.waiting) > skipped and budget > 0:
             if len(self.running) >= self.max_num_seqs:
@@ -244,16 +263,25 @@ class Scheduler:
             if not self._has_adapter_slot(seq.request):
                 skipped += 1  # NOTE: it keeps its place; the ones behind it may run now
                 continue
-            prefix = None
+            prefix, loaded = None, None
             start = seq.num_computed  # nonzero only for a forked child waiting for a slot
             if start == 0 and not seq.request.needs_every_position:
                 # NOTE: prompt logprobs need every prompt position's logits, mean and cls
                 # pooling every hidden state: no cache reuse for them.
+                if self.connector is not None and not self.connector.ready(seq.seq_id):
+                    break  # its blocks are on their way from a tier
                 prefix = self.kv.find_cached_prefix(seq)
+                if self.connector is not None:
+                    prefix, loaded = self._with_loaded_blocks(seq, prefix)
                 start = prefix[0]
             n = min(seq.num_tokens - start, budget)
             if not self.kv.allocate(seq, n, prefix):
+                if loaded is not None:
+                    self.kv.drop_loaded(loaded.blocks)
                 break
+            if loaded is not None:
+                self.kv.settle_loaded(loaded.blocks)
+                self._loads.append(loaded)
             del self.waiting[skipped]
             if seq.num_computed == 0 and seq.request.metrics.first_scheduled_time is None:
                 self.counters.prefix_cache_queries += seq.num_tokens
@@ -265,6 +293,36 @@ class Scheduler:
             chosen.append((seq, n, []))
             budget -= n
         return self._record(chosen, preempted)
+
+    def _look_ahead(self) -> None:
+        """Start the tier lookups of the first waiting prompts (once each), from the block
+        past what the pool holds now."""
+        for seq in list(self.waiting)[: LOOKAHEAD]:
+            if seq.num_computed or seq.request.needs_every_position:
+                continue
+            if seq.seq_id not in self.connector.lookups:
+                limit = (seq.num_tokens - 1) // self.kv.block_size  # one token left to compute
+                first = self.kv.find_cached_prefix(seq)[0] // self.kv.block_size
+                self.connector.look_ahead(seq.seq_id, seq.block_hashes[:limit], first)
+
+    def _with_loaded_blocks(self, seq: Sequence, prefix) -> tuple[tuple, KVLoad | None]:
+        """The pool's `prefix` extended by the blocks a tier delivered for `seq`, with the load
+        that fills them; as it was when none arrived or the pool has no room for them."""
+        bs = self.kv.block_size
+        rows = self.connector.take(seq.seq_id, prefix[0] // bs, (seq.num_tokens - 1) // bs)
+        if rows is None:
+            return prefix, None
+        added = self.kv.add_loaded_blocks(prefix, seq.block_hashes, rows.shape[0])
+        if added is None:
+            return prefix, None
+        longer, blocks = added
+        return longer, KVLoad(blocks, rows)
+
+    def take_saves(self) -> list[tuple[bytes, list[int]]]:
+        """Blocks named since the last call, (hash, block per group), for the KV connector to
+        copy out before the next step can reuse them."""
+        saves, self._saves = self._saves, []
+        return saves
 
     def _has_adapter_slot(self, req: Request) -> bool:
         """Whether the request runs under the base model or holds its adapter's slot (taken
@@ -300,6 +358,7 @@ class Scheduler:
         fresh = self.kv.take_fresh_blocks()
         record.blocks_to_clear = [a + b for a, b in zip(self._clears, fresh, strict=True)]
         record.block_copies, self._copies = self._copies, []
+        record.kv_loads, self._loads = self._loads, []
         self._clears = [[] for _ in self.kv.pools]
         return record
 
@@ -385,7 +444,9 @@ class Scheduler:
                 samples.append(SampleDelta(seq.sample_index, finish_reason="stop"))
         for row in record.rows:
             seq = self.sequences[row.seq_id]
-            self.kv.cache_computed_blocks(seq)
+            named = self.kv.cache_computed_blocks(seq)
+            if self.connector is not None:
+                self._saves += named
             if row.draft_token_ids and seq.finish_reason is None:
                 self.kv.release_tail(seq)  # blocks that held only rejected drafts
             if seq.request.pooling is not None and seq.finish_reason is not None:
@@ -462,3 +523,5 @@ class Scheduler:
             self._forgotten.append(seq.seq_id)
         if self.speculation is not None:
             self.speculation.forget(seq)
+        if self.connector is not None:
+            self.connector.forget(seq.seq_id)

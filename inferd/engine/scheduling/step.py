@@ -69,6 +69,17 @@ def diff_table(old: list[int], new: list[int]) -> BlockUpdate | None:
 
 
 @dataclass
+class KVLoad:
+    """Blocks read from a KV tier (engine/kv_tiers/), to write into fresh pool blocks after
+    clearing and before the step runs: row j of `rows` (ModelRunner.read_blocks' layout) goes
+    to `blocks[g][j]` of each group g (NULL_BLOCK: that group does not need it). Rank 0 only:
+    the tiers are refused with tensor parallelism."""
+
+    blocks: list[list[int]]
+    rows: object  # a [len(blocks[0]), block bytes] uint8 tensor
+
+
+@dataclass
 class NewSequence:
     """A sequence the device side has not seen, sent once: in the step that first schedules it
     or, for samples 2..n of a request, in the step whose logits row they first draw from."""
@@ -131,6 +142,8 @@ class StepRecord:
     # LoRA: (slot, adapter) to load into a slot before the step runs (it replaces what the slot
     # held; the scheduler evicts only slots no unfinished request uses).
     adapter_loads: list[tuple[int, LoRARequest]] = field(default_factory=list)
+    # Blocks from a KV tier to write into the pool before the step runs (engine/kv_tiers/).
+    kv_loads: list[KVLoad] = field(default_factory=list)
 
     @property
     def num_tokens(self) -> int:

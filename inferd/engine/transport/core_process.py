@@ -58,12 +58,14 @@ class CoreProcess:
         self._reader: FrameReader | None = None  # the core's messages (frame_pipe.py)
         self._received: deque = deque()  # decoded, not yet taken by recv
         self._loop: asyncio.AbstractEventLoop | None = None  # read_on's loop
+        self._memory_tier = False  # whether its config has a RAM KV tier (removed at stop)
 
     def start(self, config, stall_timeout: float = 60.0) -> None:
         import zmq
 
         from inferd.engine.core.core_loop import core_main
 
+        self._memory_tier = bool(config.kv_offload_memory)
         self._dir = ipc.SocketDir()
         self._context = zmq.Context()
         self._send_socket = self._context.socket(zmq.PUSH)
@@ -224,3 +226,7 @@ class CoreProcess:
         if self._dir is not None:
             self._dir.close()
             self._dir = None
+        if self._memory_tier:  # the RAM KV tier is this process's: gone with its cores
+            from inferd.engine.kv_tiers.connector import remove_memory_tier
+
+            remove_memory_tier(os.getpid())
