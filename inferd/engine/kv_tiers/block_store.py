@@ -112,17 +112,17 @@ class BlockStore:
         try:
             path.parent.mkdir(mode=0o700, exist_ok=True)
             fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-            try:
-                with open(fd, "wb", buffering=0, closefd=True) as f:
-                    f.write(header)
-                    f.write(payload)
-            except BaseException:
-                tmp.unlink(missing_ok=True)
-                raise
+            with open(fd, "wb", buffering=0, closefd=True) as f:
+                f.write(header)
+                f.write(payload)
             os.replace(tmp, path)
-        except OSError as e:
+        except OSError as e:  # a full disk fails the write or the rename: nothing is left
+            _unlink_quietly(tmp)
             self._write_failed(e)
             return False
+        except BaseException:
+            _unlink_quietly(tmp)
+            raise
         size = HEADER_BYTES + payload.nbytes
         self._count(bytes_written=size)
         self._stored += size
@@ -221,6 +221,13 @@ class BlockStore:
         with self._lock:
             self.stats = replace(self.stats, **{k: getattr(self.stats, k) + v
                                                 for k, v in amounts.items()})  # fmt: skip
+
+
+def _unlink_quietly(path: Path) -> None:
+    try:
+        path.unlink(missing_ok=True)
+    except OSError:
+        pass
 
 
 def _scandir(path: str) -> list[os.DirEntry]:
