@@ -229,21 +229,26 @@ def run_serve(
     return result
 
 
-async def _prefix_counts(client, base_url: str) -> tuple[float, float] | None:
-    """(prefix-cache hits, queries) summed over the server's engines, or None when its /metrics
-    has no such counters."""
+_COUNTERS = {"hits": "inferd:prefix_cache_hits_total", "queries":
+             "inferd:prefix_cache_queries_total", "computed": "inferd:prompt_tokens_total"}  # fmt: skip
+
+
+async def _prefix_counts(client, base_url: str) -> dict[str, float] | None:
+    """Prefix-cache hits and queries (blocks loaded from a KV tier count as hits) and prompt
+    tokens computed, summed over the server's engines; None when its /metrics has no such
+    counters."""
     async with client.get(f"{base_url}/metrics") as resp:
         if resp.status != 200:
             return None
         text = await resp.text()
-    totals = {"hits": 0.0, "queries": 0.0}
+    totals = dict.fromkeys(_COUNTERS, 0.0)
     found = False
     for line in text.splitlines():
-        for key in totals:
-            if line.startswith(f"inferd:prefix_cache_{key}_total"):
+        for key, name in _COUNTERS.items():
+            if line.startswith(name):
                 totals[key] += float(line.rsplit(" ", 1)[1])
                 found = True
-    return (totals["hits"], totals["queries"]) if found else None
+    return totals if found else None
 
 
 async def _run_conversations(base_url: str, model: str | None, conversations, timeout: float,
@@ -264,10 +269,10 @@ async def _run_conversations(base_url: str, model: str | None, conversations, ti
         timings = await asyncio.gather(*(converse(start, turns) for start, turns in talks))
         duration = time.perf_counter() - t0
         after = await _prefix_counts(client, base_url)
-    rate = None
-    if before is not None and after is not None and after[1] > before[1]:
-        rate = (after[0] - before[0]) / (after[1] - before[1])
-    return [t for turns in timings for t in turns], duration, model, rate
+    counts = None
+    if before is not None and after is not None and after["queries"] > before["queries"]:
+        counts = {key: after[key] - before[key] for key in after}
+    return [t for turns in timings for t in turns], duration, model, counts
 
 
 def run_conversations(
@@ -283,7 +288,7 @@ def run_conversations(
     """A multi-turn workload: conversations starting at `request_rate` a second (Poisson
     arrivals; inf: all at once), each sending its turns one after another."""
     _need_aiohttp()
-    timings, duration, model, rate = _run_client(
+    timings, duration, model, counts = _run_client(
         _run_conversations(base_url, model, conversations, timeout, request_rate, seed)
     )
     turns = max(len(c) for c in conversations)
@@ -295,7 +300,10 @@ def run_conversations(
             "model": model,
             "conversations": f"{len(conversations)} of {turns} turns, "
             + ("at once" if math.isinf(request_rate) else f"starting at {request_rate:g}/s"),
-            "prefix cache hit rate": "n/a" if rate is None else f"{rate:.3f}",
+            "prefix cache hit rate": "n/a" if counts is None
+            else f"{counts['hits'] / counts['queries']:.3f}",
+            "prompt tokens computed": "n/a" if counts is None
+            else f"{counts['computed']:.0f} of {counts['queries']:.0f}",
         },
         notes=count_mismatches(timings, [r.output_len for c in conversations for r in c]),
     )

@@ -217,8 +217,7 @@ def test_no_room_for_loaded_blocks_gives_them_back(tmp_path):
     record = schedule_when_ready(again)  # (once its own lookup found nothing)
     again.update_from_output(record, fake_output(record))
     seq = add(again, prompt, max_tokens=1)
-    record = again.schedule()  # starts the lookup; the prompt waits for it
-    again.update_from_output(record, fake_output(record))
+    again._look_ahead()  # what the next schedule() would start
     deadline = time.monotonic() + 5
     while not connector.lookups[seq.seq_id].done and time.monotonic() < deadline:
         time.sleep(0.001)

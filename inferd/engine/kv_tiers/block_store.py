@@ -67,6 +67,13 @@ class BlockStore:
     def contains(self, block_hash: bytes) -> bool:
         return self.path_of(block_hash).is_file()
 
+    def probe(self, block_hash: bytes) -> bool:
+        """`contains`, counting a miss when the block is not there."""
+        found = self.contains(block_hash)
+        if not found:
+            self._count(misses=1)
+        return found
+
     def read(self, block_hash: bytes) -> memoryview | None:
         """The checked payload of a block, or None (not there, or refused: then deleted)."""
         path = self.path_of(block_hash)

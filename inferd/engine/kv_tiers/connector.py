@@ -123,6 +123,10 @@ class KVConnector:
         """Start looking up `hashes[first:]` (a waiting prompt's blocks past the pool's hit)."""
         if seq_id in self.lookups or first >= len(hashes):
             return
+        # NOTE: the first block is checked here (a stat per tier, microseconds): a prompt no
+        # tier knows, the usual new prompt, is admitted at once instead of a step later.
+        if not any(store.probe(hashes[first]) for store in self.stores):
+            return
         lookup = Lookup(hashes, first)
         self.lookups[seq_id] = lookup
         self._loader.submit(self._read_chain, lookup)
