@@ -4,9 +4,12 @@ damaged files are recomputed, never served (engine/kv_tiers/)."""
 
 from __future__ import annotations
 
+import time
+
 import pytest
 
 from inferd import LLM, SamplingParams
+from inferd.engine.kv_tiers.block_store import BlockStore
 
 PROMPT = "A short history of the printing press, told in plain words: " + "it began " * 40
 GREEDY = SamplingParams(max_tokens=8, temperature=0)
@@ -51,3 +54,37 @@ def test_bad_tier_flags_are_refused_before_loading(tmp_path):
         LLM(kv_offload_dir=str(tmp_path))
     with pytest.raises(ValueError, match="need prefix caching"):
         LLM(kv_offload_memory=1 << 20, enable_prefix_caching=False)
+
+
+_WRITER = """
+import sys
+from pathlib import Path
+from inferd.engine.kv_tiers.block_store import BlockStore
+s = BlockStore("disk", Path(sys.argv[1]), b"i" * 32, 1 << 30, 1 << 20)
+print("ready", flush=True)
+i = 0
+while True:
+    s.write(i.to_bytes(32, "little"), memoryview(bytes([i % 251]) * (1 << 20)))
+    i += 1
+"""
+
+
+def test_a_writer_killed_mid_write_leaves_only_whole_blocks(tmp_path):
+    import signal
+    import subprocess
+    import sys
+
+    proc = subprocess.Popen([sys.executable, "-c", _WRITER, str(tmp_path)],
+                            stdout=subprocess.PIPE)  # fmt: skip
+    assert proc.stdout.readline().strip() == b"ready"
+    deadline = time.monotonic() + 10
+    while len(list(tmp_path.rglob("*.kv"))) < 20 and time.monotonic() < deadline:
+        time.sleep(0.005)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    reader = BlockStore("disk", tmp_path, b"i" * 32, 1 << 30, 1 << 20)
+    names = sorted(int.from_bytes(bytes.fromhex(p.stem), "little") for p in tmp_path.rglob("*.kv"))
+    assert len(names) >= 20
+    for i in names:  # every published file is whole and checked
+        assert reader.read(i.to_bytes(32, "little")).tobytes() == bytes([i % 251]) * (1 << 20)
+    assert reader.snapshot().damaged == 0

@@ -227,3 +227,4 @@ def test_no_room_for_loaded_blocks_gives_them_back(tmp_path):
     assert not record.kv_loads and [r.seq_id for r in record.rows] != [seq.seq_id]
     assert kv.pools[0].num_free == free_before == 5
     assert not kv.pools[0].cached.keys() & set(seq.block_hashes)
+
