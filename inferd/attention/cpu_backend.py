@@ -1,5 +1,6 @@
-"""The `cpu` attention backend: attention in C (cpu_kernels/decode_attention.c) reading float32
-or bfloat16 caches in place, with a fixed reduction order per query row.
+"""The `cpu` attention backend: attention in C (cpu_kernels/decode_attention.c) reading float32,
+bfloat16 or int8 (inferd/kv_int8.py) caches in place, with a fixed reduction order per query
+row.
 
 Once per step and KV group the backend writes down which cached keys every query row sees (a
 `RowPlan`: the row's sequence, its context length, that sequence's cache blocks); every layer of
@@ -29,8 +30,11 @@ from inferd.attention.torch_backend import (
     TorchAttentionMetadata,
     store_kv,
 )
+from inferd.kv_int8 import INT8_KV
 
-C_CACHE_DTYPES = (torch.float32, torch.bfloat16)
+# The cache dtypes the C kernels read, as kv_int8.h's CACHE_* formats.
+CACHE_FORMATS = {torch.float32: 0, torch.bfloat16: 1, INT8_KV: 2}
+C_CACHE_DTYPES = tuple(CACHE_FORMATS)
 _P, _I, _F = ctypes.c_void_p, ctypes.c_int64, ctypes.c_float
 
 
@@ -45,7 +49,7 @@ class AttentionShape(ctypes.Structure):
     """Mirrors AttentionShape in cpu_kernels/kernels.h."""
 
     _fields_ = [("heads", _I), ("kv_heads", _I), ("head_dim", _I), ("window", _I),
-                ("cache_bf16", _I), ("scale", _F), ("softcap", _F), ("sinks", _P)]  # fmt: skip
+                ("cache_format", _I), ("scale", _F), ("softcap", _F), ("sinks", _P)]  # fmt: skip
 
 
 @dataclass
@@ -105,7 +109,7 @@ def attend_in_c(lib: ctypes.CDLL, q: torch.Tensor, kv_cache: torch.Tensor, rows:
     out = torch.empty(q.shape[0], spec.num_heads, spec.head_dim)
     sinks = None if spec.sinks is None else spec.sinks.float().contiguous()  # lives past the call
     shape = AttentionShape(spec.num_heads, spec.num_kv_heads, spec.head_dim, spec.window or 0,
-                           int(kv_cache.dtype == torch.bfloat16), spec.scale,
+                           CACHE_FORMATS[kv_cache.dtype], spec.scale,
                            spec.softcap or 0.0,
                            None if sinks is None else sinks.data_ptr())  # fmt: skip
     rc = lib.inferd_paged_attention(q.data_ptr(), kv_cache[0].data_ptr(), kv_cache[1].data_ptr(),

@@ -9,7 +9,9 @@
 * sequences with several new tokens (prefill chunks) run one at a time with a causal (and, for
   sliding layers, windowed) mask, since their shapes differ.
 
-The softmax runs in float32, as HF transformers' eager attention does. Nothing here calls
+The softmax runs in float32, as HF transformers' eager attention does. An int8 cache holds
+quantised rows with their scales (inferd/kv_int8.py): `store_kv` quantises, every read
+dequantises the rows it gathered. Nothing here calls
 compiled code: this is the backend the HF parity tests check, and the `cpu` backend
 (cpu_backend.py) reuses its plans with decode attention in C.
 """
@@ -27,6 +29,7 @@ from inferd.attention.backend import (
     LayerAttentionSpec,
 )
 from inferd.fp8 import FP8, saturate_to_fp8
+from inferd.kv_int8 import INT8_KV, dequantize, quantize
 
 # Decode steps with at least this many (sequence, key) pairs run their products in the cache
 # dtype; smaller ones in float32 (see TorchAttentionBackend._decode).
@@ -140,24 +143,35 @@ def _decode_plan(meta: AttentionBatch, g: GroupBatch, decode_seqs) -> DecodePlan
 
 
 def _compute_dtype(cache_dtype: torch.dtype) -> torch.dtype:
-    """Products run in the cache dtype, except for fp8 caches (no fp8 matmul here): bf16."""
-    return torch.bfloat16 if cache_dtype == FP8 else cache_dtype
+    """Products run in the cache dtype, except for 8-bit caches (no fp8 or int8 matmul here,
+    and 8 bits of a value fit bf16's mantissa): bf16."""
+    return torch.bfloat16 if cache_dtype in (FP8, INT8_KV) else cache_dtype
+
+
+def _values(rows: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """Cache rows [..., width] gathered from the pool as values [..., head_dim] in `dtype`: int8
+    rows dequantised (codes x their scale), others cast."""
+    return dequantize(rows, dtype) if rows.dtype == INT8_KV else rows.to(dtype)
 
 
 def _store(flat: torch.Tensor, slots: torch.Tensor, x: torch.Tensor) -> None:
     """Write new keys or values into their cache slots. fp8 caches saturate at ±448 (e4m3's
-    largest value) and are written through a byte view (no fp8 index_copy on CPU)."""
+    largest value) and are written through a byte view (no fp8 index_copy on CPU); int8 caches
+    take each row's codes and scale."""
     if flat.dtype == FP8:
         flat.view(torch.uint8).index_copy_(0, slots, saturate_to_fp8(x).view(torch.uint8))
+    elif flat.dtype == INT8_KV:
+        flat.index_copy_(0, slots, quantize(x))
     else:
         flat.index_copy_(0, slots, x.to(flat.dtype))
 
 
 def store_kv(kv_cache: torch.Tensor, slots: torch.Tensor, k: torch.Tensor, v: torch.Tensor):
-    """A layer's new keys and values into their slots of its cache [2, blocks, bs, kv, dim]."""
-    heads, dim = kv_cache.shape[-2:]
-    _store(kv_cache[0].view(-1, heads, dim), slots, k)
-    _store(kv_cache[1].view(-1, heads, dim), slots, v)
+    """A layer's new keys and values into their slots of its cache [2, blocks, bs, kv, width]
+    (width: head_dim, or head_dim + 4 for int8 rows)."""
+    heads, width = kv_cache.shape[-2:]
+    _store(kv_cache[0].view(-1, heads, width), slots, k)
+    _store(kv_cache[1].view(-1, heads, width), slots, v)
 
 
 def _per_kv_head(x: torch.Tensor) -> torch.Tensor:
@@ -199,8 +213,8 @@ class TorchAttentionBackend(AttentionBackend[TorchAttentionMetadata]):
         metadata: TorchAttentionMetadata,
     ) -> torch.Tensor:
         kv_heads, head_dim = spec.num_kv_heads, spec.head_dim
-        k_flat = kv_cache[0].view(-1, kv_heads, head_dim)
-        v_flat = kv_cache[1].view(-1, kv_heads, head_dim)
+        k_flat = kv_cache[0].view(-1, kv_heads, kv_cache.shape[-1])
+        v_flat = kv_cache[1].view(-1, kv_heads, kv_cache.shape[-1])
         store_kv(kv_cache, metadata.slot_mappings[spec.group], k, v)
         plan = metadata.groups[spec.group]
         decode, chunks = plan.decode, plan.chunks
@@ -215,13 +229,13 @@ class TorchAttentionBackend(AttentionBackend[TorchAttentionMetadata]):
             # [kv_heads, group * length, head_dim] against [kv_heads, head_dim, keys]
             qc = q[c.start : c.start + c.length].view(c.length, kv_heads, group_size, head_dim)
             qc = qc.permute(1, 2, 0, 3).to(dtype)
-            keys = k_flat[c.slots].permute(1, 2, 0).to(dtype)
+            keys = _values(k_flat[c.slots], dtype).permute(1, 2, 0)
             scores = torch.matmul(qc, keys[:, None]) * spec.scale
             sinks = None
             if spec.sinks is not None:  # [kv_heads, group, length, 1], as the scores
                 sinks = spec.sinks.view(kv_heads, group_size, 1, 1).expand(-1, -1, c.length, 1)
             probs = _scores_to_probs(scores, spec, c.bias, sinks).to(dtype)
-            values = v_flat[c.slots].permute(1, 0, 2).to(dtype)
+            values = _values(v_flat[c.slots], dtype).permute(1, 0, 2)
             res = torch.matmul(probs, values[:, None])  # [kv_heads, group, length, head_dim]
             out[c.start : c.start + c.length] = res.permute(2, 0, 1, 3).reshape(
                 c.length, spec.num_heads, head_dim
@@ -253,17 +267,20 @@ class TorchAttentionBackend(AttentionBackend[TorchAttentionMetadata]):
             dtype = torch.float32
         group = spec.num_heads // kv_heads
         qd = q.reshape(n * kv_heads, group, head_dim).to(dtype)
-        keys = _per_kv_head(kv_cache[0].index_select(0, plan.blocks).view(n, span, kv_heads, -1))
-        values = _per_kv_head(kv_cache[1].index_select(0, plan.blocks).view(n, span, kv_heads, -1))
+        keys, values = (
+            _per_kv_head(_values(kv_cache[i].index_select(0, plan.blocks), dtype)
+                         .view(n, span, kv_heads, head_dim))
+            for i in (0, 1)
+        )  # fmt: skip
         bias = plan.bias_for(kv_heads, dtype)
         if spec.softcap is None and spec.sinks is None:
-            scores = torch.baddbmm(bias, qd, keys.to(dtype).transpose(1, 2), alpha=spec.scale)
+            scores = torch.baddbmm(bias, qd, keys.transpose(1, 2), alpha=spec.scale)
             probs = torch.softmax(scores, dim=-1, dtype=torch.float32).to(dtype)
         else:
-            scores = torch.bmm(qd, keys.to(dtype).transpose(1, 2)) * spec.scale
+            scores = torch.bmm(qd, keys.transpose(1, 2)) * spec.scale
             sinks = None
             if spec.sinks is not None:  # [n * kv_heads, group, 1], as the scores
                 sinks = spec.sinks.view(1, kv_heads * group, 1).expand(n, -1, 1)
                 sinks = sinks.reshape(n * kv_heads, group, 1)
             probs = _scores_to_probs(scores, spec, bias, sinks)
-        return torch.bmm(probs, values.to(dtype)).view(n, spec.num_heads, head_dim)
+        return torch.bmm(probs, values).view(n, spec.num_heads, head_dim)

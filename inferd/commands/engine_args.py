@@ -127,8 +127,14 @@ def add_engine_arguments(parser: argparse.ArgumentParser, model_positional: bool
                              "gguf: only a GGUF file's own blocks, least memory (CPU); int8: "
                              "W8A8 (CPU); int4: weight-only (CPU, lossy); fp8: W8A8 (Hopper "
                              "GPUs); a named model may bring its own")  # fmt: skip
+    # the choices are model_setup.KV_CACHE_DTYPES (not imported: `--help` loads no torch)
     parser.add_argument("--kv-cache-dtype", default="auto",
-                        help="auto (the model dtype), float32, bfloat16, float16, fp8")  # fmt: skip
+                        choices=["auto", "float32", "bfloat16", "float16", "fp8", "int8"],
+                        help="auto: the mode's (bfloat16 with GGUF blocks, else the model "
+                             "dtype); float16: GPUs only; fp8: e4m3 (torch and cpu attention "
+                             "backends, not --deterministic); int8: a float32 scale per token "
+                             "and KV head, about half of bfloat16's memory (every backend, "
+                             "--deterministic included; docs/memory.md)")  # fmt: skip
     parser.add_argument(
         "--threads",
         type=_positive_int,

@@ -188,6 +188,8 @@ def load(path: Path, variant: str | None = None) -> ctypes.CDLL:
     lib.inferd_decode_layers.restype = ctypes.c_int
     lib.inferd_fp8_gemm.argtypes = [ptr, i64, ptr, ptr, i64]
     lib.inferd_fp8_gemm.restype = ctypes.c_int
+    lib.inferd_kv_int8_quantize.argtypes = [ptr, i64, i64, ptr]
+    lib.inferd_kv_int8_quantize.restype = None
     return lib
 
 

@@ -22,7 +22,8 @@
  * each key and value row loaded once per block. Many units (prefill, big batches): the threads
  * take whole units. Few (decode of a few sequences): the threads take the chunks of the units,
  * a wave at a time, store each chunk's partial results and fold them afterwards. Products in
- * float32; a bf16 cache's chunk is widened once per tile. */
+ * float32; a bf16 cache's chunk is widened once per tile, an int8 cache's dequantised (code x
+ * its row's scale, kv_int8.h): one IEEE product per value, the same in every variant. */
 #include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -30,6 +31,7 @@
 
 #include "attention_tiles.h"
 #include "kernels.h"
+#include "kv_int8.h"
 #include "vec_exp.h"
 
 #ifdef _OPENMP
@@ -43,7 +45,8 @@ typedef struct {
     const float* q; /* [rows, H, D] */
     const void *k_pool, *v_pool;
     const KeyPlan* plan;
-    int64_t H, KV, D, G, window, bf16;
+    int64_t H, KV, D, G, window, format; /* format: CACHE_F32, CACHE_BF16 or CACHE_INT8 */
+    int64_t row;                         /* elements of a cache row: kv_row_width */
     float scale, softcap;
     const float* sinks; /* [H] or NULL */
 } Problem;
@@ -64,16 +67,19 @@ static inline int64_t row_at(const Problem* P, int64_t s, int64_t p, int64_t kvh
     const KeyPlan* K = P->plan;
     const int64_t off = p - K->starts[s];
     const int64_t block = K->blocks[s * K->width + off / K->block_size];
-    return ((block * K->block_size + off % K->block_size) * P->KV + kvh) * P->D;
+    return ((block * K->block_size + off % K->block_size) * P->KV + kvh) * P->row;
 }
 
-/* `len` elements of a cache row from element `at`, as float32 (widened into `buf` from a
- * bfloat16 cache). */
-static inline const float* cache_row(const Problem* P, const void* pool, int64_t at, float* buf,
-                                     int64_t len) {
-    if (!P->bf16) return (const float*)pool + at;
+/* The D values of the cache row at element `at`, as float32: in place (a float32 cache), or
+ * into `buf` (bfloat16 widened, int8 dequantised). */
+static inline const float* cache_row(const Problem* P, const void* pool, int64_t at, float* buf) {
+    if (P->format == CACHE_F32) return (const float*)pool + at;
+    if (P->format == CACHE_INT8) {
+        kv_int8_dequantize((const int8_t*)pool + at, P->D, buf);
+        return buf;
+    }
     const uint16_t* h = (const uint16_t*)pool + at;
-    for (int64_t d = 0; d < len; d++) {
+    for (int64_t d = 0; d < P->D; d++) {
         const uint32_t bits = (uint32_t)h[d] << 16;
         memcpy(buf + d, &bits, 4);
     }
@@ -85,7 +91,7 @@ static inline const float* cache_row(const Problem* P, const void* pool, int64_t
 #define PART(D) ((D) + 2)
 
 /* A thread's scratch: scores [rows * G, KEY_CHUNK] (then the softmax weights), and the chunk's
- * keys and values widened to float32 [KEY_CHUNK, D] (a bfloat16 cache). */
+ * keys and values as float32 [KEY_CHUNK, D] (a bfloat16 or int8 cache). */
 typedef struct {
     float *scores, *keys, *values;
 } Scratch;
@@ -144,8 +150,8 @@ static void chunk_partials(const Problem* P, const Tile* T, int64_t kvh, int64_t
     const float *key[KEY_CHUNK], *val[KEY_CHUNK];
     for (int64_t t = ua; t < ub; t++) {
         const int64_t at = row_at(P, T->seq, k0 + t, kvh);
-        key[t] = cache_row(P, P->k_pool, at, S.keys + t * D, D);
-        val[t] = cache_row(P, P->v_pool, at, S.values + t * D, D);
+        key[t] = cache_row(P, P->k_pool, at, S.keys + t * D);
+        val[t] = cache_row(P, P->v_pool, at, S.values + t * D);
     }
     for (int64_t i0 = 0; i0 < nq; i0 += 4) { /* scores, 4 query vectors x 4 keys a block */
         const int64_t n = nq - i0 < 4 ? nq - i0 : 4, ja = i0 / G, jb = (i0 + n - 1) / G;
@@ -334,15 +340,17 @@ static int by_chunks(const Problem* P, const Tile* tiles, int64_t units, int64_t
     return failed ? -2 : 0;
 }
 
-/* q [rows, H, D] (float32), the plan's keys in k_pool / v_pool ([num_blocks, block_size, KV, D],
- * float32 or bfloat16) -> out [rows, H, D]. Returns 0, -1 for a shape it does not take (H not a
- * multiple of KV), -2 if out of memory. */
+/* q [rows, H, D] (float32), the plan's keys in k_pool / v_pool ([num_blocks, block_size, KV, D]
+ * float32 or bfloat16, or [.., D + 4] int8 rows) -> out [rows, H, D]. Returns 0, -1 for a shape
+ * or cache format it does not take (H not a multiple of KV), -2 if out of memory. */
 int inferd_paged_attention(const float* q, const void* k_pool, const void* v_pool,
                            const KeyPlan* plan, const AttentionShape* shape, float* out) {
     const int64_t H = shape->heads, KV = shape->kv_heads;
+    const int64_t format = shape->cache_format, D = shape->head_dim;
     if (KV < 1 || H % KV) return -1;
-    const Problem P = {q, k_pool, v_pool, plan, H, KV, shape->head_dim, H / KV, shape->window,
-                       shape->cache_bf16, shape->scale, shape->softcap, shape->sinks};
+    if (format != CACHE_F32 && format != CACHE_BF16 && format != CACHE_INT8) return -1;
+    const Problem P = {q,      k_pool, v_pool, plan, H, KV, D, H / KV, shape->window, format,
+                       kv_row_width(format, D), shape->scale, shape->softcap, shape->sinks};
     int64_t count = 0, tall = 1;
     Tile* tiles = make_tiles(&P, &count, &tall);
     if (!tiles) return -2;

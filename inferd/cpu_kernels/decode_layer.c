@@ -20,6 +20,7 @@
 #include <string.h>
 
 #include "kernels.h"
+#include "kv_int8.h"
 #include "vec_exp.h"
 
 #define MAX_PARTS 4
@@ -51,9 +52,9 @@ typedef struct {
     int64_t n;             /* rows: one new token each, of any sequences, in any mix */
     const float* cos;      /* [n, head_dim] */
     const float* sin;      /* [n, head_dim], signed: the first half negated */
-    void* k_pool;          /* [num_blocks, block_size, kv_heads, head_dim] */
+    void* k_pool;          /* [num_blocks, block_size, kv_heads, kv_row_width(format, head_dim)] */
     void* v_pool;
-    int64_t cache_bf16;    /* the pools hold bfloat16 (else float32) */
+    int64_t cache_format;  /* CACHE_F32, CACHE_BF16 or CACHE_INT8 (kv_int8.h) */
     const int64_t* slots;  /* [n] cache slot of each new token */
     const KeyPlan* keys;   /* which keys each row attends to (decode_attention.c) */
     const int64_t* adapter; /* [n] each row's LoRA slot (0: base model), or NULL: none */
@@ -125,13 +126,18 @@ static inline uint16_t to_bf16(float f) { /* round to nearest even, as PyTorch d
     return (uint16_t)((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16);
 }
 
-static void store(void* pool, int64_t bf16, int64_t at, const float* x, int64_t count) {
-    if (!bf16) {
-        memcpy((float*)pool + at, x, sizeof(float) * (size_t)count);
-        return;
+/* One token's KV heads x [KV, D] into its cache rows, which start at element `at`. */
+static void store(void* pool, int64_t format, int64_t at, const float* x, int64_t KV,
+                  int64_t D) {
+    if (format == CACHE_F32) {
+        memcpy((float*)pool + at, x, sizeof(float) * (size_t)(KV * D));
+    } else if (format == CACHE_INT8) { /* a scale per head: kv_int8.h */
+        for (int64_t h = 0; h < KV; h++)
+            kv_int8_quantize(x + h * D, D, (int8_t*)pool + at + h * (D + KV_INT8_SCALE_BYTES));
+    } else {
+        uint16_t* out = (uint16_t*)pool + at;
+        for (int64_t c = 0; c < KV * D; c++) out[c] = to_bf16(x[c]);
     }
-    uint16_t* out = (uint16_t*)pool + at;
-    for (int64_t c = 0; c < count; c++) out[c] = to_bf16(x[c]);
 }
 
 /* Row i of the projected q/k/v: bias, q/k norms, rotation; q into `q`, k and v into the cache. */
@@ -147,9 +153,9 @@ static void qkv_row(const LayerSpec* L, const StepSpec* S, int64_t i, float* row
     }
     rope(row, H + KV, D, S->cos + i * D, S->sin + i * D);
     memcpy(q + i * H * D, row, sizeof(float) * (size_t)(H * D));
-    const int64_t at = S->slots[i] * KV * D;
-    store(S->k_pool, S->cache_bf16, at, row + H * D, KV * D);
-    store(S->v_pool, S->cache_bf16, at, row + (H + KV) * D, KV * D);
+    const int64_t at = S->slots[i] * KV * kv_row_width(S->cache_format, D);
+    store(S->k_pool, S->cache_format, at, row + H * D, KV, D);
+    store(S->v_pool, S->cache_format, at, row + (H + KV) * D, KV, D);
 }
 
 /* act [I] = act(gate) * up of one row of gate_up [2I] */
@@ -233,7 +239,7 @@ int inferd_decode_layer(const LayerSpec* L, const StepSpec* S, float* h) {
     float* act = malloc(sizeof(float) * (size_t)(block * I));
     int rc = -2;
     if (!x || !qkv || !q || !y || !mlp || !act) goto done;
-    const AttentionShape shape = {H, KV, D, L->window, S->cache_bf16, L->scale, L->softcap};
+    const AttentionShape shape = {H, KV, D, L->window, S->cache_format, L->scale, L->softcap};
 
     inferd_rms_norm(h, L->input_gain, n, hid, L->eps, x);
     if ((rc = gemv(&L->qkv, x, n, qkv))) goto done;

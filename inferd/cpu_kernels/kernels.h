@@ -41,9 +41,10 @@ typedef struct {
 } KeyPlan;
 
 /* One attention layer: window 0 for none, softcap 0 for none; sinks NULL for none, else one
- * logit per query head that joins each row's softmax denominator (gpt-oss). */
+ * logit per query head that joins each row's softmax denominator (gpt-oss). cache_format: what
+ * the pools hold, CACHE_F32, CACHE_BF16 or CACHE_INT8 (kv_int8.h). */
 typedef struct {
-    int64_t heads, kv_heads, head_dim, window, cache_bf16;
+    int64_t heads, kv_heads, head_dim, window, cache_format;
     float scale, softcap;
     const float* sinks;
 } AttentionShape;

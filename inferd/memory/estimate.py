@@ -24,6 +24,8 @@ from inferd.memory.activations import (
     runtime_overhead,
 )
 from inferd.memory.kv import (
+    INT8_ROWS,
+    KVElement,
     KVPoolPlan,
     kv_bytes_for_context,
     kv_bytes_per_token,
@@ -60,6 +62,10 @@ DEFAULT_MAX_NUM_BATCHED_TOKENS = {
 }
 KV_DTYPES = ("fp32", "bf16", "fp16", "fp8", "int8")
 ELEMENT_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2, "fp8": 1, "int8": 1}
+# What a KV dtype stores per value and per row: int8 rows also hold their scale, as the runner
+# allocates them (inferd/kv_int8.py).
+KV_ELEMENTS = {"fp32": KVElement(4), "bf16": KVElement(2), "fp16": KVElement(2),
+               "fp8": KVElement(1), "int8": INT8_ROWS}  # fmt: skip
 
 
 def engine_kv_pool(
@@ -67,7 +73,7 @@ def engine_kv_pool(
     concurrency: int,
     context_len: int,
     *,
-    dtype_bytes: int,
+    dtype_bytes: int | KVElement,
     block_size: int = DEFAULT_BLOCK_SIZE,
     max_num_batched_tokens: int = DEFAULT_MAX_NUM_BATCHED_TOKENS["cpu"],
 ) -> KVPoolPlan:
@@ -194,7 +200,7 @@ class _Plan:
 
     def device_bytes(self, tp: int, concurrency: int, context_len: int) -> DeviceBreakdown:
         shard = tp_shard(self.config, tp)
-        tokens, kvb = self.max_num_batched_tokens, ELEMENT_BYTES[self.kv_dtype]
+        tokens, kvb = self.max_num_batched_tokens, KV_ELEMENTS[self.kv_dtype]
         weights = weight_bytes(count_parameters(shard).total, self.dtype)
         if self.blocks is not None and tp == 1:
             weights = self.blocks.total
@@ -296,7 +302,7 @@ def estimate_memory(
     backend = attention_backend or ("torch" if device == "cpu" else "fused")
     plan = _Plan(config, wdtype, kv_dtype, tokens, block_size, device, backend, blocks)
     shard = tp_shard(config, tp)
-    kvb = ELEMENT_BYTES[kv_dtype]
+    kvb = KV_ELEMENTS[kv_dtype]
     params = count_parameters(config)
 
     capacity: dict = {}

@@ -1,8 +1,11 @@
 """KV-cache arithmetic: bytes per token, per block, and how a memory budget becomes block pools.
 
-    KV bytes per token (one layer) = 2 (K and V) × kv_heads × head_dim × bytes per element
+    KV bytes per token (one layer) = 2 (K and V) × kv_heads × row bytes
+    row bytes = head_dim × bytes per element (+ 4 for int8: each row's float32 scale)
 
-summed over layers. A sliding-window layer never holds more than `window` tokens of a sequence,
+summed over layers. A KV dtype is given as its bytes per element (4, 2, 1: float32, 16-bit and
+fp8 rows hold nothing else) or as a `KVElement` (int8, whose rows also hold their scale:
+inferd/kv_int8.py). A sliding-window layer never holds more than `window` tokens of a sequence,
 so at context length L it costs min(L, window) tokens, not L. inferd keeps one block pool per KV
 group (layers sharing a window, see `ModelConfig.kv_groups`) so that the sliding layers' memory
 really is capped: their blocks are freed once they leave the window.
@@ -13,22 +16,51 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+import torch
+
 from inferd.config import ModelConfig
+from inferd.kv_int8 import INT8_KV, SCALE_BYTES
 
 # Block 0 of every pool is never handed out: padded block tables point at it.
 NULL_BLOCKS = 1
 
 
-def kv_bytes_per_token_per_layer(config: ModelConfig, dtype_bytes: int) -> int:
-    return 2 * config.num_kv_heads * config.head_dim * dtype_bytes
+@dataclass(frozen=True)
+class KVElement:
+    """How a KV cache dtype stores one token's key (or value) vector of one KV head:
+    `bytes` per value, and `row_extra` bytes per vector besides them."""
+
+    bytes: int
+    row_extra: int = 0
+
+    def row_bytes(self, head_dim: int) -> int:
+        return head_dim * self.bytes + self.row_extra
 
 
-def kv_bytes_per_token(config: ModelConfig, dtype_bytes: int) -> int:
+INT8_ROWS = KVElement(1, SCALE_BYTES)  # codes, then their float32 scale
+
+
+def kv_element(kv_dtype: torch.dtype) -> KVElement:
+    """The element of a cache tensor's dtype, as the runner allocates it."""
+    return INT8_ROWS if kv_dtype == INT8_KV else KVElement(kv_dtype.itemsize)
+
+
+def _row_bytes(config: ModelConfig, dtype_bytes: int | KVElement) -> int:
+    element = dtype_bytes if isinstance(dtype_bytes, KVElement) else KVElement(dtype_bytes)
+    return element.row_bytes(config.head_dim)
+
+
+def kv_bytes_per_token_per_layer(config: ModelConfig, dtype_bytes: int | KVElement) -> int:
+    return 2 * config.num_kv_heads * _row_bytes(config, dtype_bytes)
+
+
+def kv_bytes_per_token(config: ModelConfig, dtype_bytes: int | KVElement) -> int:
     """All layers, as if every layer attended to the whole context (no window cap)."""
     return config.num_layers * kv_bytes_per_token_per_layer(config, dtype_bytes)
 
 
-def kv_bytes_for_context(config: ModelConfig, context_len: int, dtype_bytes: int) -> int:
+def kv_bytes_for_context(config: ModelConfig, context_len: int,
+                         dtype_bytes: int | KVElement) -> int:  # fmt: skip
     """One sequence of `context_len` tokens, with sliding layers capped at their window."""
     per_layer = kv_bytes_per_token_per_layer(config, dtype_bytes)
     total = 0
@@ -38,7 +70,8 @@ def kv_bytes_for_context(config: ModelConfig, context_len: int, dtype_bytes: int
     return total
 
 
-def block_bytes(config: ModelConfig, layers: int, block_size: int, dtype_bytes: int) -> int:
+def block_bytes(config: ModelConfig, layers: int, block_size: int,
+                dtype_bytes: int | KVElement) -> int:  # fmt: skip
     return layers * block_size * kv_bytes_per_token_per_layer(config, dtype_bytes)
 
 
@@ -66,7 +99,7 @@ def plan_kv_pool(
     config: ModelConfig,
     budget_bytes: int,
     block_size: int,
-    dtype_bytes: int,
+    dtype_bytes: int | KVElement,
     max_num_seqs: int,
     max_num_batched_tokens: int,
 ) -> KVPoolPlan:

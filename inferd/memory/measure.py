@@ -31,6 +31,7 @@ from inferd.memory.snapshot import (
 from inferd.sampling_params import SamplingParams
 
 _TORCH_DTYPES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
+_KV_DTYPES = {**_TORCH_DTYPES, "int8": "int8"}  # int8: rows with their scales (kv_int8.py)
 _PROMPT = "Request {i}: explain in a few sentences why the KV cache grows with the context."
 
 
@@ -88,9 +89,9 @@ def measure_memory(
             f"--measure loads real weights: --dtype {estimate.dtype} is a what-if precision; "
             "use float32, bfloat16 or float16"
         )
-    if estimate.kv_cache_dtype not in _TORCH_DTYPES:
+    if estimate.kv_cache_dtype not in _KV_DTYPES:
         raise ValueError(
-            f"--measure: the engine keeps its KV cache in float32, bfloat16 or float16, not "
+            f"--measure compares the KV pool of a float32, bfloat16, float16 or int8 cache, not "
             f"{estimate.kv_cache_dtype}"
         )
     dev, pred = estimate.device, estimate.per_device
@@ -103,7 +104,7 @@ def measure_memory(
         device=dev,
         max_num_seqs=estimate.concurrency,
         max_num_batched_tokens=estimate.max_num_batched_tokens,
-        kv_cache_dtype=_TORCH_DTYPES[estimate.kv_cache_dtype],
+        kv_cache_dtype=_KV_DTYPES[estimate.kv_cache_dtype],
     )
     if tp != 1:
         kwargs["tensor_parallel_size"] = tp

@@ -14,8 +14,9 @@ independent of the others (docs/performance.md). The contract, checked once at l
   not split across ranks.
 * **Which steps it serves.** Any step whose attention backend is the `cpu` one in its
   fixed-order mode (the C layer attends with the same C kernel, reading the per-row plans of
-  the step's metadata; the `torch` backend means pure PyTorch) and whose KV caches are float32
-  or bfloat16 on the CPU. Any other step (an fp8 cache) takes the layers' own forward.
+  the step's metadata; the `torch` backend means pure PyTorch) and whose KV caches are float32,
+  bfloat16 or int8 (quantised per token and KV head as the layer stores them:
+  inferd/kv_int8.py) on the CPU. Any other step (an fp8 cache) takes the layers' own forward.
 
 The layers' forward computes the same thing (tests/parity/test_fused_decode.py compares them
 layer by layer). This module describes each layer to the kernel once (pointers into tensors
@@ -30,7 +31,12 @@ import torch
 from torch import nn
 
 from inferd.attention.backend import ForwardContext
-from inferd.attention.cpu_backend import C_CACHE_DTYPES, CpuAttentionBackend, CpuAttentionMetadata
+from inferd.attention.cpu_backend import (
+    C_CACHE_DTYPES,
+    CACHE_FORMATS,
+    CpuAttentionBackend,
+    CpuAttentionMetadata,
+)
 from inferd.layers.block_method import BlockMethod
 from inferd.layers.gguf_blocks import MAX_PARTS, BlockMatrix
 from inferd.layers.linear import Linear
@@ -79,7 +85,7 @@ class StepSpec(ctypes.Structure):
     """Mirrors StepSpec in cpu_kernels/decode_layer.c."""
 
     _fields_ = [("n", _I), ("cos", _P), ("sin", _P), ("k_pool", _P), ("v_pool", _P),
-                ("cache_bf16", _I), ("slots", _P), ("keys", _P), ("adapter", _P)]  # fmt: skip
+                ("cache_format", _I), ("slots", _P), ("keys", _P), ("adapter", _P)]  # fmt: skip
 
 
 def _blocks_of(linear: Linear) -> BlockLinear | None:
@@ -246,7 +252,7 @@ class CpuDecoder:
             raise RuntimeError(f"the C decoder layer failed ({rc})")
 
     def _pools(self, kv_caches) -> list[tuple[int, int, int]]:
-        """Each layer's (keys pool, values pool, bf16) pointers, kept while the step's caches
+        """Each layer's (keys pool, values pool, cache format), kept while the step's caches
         are the same list (a runner allocates its caches once)."""
         if self._pools_of is None or self._pools_of[0] is not kv_caches:
             pools = []
@@ -254,7 +260,7 @@ class CpuDecoder:
                 s = layer.attention
                 cache = kv_caches[s.group][s.index_in_group]
                 pools.append((cache[0].data_ptr(), cache[1].data_ptr(),
-                              int(cache.dtype == torch.bfloat16)))  # fmt: skip
+                              CACHE_FORMATS[cache.dtype]))  # fmt: skip
             self._pools_of = (kv_caches, pools)
         return self._pools_of[1]
 

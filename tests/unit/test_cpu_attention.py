@@ -1,8 +1,8 @@
 """The `cpu` attention backend (attention in C) against the pure-PyTorch `torch` backend on random
 paged steps: decodes alone and mixed with prefill chunks, GQA and MQA, sliding windows behind
-long contexts, soft-capping, float32 and bfloat16 caches. In its fixed-order mode every row is
-attended in C; otherwise prefill chunks take the torch code, so those rows must match exactly.
-fp8 caches take the torch path in both modes."""
+long contexts, soft-capping, float32, bfloat16 and int8 caches. In its fixed-order mode every
+row is attended in C; otherwise prefill chunks take the torch code, so those rows must match
+exactly. fp8 caches take the torch path in both modes."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ import torch
 from inferd.attention.backend import AttentionBatch, GroupBatch, LayerAttentionSpec
 from inferd.attention.cpu_backend import CpuAttentionBackend
 from inferd.attention.torch_backend import TorchAttentionBackend
+from inferd.kv_int8 import INT8_KV, quantize
 
 BLOCK = 8
 
@@ -44,7 +45,7 @@ def make_step(q_lens, ctx_lens, heads, kv_heads, window, dtype, seed):
                            torch.tensor(seq_lens, dtype=torch.int32), torch.tensor(positions),
                            [group], list(q_lens), seq_lens)  # fmt: skip
     qkv = torch.randn(sum(q_lens), heads + 2 * kv_heads, dim, generator=gen)
-    return batch, cache.to(dtype), qkv
+    return batch, quantize(cache) if dtype == INT8_KV else cache.to(dtype), qkv
 
 
 @pytest.fixture(scope="module")
@@ -59,7 +60,7 @@ def torch_prefill_backend(c_kernels):
 
 @pytest.mark.parametrize("heads, kv_heads", [(4, 4), (4, 2), (4, 1)])
 @pytest.mark.parametrize("window, softcap", [(None, None), (5, None), (None, 20.0)])
-@pytest.mark.parametrize("cache_dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("cache_dtype", [torch.float32, torch.bfloat16, INT8_KV])
 @pytest.mark.parametrize("q_lens, ctx_lens", [([1, 1, 1], [3, 20, 41]), ([1, 9, 1], [30, 4, 12])])
 def test_cpu_backend_matches_the_torch_backend(cpu_backend, torch_prefill_backend, heads,
                                                kv_heads, window, softcap, cache_dtype, q_lens,
@@ -84,7 +85,8 @@ def test_cpu_backend_matches_the_torch_backend(cpu_backend, torch_prefill_backen
     prefill = torch.ones(len(ref), dtype=torch.bool)
     prefill[rows] = False
     assert torch.equal(mixed[prefill], ref[prefill])  # prefill chunks: the same torch code
-    # in C, float32 products (the torch code multiplies a bf16 cache in bf16)
+    # in C, float32 products (the torch code multiplies a bf16 cache, and int8 rows
+    # dequantised, in bf16)
     tolerance = 2e-5 if cache_dtype == torch.float32 else 2e-2
     torch.testing.assert_close(fixed[prefill], ref[prefill], rtol=tolerance, atol=tolerance)
 

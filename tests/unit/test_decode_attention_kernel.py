@@ -1,7 +1,8 @@
 """The C attention (cpu_kernels/decode_attention.c) against attention written out in PyTorch, on a
-shuffled paged pool: GQA and MQA, sliding windows, softcapping, several sequences with one or
-many query rows in one call; and its fixed reduction order: a row gets the same bits alone, in
-any batch, in any chunking of its prompt and with any number of threads, in every variant."""
+shuffled paged pool of float32, bfloat16 or int8 rows (inferd/kv_int8.py): GQA and MQA, sliding
+windows, softcapping, several sequences with one or many query rows in one call; and its fixed
+reduction order: a row gets the same bits alone, in any batch, in any chunking of its prompt and
+with any number of threads, in every variant."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from kernel_variants import VARIANT_NAMES, variant_library
 
 from inferd.attention.backend import LayerAttentionSpec
 from inferd.attention.cpu_backend import RowPlan, attend_in_c
+from inferd.kv_int8 import INT8_KV, dequantize, quantize
 
 BS, DIM = 4, 40  # 40: not a whole number of 16-float lanes
 
@@ -22,20 +24,27 @@ def lib(request):
     return variant_library(request.param)
 
 
+def as_cache(values: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """Random values as a pool of `dtype`: int8 rows quantised with their scales."""
+    return quantize(values) if dtype == INT8_KV else values.to(dtype)
+
+
 class Pool:
     """A random paged pool and, per sequence, a shuffled block table of 48 blocks."""
 
     def __init__(self, seqs: int, kv_heads: int, dtype: torch.dtype, seed: int = 0):
         gen = torch.Generator().manual_seed(seed)
         blocks = 48 * seqs + 1
-        self.cache = torch.randn(2, blocks, BS, kv_heads, DIM, generator=gen).to(dtype)
+        self.cache = as_cache(torch.randn(2, blocks, BS, kv_heads, DIM, generator=gen), dtype)
         perm = (torch.randperm(blocks - 1, generator=gen) + 1).view(seqs, 48)
         self.tables = [perm[s] for s in range(seqs)]
 
     def keys(self, s: int, lo: int, hi: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """The positions' keys and values as the kernel should read them (float32)."""
         pos = torch.arange(lo, hi)
         slots = self.tables[s][pos // BS] * BS + pos % BS
-        k, v = (self.cache[i].reshape(-1, *self.cache.shape[3:])[slots].float() for i in (0, 1))
+        rows = (self.cache[i].reshape(-1, *self.cache.shape[3:])[slots] for i in (0, 1))
+        k, v = (dequantize(r) if r.dtype == INT8_KV else r.float() for r in rows)
         return k, v
 
 
@@ -73,7 +82,7 @@ def spec_of(heads, kv_heads, window=None, softcap=None):
 
 @pytest.mark.parametrize("heads, kv_heads", [(4, 1), (8, 2), (2, 2)])
 @pytest.mark.parametrize("window, softcap", [(None, None), (7, None), (70, None), (None, 30.0)])
-@pytest.mark.parametrize("cache_dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("cache_dtype", [torch.float32, torch.bfloat16, INT8_KV])
 def test_attention_matches_pytorch(lib, heads, kv_heads, window, softcap, cache_dtype):
     """Decode rows, a prefill chunk of 11 rows crossing a chunk boundary and one from the start,
     and a long context (several 64-key chunks), in one call."""
@@ -94,12 +103,14 @@ def test_attention_matches_pytorch(lib, heads, kv_heads, window, softcap, cache_
 
 @pytest.mark.parametrize("window", [None, 50])
 @pytest.mark.parametrize("heads, kv_heads", [(4, 1), (2, 2)])
-def test_a_row_gets_the_same_bits_however_the_step_is_made(lib, window, heads, kv_heads):
+@pytest.mark.parametrize("cache_dtype", [torch.float32, INT8_KV])
+def test_a_row_gets_the_same_bits_however_the_step_is_made(lib, window, heads, kv_heads,
+                                                            cache_dtype):  # fmt: skip
     """One prompt's 140 query rows (three 64-key chunks), computed as one prefill chunk, as
     chunks of 16 and of 64 rows, row by row as decode rows, and inside a batch with other
     sequences: the same bits for every row; and with one thread or several. One query head
     per KV head (2, 2): the weighted values of several rows share blocks."""
-    pool = Pool(3, kv_heads, torch.float32)
+    pool = Pool(3, kv_heads, cache_dtype)
     spec = spec_of(heads, kv_heads, window)
     positions = list(range(140))
     q = torch.randn(140, heads, DIM, generator=torch.Generator().manual_seed(1))
@@ -128,7 +139,7 @@ def test_shapes_it_cannot_take_are_refused(lib):
         attend(lib, pool, torch.randn(1, 3, DIM), [(0, [3])], spec_of(3, 2))
 
 
-@pytest.mark.parametrize("cache_dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("cache_dtype", [torch.float32, torch.bfloat16, INT8_KV])
 def test_every_variant_gives_the_portable_bits(lib, cache_dtype):
     """Each variant performs the same IEEE operations (FMAs included: portable's are libm's
     fmaf), its vector code in another shape: the same bits as the plain C, for a head size that
@@ -136,7 +147,7 @@ def test_every_variant_gives_the_portable_bits(lib, cache_dtype):
     portable = variant_library("portable")
     for dim in (DIM, 256):
         gen = torch.Generator().manual_seed(dim)
-        cache = torch.randn(2, 97, BS, 2, dim, generator=gen).to(cache_dtype)
+        cache = as_cache(torch.randn(2, 97, BS, 2, dim, generator=gen), cache_dtype)
         pool = Pool(2, 2, cache_dtype)
         pool.cache = cache
         rows = [(0, list(range(60, 131))), (1, [170])]

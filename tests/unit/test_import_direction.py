@@ -25,6 +25,7 @@ BASE: dict[str, set[str]] = {
     "cpu_info": set(),
     "c_compiler": set(),
     "fp8": set(),
+    "kv_int8": set(),
     "progress": set(),
     "config": set(),
     "outputs": set(),

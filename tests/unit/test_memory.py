@@ -46,6 +46,14 @@ def test_seven_billion_parameters_by_precision():
     assert weight_bytes(n, "int4") == 3_500_000_000
 
 
+def test_int8_rows_hold_their_scale():
+    """int8: head_dim codes and a float32 scale per token, KV head and layer, for K and V."""
+    est = estimate_memory(LLAMA3_8B, dtype="bf16", kv_cache_dtype="int8", device="cuda")
+    assert est.kv_bytes_per_token == 2 * 32 * 8 * (128 + 4)  # 66 KiB, bf16's 128 KiB
+    gemma = estimate_memory(GEMMA_LIKE, dtype="fp32", kv_cache_dtype="int8")
+    assert gemma.kv_bytes_per_token_per_layer == 2 * 1 * (32 + 4)
+
+
 def test_llama3_70b_kv_per_token_is_320_kib_in_bf16():
     est = estimate_memory(LLAMA3_70B, dtype="bf16", device="cuda", max_model_len=4096)
     assert est.kv_bytes_per_token == 320 * KiB  # 2 × 80 layers × 8 heads × 128 × 2 bytes
@@ -93,17 +101,21 @@ def test_sliding_layers_are_capped_at_their_window():
 TINY_LLAMA = llama(layers=3, hidden=64, heads=4, kv=2, inter=128, vocab=300)
 
 
+@pytest.mark.parametrize("kv, kv_dtype", [("fp32", torch.float32), ("int8", torch.int8)])
 @pytest.mark.parametrize("config", [TINY_LLAMA, GEMMA_LIKE], ids=["llama", "gemma"])
-def test_kv_figures_equal_the_runner_pool(config):
+def test_kv_figures_equal_the_runner_pool(config, kv, kv_dtype):
+    """int8: the estimate counts each row's 4-byte scale as the runner allocates it."""
     from inferd.engine.execution.runner import ModelRunner
+    from inferd.memory.estimate import KV_ELEMENTS
+    from inferd.memory.kv import kv_element
     from inferd.models.registry import model_class
 
-    est = estimate_memory(config, dtype="fp32", max_model_len=200, concurrency=3)
+    est = estimate_memory(config, dtype="fp32", kv_cache_dtype=kv, max_model_len=200,
+                          concurrency=3)  # fmt: skip
+    assert KV_ELEMENTS[kv] == kv_element(kv_dtype)  # what the engine's setup plans with
     pool = est.per_device.kv_pool
     model = model_class(config.architecture)(config, torch.float32)
-    runner = ModelRunner(
-        model, pool.num_blocks, pool.block_size, torch.float32, torch.device("cpu")
-    )
+    runner = ModelRunner(model, pool.num_blocks, pool.block_size, kv_dtype, torch.device("cpu"))
     assert runner.kv_cache_bytes() == est.per_device.kv_cache == pool.total_bytes
     for g, (_, layers) in enumerate(config.kv_groups()):
         group = sum(t.numel() * t.element_size() for t in runner.kv_caches[g])

@@ -60,6 +60,8 @@ def _ram() -> int | None:
 
 
 _DENSE = {"torch.float32": "fp32", "torch.bfloat16": "bf16", "torch.float16": "fp16"}
+# a KV cache tensor's dtype as the estimate names it (int8: rows with their scales, kv_int8.py)
+_KV = {**_DENSE, "torch.float8_e4m3fn": "fp8", "torch.int8": "int8"}
 
 
 def predict_memory(engine: EngineCore) -> MemoryPrediction | None:
@@ -83,7 +85,7 @@ def predict_memory(engine: EngineCore) -> MemoryPrediction | None:
         est = estimate_memory(
             engine.model_config,
             dtype=dtype,
-            kv_cache_dtype=_DENSE.get(str(engine.runner.kv_caches[0][0].dtype), "auto"),
+            kv_cache_dtype=_KV.get(str(engine.runner.kv_caches[0][0].dtype), "auto"),
             max_model_len=engine.max_model_len,
             concurrency=setup.max_num_seqs,
             max_num_batched_tokens=setup.max_num_batched_tokens,

@@ -10,15 +10,20 @@ import torch
 
 from inferd.config import EngineConfig
 from inferd.distributed.state import SINGLE, TPGroup
+from inferd.kv_int8 import INT8_KV
 from inferd.layers.weight_scheme import WeightScheme, choose_scheme, deterministic_scheme
 from inferd.loader import Checkpoint, load_model, open_checkpoint
-from inferd.platform import keep_freed_memory_in_heap, resolve_dtype
+from inferd.platform import DTYPES, keep_freed_memory_in_heap, resolve_dtype
 from inferd.progress import say
 
 log = logging.getLogger(__name__)
 
 
 ATTENTION_BACKENDS = ("auto", "torch", "cpu", "triton")
+# --kv-cache-dtype: auto (the mode's), the dense dtypes (platform.DTYPES' aliases work too), fp8
+# (e4m3) and int8 (a scale per token and KV head: inferd/kv_int8.py)
+KV_CACHE_DTYPES = ("auto", "float32", "bfloat16", "float16", "fp8", "int8")
+FP8_NAMES = ("fp8", "fp8_e4m3")
 
 
 def _attention_backend(config: EngineConfig, device: torch.device, fixed_order: bool):
@@ -76,9 +81,9 @@ def weight_scheme(config: EngineConfig, device: torch.device, checkpoint: Checkp
     if config.attention_backend not in ("auto", "cpu"):
         raise ValueError(f"--deterministic needs the cpu attention backend (fixed-order "
                          f"attention in C), not {config.attention_backend}")  # fmt: skip
-    if config.kv_cache_dtype in ("fp8", "fp8_e4m3"):
-        raise ValueError("--deterministic needs a float32 or bfloat16 KV cache (fp8 caches are "
-                         "attended in PyTorch)")  # fmt: skip
+    if config.kv_cache_dtype in FP8_NAMES:
+        raise ValueError("--deterministic needs a float32, bfloat16 or int8 KV cache (fp8 "
+                         "caches are attended in PyTorch)")  # fmt: skip
     return deterministic_scheme(scheme, device, max(tp_size, config.tensor_parallel_size))
 
 
@@ -89,14 +94,20 @@ def resolve_dtypes(
     alone, which checks them)."""
     scheme = scheme or weight_scheme(config, device, None)
     dtype = scheme.dtype
-    if config.kv_cache_dtype == "auto":
+    name = config.kv_cache_dtype
+    if name == "auto":
         return dtype, scheme.kv_cache_dtype
-    if config.attention_backend not in ("auto", "cpu"):
-        raise ValueError(f"--deterministic needs the cpu attention backend (fixed-order "
-                         f"attention in C), not {config.attention_backend}")  # fmt: skip
-    if config.kv_cache_dtype in ("fp8", "fp8_e4m3"):
+    if name in FP8_NAMES:
         return dtype, torch.float8_e4m3fn
-    return dtype, resolve_dtype(config.kv_cache_dtype, device)
+    if name == "int8":
+        return dtype, INT8_KV
+    if name not in DTYPES:
+        raise ValueError(f"kv_cache_dtype must be one of {', '.join(KV_CACHE_DTYPES)}; got "
+                         f"{name!r}")  # fmt: skip
+    if DTYPES[name] == torch.float16 and device.type == "cpu":
+        raise ValueError("kv_cache_dtype float16 is not supported on CPU; use bfloat16, int8 "
+                         "or float32")  # fmt: skip
+    return dtype, resolve_dtype(name, device)
 
 
 def load_rank_model(config: EngineConfig, device: torch.device, tp: TPGroup = SINGLE,
@@ -109,8 +120,9 @@ def load_rank_model(config: EngineConfig, device: torch.device, tp: TPGroup = SI
     scheme = weight_scheme(config, device, checkpoint, tp.world_size)
     dtype, kv_dtype = resolve_dtypes(config, device, scheme)
     # NOTE: fixed-order attention wherever rows must not depend on their step: the C decoder
-    # layer of a block model reads its per-row plans; --deterministic. Dense modes otherwise
-    # attend prefill chunks with PyTorch's bf16 GEMMs (faster there).
+    # layer of a block model reads its per-row plans (float32, bf16 and int8 caches: int8 rows
+    # are quantised per token, whatever step writes them); --deterministic. Dense modes
+    # otherwise attend prefill chunks with PyTorch's bf16 GEMMs (faster there).
     fixed_order = (scheme.blocks and kv_dtype != torch.float8_e4m3fn) or scheme.deterministic
     backend = _attention_backend(config, device, fixed_order)
     if kv_dtype == torch.float8_e4m3fn and backend.name == "triton":

@@ -27,6 +27,7 @@ from inferd.engine.execution.device_state import DeviceSequences, SequenceStep
 from inferd.engine.execution.lora_cache import AdapterCache
 from inferd.engine.execution.pooler import chunk_part
 from inferd.engine.scheduling.step import BASE_MODEL, StepRecord
+from inferd.kv_int8 import row_width
 from inferd.lora_request import LoRARequest
 from inferd.models.base import CausalLM
 from inferd.profiling.step_timer import StepTimer
@@ -52,7 +53,9 @@ class ModelRunner:
         self.groups = cfg.kv_groups()
         if len(num_blocks) != len(self.groups):
             raise ValueError(f"{len(self.groups)} KV groups but {len(num_blocks)} pool sizes")
-        shape = (model.local_kv_heads, cfg.head_dim)  # this rank's KV heads under TP
+        # this rank's KV heads under TP; an int8 row holds its scale after the codes, so a
+        # block stays `cache[:, block]` of one tensor per layer (inferd/kv_int8.py)
+        shape = (model.local_kv_heads, row_width(cfg.head_dim, kv_dtype))
         alloc = torch.empty if lazy_zero else torch.zeros
         self.kv_caches = [
             [alloc(2, n, block_size, *shape, dtype=kv_dtype, device=device) for _ in layers]
@@ -254,7 +257,8 @@ class ModelRunner:
                 index = torch.tensor(ids, device=self.device)
                 for cache in self.block_tensors(group):
                     # fp8 has no index_fill on CPU: its caches go through a byte view (0 is 0 in
-                    # bytes). Others fill in their own dtype: byte-wise filling is far slower.
+                    # bytes; for int8 rows, codes 0 and scale 0.0). Others fill in their own
+                    # dtype: byte-wise filling is far slower.
                     target = cache.view(torch.uint8) if cache.element_size() == 1 else cache
                     target.index_fill_(1, index, 0)
 

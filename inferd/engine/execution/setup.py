@@ -29,7 +29,7 @@ from inferd.loader import Checkpoint, gguf_cache, open_checkpoint
 from inferd.loader.checkpoint import gguf_file_of
 from inferd.loader.pooler_config import pooler_config
 from inferd.memory.gpu_budget import memory_in_use
-from inferd.memory.kv import KVPoolPlan, plan_kv_pool
+from inferd.memory.kv import KVPoolPlan, kv_element, plan_kv_pool
 from inferd.memory.weights import tp_shard
 from inferd.platform import resolve_device
 from inferd.tokenizer import Tokenizer, checkpoint_tokenizer
@@ -159,8 +159,8 @@ def _set_up_rank0(config, device, checkpoint, tokenizer: Future, tp, control, pr
     budget = kv_budget(config, device, model, max_num_seqs, batched, kv_dtype, in_use_before)
     # Every rank holds the same blocks, each for its own KV heads (tp_shard: this rank's slice).
     rank_config = tp_shard(mc, tp.world_size)
-    plan = plan_kv_pool(rank_config, budget, config.block_size, kv_dtype.itemsize, max_num_seqs,
-                        batched)  # fmt: skip
+    plan = plan_kv_pool(rank_config, budget, config.block_size, kv_element(kv_dtype),
+                        max_num_seqs, batched)  # fmt: skip
     if plan.token_capacity is not None and plan.token_capacity < max_len:
         if config.max_model_len:
             raise ValueError(
