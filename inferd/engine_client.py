@@ -191,6 +191,18 @@ class SnapshotClient(Protocol):
         engine does no work for it unless asked. Raises EngineDeadError when the engine died."""
 
 
+# ---- KV tiers (optional: a server answers POST /kv/clear with 501 when its client lacks it) ---
+@runtime_checkable
+class KVTierClient(Protocol):
+    """An engine client that can empty its engine's KV tiers (AsyncEngine, AsyncCoreClient)."""
+
+    async def clear_kv_tiers(self) -> int:
+        """Delete every block of the KV tiers of every replica; returns how many blocks went.
+        Raises InvalidRequest when the engine keeps no tiers (nothing to clear is the caller's
+        mistake, not a success), NotImplementedError when this kind of deployment cannot reach
+        every replica's tiers, EngineDeadError when the engine died."""
+
+
 def notify_observers(observers: list[Callable[[RequestOutput], None]], out: RequestOutput) -> None:
     """Hand `out` to every `observe_outputs` callback; one that raises is logged and skipped,
     since metrics and the dashboard must never break the delivery of outputs."""

@@ -8,6 +8,8 @@
       steps      cumulative time per step phase, per kind of step (clients difference two
                  snapshots for the recent mix), and the last step's phases
       memory     what the process holds now, next to `inferd memory`'s prediction
+      kv_tiers   per KV tier (RAM, disk) what it did since start; kv_connector: the blocks
+                 that left the pool for the tiers or came back (both empty without tiers)
 
 Built on the engine's thread, between steps, only when someone asks
 (inferd/engine/core/dashboard_view.py); a server reaches it through `SnapshotClient` in
@@ -138,6 +140,11 @@ class EngineSnapshot:
     steps: list[StepKindTiming]
     last_step: dict[str, float]  # the last step's seconds per phase, and "step"
     memory: MemorySnapshot
+    # Per tier, in lookup order (RAM first): TierStats' fields (inferd/engine/kv_tiers/
+    # tier_stats.py) as a dict, since this module sits below the engine and imports none of it.
+    kv_tiers: list[dict[str, str | int | float]] = field(default_factory=list)
+    # The connector's counts: blocks_saved, saves_dropped, blocks_loaded, lookups_late.
+    kv_connector: dict[str, int] = field(default_factory=dict)
 
     def to_dict(self) -> dict:
         return asdict(self)

@@ -84,6 +84,12 @@ class LLM:
         KV cache held. Empty without tensor parallelism."""
         return self.engine.rank_reports()
 
+    def clear_kv_tiers(self) -> int:
+        """Delete every block the KV tiers hold (kv_offload_memory, kv_offload_dir): the
+        prompts that follow find none of them. Returns how many blocks went; InvalidRequest
+        (a ValueError) when this engine keeps no tiers."""
+        return self.engine.clear_kv_tiers()
+
     # ---- where the time and memory go (docs/profiling.md) ------------------------------------
     def start_profile(self, directory: str) -> None:
         """Trace the engine's steps with torch.profiler until `stop_profile` (vLLM's name)."""

@@ -79,6 +79,16 @@ class RayEngineClient:
     def observe_outputs(self, callback: Callable[[RequestOutput], None]) -> None:
         self._observers.append(callback)
 
+    async def clear_kv_tiers(self) -> int:
+        """Not offered (POST /kv/clear answers 501 with this message): a Serve handle call
+        reaches the one replica the router picks, never each of them, so a clear through it
+        would leave the other replicas' tiers full while reporting success."""
+        raise NotImplementedError(
+            "clearing the KV tiers is not supported with --ray: a Serve deployment handle "
+            "reaches one replica per call, not every replica, so it cannot empty all of their "
+            "tiers (a disk tier's blocks are the files under --kv-offload-dir on each node)"
+        )
+
     # ---- requests ----------------------------------------------------------------------------
     async def add_request(
         self,

@@ -52,6 +52,8 @@ def add_stats(total: EngineStats, part: EngineStats, gauges: bool = True) -> Eng
             changes[f.name] = tuple(sorted({*a, *b}))
         elif f.name == "lora_requests":  # adapter name -> requests
             changes[f.name] = {n: a.get(n, 0) + b.get(n, 0) for n in {*a, *b}}
+        elif f.name == "kv_tiers":  # per tier name, TierStats.plus (the engine's own rule)
+            changes[f.name] = _plus_tiers(a, b)
         elif isinstance(a, tuple):
             n = max(len(a), len(b))
             changes[f.name] = tuple((a[i] if i < len(a) else 0) + (b[i] if i < len(b) else 0)
@@ -59,6 +61,15 @@ def add_stats(total: EngineStats, part: EngineStats, gauges: bool = True) -> Eng
         else:
             changes[f.name] = a + b
     return dataclasses.replace(total, **changes)
+
+
+def _plus_tiers(a: tuple, b: tuple) -> tuple:
+    """Two replicas' KV tiers (TierStats) added tier by tier, matched by name: they are
+    records, not numbers, so the position-wise sum of the other tuples cannot add them."""
+    merged = {t.name: t for t in a}
+    for tier in b:
+        merged[tier.name] = merged[tier.name].plus(tier) if tier.name in merged else tier
+    return tuple(merged.values())
 
 
 @dataclass

@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable
 
+from inferd.engine.frontend.async_core_client import NO_KV_TIERS
 from inferd.engine_client import EngineStats, ModelInfo
 from inferd.errors import InvalidRequest
 from inferd.outputs import CompletionOutput, Logprob, RequestMetrics, RequestOutput
@@ -59,12 +60,18 @@ Reply = Callable[[list[int], object, int], str]
 class ScriptedClient:
     """EngineClient whose request `i` of sample `k` answers `reply(prompt_ids, params, k)`."""
 
-    def __init__(self, reply: Reply | None = None, cached_tokens: int = 0):
+    def __init__(self, reply: Reply | None = None, cached_tokens: int = 0,
+                 kv_tiers: tuple = (), stored_blocks: int = 0):  # fmt: skip
         self.model_info = ModelInfo("fake-model", "Fake Model", 256, VOCAB, "fp_fake")
         self.tokenizer = CharTokenizer()
         self.reply = reply or (lambda ids, params, k: "hello")
         self.cached_tokens = cached_tokens
         self.requests: list[tuple[str, dict, object]] = []  # (id, prompt, params)
+        # KV tiers: the TierStats its stats report (empty: a server without tiers, whose clear
+        # is refused as the real clients refuse it), and how many blocks a clear removes.
+        self.kv_tiers = tuple(kv_tiers)
+        self.stored_blocks = stored_blocks
+        self.clears = 0
 
     @property
     def last(self):
@@ -83,7 +90,14 @@ class ScriptedClient:
         return None
 
     def stats(self):
-        return EngineStats(0, 0, 0.0, 0, 0, 0, 0, 0, 0)
+        return EngineStats(0, 0, 0.0, 0, 0, 0, 0, 0, 0, kv_tiers=self.kv_tiers)
+
+    async def clear_kv_tiers(self) -> int:
+        if not self.kv_tiers:
+            raise InvalidRequest(None, NO_KV_TIERS)
+        self.clears += 1
+        removed, self.stored_blocks = self.stored_blocks, 0
+        return removed
 
     def observe_outputs(self, callback):
         pass

@@ -1,12 +1,14 @@
 """The dashboard's engine snapshot (inferd/engine/core/dashboard_view.py): the KV blocks' states
 and owners and the requests' states and timelines, read from a scheduler driven with fabricated
 outputs (milliseconds); then one whole snapshot of a real engine on a tiny Gemma 3 checkpoint
-(sliding and full-attention groups, memory and its prediction), and through AsyncEngine."""
+(sliding and full-attention groups, memory and its prediction), and through AsyncEngine; and the
+KV tiers' figures of an engine that keeps some, served in-process (/kv/clear, /metrics)."""
 
 from __future__ import annotations
 
 import asyncio
 import json
+import time
 
 import pytest
 import torch
@@ -16,7 +18,9 @@ from tiny_models import make_tiny_checkpoint
 from inferd import LLM, SamplingParams
 from inferd.engine.core.dashboard_memory import memory_snapshot
 from inferd.engine.core.dashboard_view import SnapshotBuilder, _Places, kv_groups, request_snapshot
+from inferd.engine.frontend.async_core_client import _typed
 from inferd.engine.frontend.async_engine import AsyncEngine
+from inferd.engine.transport import ipc
 from inferd.engine_client import SnapshotClient
 from inferd.engine_snapshot import (
     BLOCK_CACHED,
@@ -26,6 +30,7 @@ from inferd.engine_snapshot import (
     BLOCK_USED,
     EngineSnapshot,
 )
+from inferd.errors import InvalidRequest
 
 
 def groups(kv, sched):
@@ -137,10 +142,16 @@ def assert_plain(value, where="snapshot"):
 
 
 @pytest.fixture(scope="module")
-def tiny_gemma(tmp_path_factory):
-    folder = make_tiny_checkpoint("gemma3", tmp_path_factory.mktemp("tiny") / "gemma3")
-    return LLM(model=str(folder), dtype="float32", kv_cache_memory=1 << 20, max_model_len=64,
-               max_num_batched_tokens=32)  # fmt: skip
+def gemma_folder(tmp_path_factory):
+    return make_tiny_checkpoint("gemma3", tmp_path_factory.mktemp("tiny") / "gemma3")
+
+
+TINY = dict(dtype="float32", kv_cache_memory=1 << 20, max_model_len=64, max_num_batched_tokens=32)
+
+
+@pytest.fixture(scope="module")
+def tiny_gemma(gemma_folder):
+    return LLM(model=str(gemma_folder), **TINY)
 
 
 def test_a_whole_snapshot_of_an_engine_is_plain_data(tiny_gemma):
@@ -163,6 +174,7 @@ def test_a_whole_snapshot_of_an_engine_is_plain_data(tiny_gemma):
         assert m.rss is not None and m.rss >= m.weights
         assert m.predicted is not None and m.predicted.kv_pool == m.kv_pool
         assert m.predicted.weights > 0 and m.predicted.activations > 0
+        assert snap.kv_tiers == [] and snap.kv_connector == {}  # no tiers: the panel hides
         assert_plain(snap.to_dict())
         json.dumps(snap.to_dict(), allow_nan=False)
     finally:
@@ -193,6 +205,74 @@ def test_async_engine_builds_snapshots_on_its_thread_only_when_asked(tiny_gemma)
     snap = asyncio.run(run())
     assert isinstance(snap, EngineSnapshot) and calls == [1]
     assert snap.counters.generation_tokens >= 4 and snap.requests == []
+
+
+# ---- KV tiers ---------------------------------------------------------------------------------
+TIER_BYTES = 4 << 20
+
+
+@pytest.fixture
+def tiered_gemma(gemma_folder, tmp_path):
+    llm = LLM(model=str(gemma_folder), kv_offload_memory=TIER_BYTES,
+              kv_offload_dir=str(tmp_path / "tier"), kv_offload_disk=TIER_BYTES,
+              **TINY)  # fmt: skip
+    yield llm
+    llm.shutdown()  # removes its RAM tier
+
+
+def test_a_tiered_engine_s_snapshot_holds_each_tier_and_clear_empties_them(tiered_gemma):
+    engine = tiered_gemma.engine
+    tiered_gemma.generate([list(range(5, 45))], SamplingParams(max_tokens=2), use_tqdm=False)
+    engine.connector.flush()  # the writer thread's queue: every saved block written
+    snap = SnapshotBuilder()(engine)
+    assert [t["name"] for t in snap.kv_tiers] == ["memory", "disk"]  # lookup order: RAM first
+    saved = snap.kv_connector["blocks_saved"]
+    assert saved > 0 and snap.kv_connector["saves_dropped"] == 0
+    for tier in snap.kv_tiers:
+        assert tier["capacity_bytes"] == TIER_BYTES and tier["write_errors"] == 0
+        assert tier["stored_bytes"] == tier["bytes_written"] > 0
+    assert_plain(snap.to_dict())
+    # Across the core process's pipe the tiers arrive as they left (msgspec, async_core_client).
+    crossed = ipc.decode_from_core(ipc.encode(ipc.CallResult(0, snap))).result
+    assert _typed(crossed, EngineSnapshot).kv_tiers == snap.kv_tiers
+
+    assert tiered_gemma.clear_kv_tiers() == 2 * saved  # each block: a file in both tiers
+    after = SnapshotBuilder()(engine)
+    assert [t["stored_bytes"] for t in after.kv_tiers] == [0, 0]
+    assert after.kv_tiers[1]["bytes_written"] == snap.kv_tiers[1]["bytes_written"]  # cumulative
+    assert tiered_gemma.clear_kv_tiers() == 0
+
+
+def test_an_engine_without_tiers_refuses_to_clear_them(tiny_gemma):
+    with pytest.raises(InvalidRequest, match="keeps no KV tiers: configure one with"):
+        tiny_gemma.clear_kv_tiers()
+
+
+def test_a_tiered_engine_served_in_process_clears_and_exports_its_tiers(tiered_gemma):
+    """The whole way: route → AsyncEngine → its core loop → LLMEngine → the connector."""
+    from starlette.testclient import TestClient
+
+    from inferd.server.app import ServerSettings, create_app
+    from inferd.server.dashboard.sampler import MIN_INTERVAL_S
+
+    tiered_gemma.generate([list(range(5, 45))], SamplingParams(max_tokens=2), use_tqdm=False)
+    tiered_gemma.engine.connector.flush()
+    app = create_app(AsyncEngine(tiered_gemma.engine), ServerSettings(api_key="k"))
+    auth = {"Authorization": "Bearer k"}
+    with TestClient(app) as http:
+        metrics = http.get("/metrics").text
+        tiers = http.get("/dashboard/snapshot", headers=auth).json()["kv_tiers"]
+        refused = http.post("/kv/clear")
+        cleared = http.post("/kv/clear", headers=auth)
+        time.sleep(MIN_INTERVAL_S + 0.05)  # past the sampler's cap: a fresh snapshot
+        emptied = http.get("/dashboard/snapshot", headers=auth).json()["kv_tiers"]
+    assert 'inferd:kv_tier_bytes_written_total{engine="0",model_name="' in metrics
+    assert 'tier="disk"' in metrics and 'tier="memory"' in metrics
+    assert [t["name"] for t in tiers] == ["memory", "disk"] and tiers[1]["stored_bytes"] > 0
+    assert refused.status_code == 401
+    assert cleared.status_code == 200 and cleared.json()["object"] == "kv.clear"
+    assert cleared.json()["removed_blocks"] > 0
+    assert [t["stored_bytes"] for t in emptied] == [0, 0]
 
 
 class FakeCuda:

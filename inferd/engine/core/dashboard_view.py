@@ -14,6 +14,7 @@ their prediction: dashboard_memory.py.
 from __future__ import annotations
 
 import time
+from dataclasses import asdict
 from typing import TYPE_CHECKING
 
 from inferd.engine.core.dashboard_memory import memory_snapshot, predict_memory, weight_bytes
@@ -88,6 +89,7 @@ class SnapshotBuilder:
             steps=step_kinds(engine.step_timer.snapshot()),
             last_step=dict(engine.step_timer.last),
             memory=self._memory(engine, now),
+            **kv_tiers(engine),
         )
 
     def _memory(self, engine: EngineCore, now: float) -> MemorySnapshot:
@@ -99,6 +101,18 @@ class SnapshotBuilder:
             self._weights = weight_bytes(setup.runner.model)
         return memory_snapshot(setup.device, self._weights, setup.kv_plan.total_bytes,
                                self._prediction)  # fmt: skip
+
+
+def kv_tiers(engine: EngineCore) -> dict:
+    """The snapshot's `kv_tiers` and `kv_connector`: read from the connector itself (a few
+    attribute reads), not from the stats the core sends with its steps, which an idle engine
+    does not refresh while its writer thread still writes or a clear empties the tiers."""
+    # NOTE: an LLMEngine whose core is in another process has no connector here (llm_engine.py)
+    connector = getattr(engine, "connector", None)
+    if connector is None:
+        return {}
+    return {"kv_tiers": [asdict(tier) for tier in connector.stats()],
+            "kv_connector": asdict(connector.counters)}  # fmt: skip
 
 
 def _requests_of(sequences, skip: dict[str, Request] | None = None) -> dict[str, Request]:

@@ -34,6 +34,7 @@ from inferd.engine.frontend.dp_router import NoReplica, Router
 from inferd.engine.frontend.input_processor import InputLimits, InputProcessor
 from inferd.engine.frontend.output_processor import OutputProcessor
 from inferd.engine.frontend.replica_stats import merge_stats
+from inferd.engine.kv_tiers.open_tiers import wants_tiers
 from inferd.engine.transport import ipc
 from inferd.engine.transport.contract import CoreClient
 from inferd.engine.transport.core_process import CoreProcess
@@ -52,6 +53,9 @@ from inferd.pooling_params import PoolingParams
 from inferd.sampling_params import SamplingParams
 
 log = logging.getLogger(__name__)
+
+NO_KV_TIERS = ("this server keeps no KV tiers: start it with --kv-offload-memory or "
+               "--kv-offload-dir/--kv-offload-disk")  # fmt: skip
 
 
 @dataclass
@@ -309,6 +313,27 @@ class AsyncCoreClient:
 
     async def rank_reports(self) -> list[dict]:
         return [r for result in await self._call_all("rank_reports") for r in result]
+
+    # ---- KV tiers (inferd.engine_client.KVTierClient) ----------------------------------------
+    async def clear_kv_tiers(self) -> int:
+        """Every live core deletes every block of its tiers (each first writes what it still
+        has queued, so nothing it saved before the call survives it); the blocks removed."""
+        if not self._keeps_kv_tiers():
+            raise InvalidRequest(None, NO_KV_TIERS)
+        if self._dead_reason is not None or not any(r.dead is None for r in self.replicas):
+            raise EngineDeadError(self._dead_reason or "the engine is not running")
+        removed = 0
+        # NOTE: one core after the other, not all at once: the replicas share their tiers'
+        # folders, and a core counts a file another one deleted under it as its own removal
+        # (block_store.py `_remove`), so concurrent clears would count a block once per core.
+        for replica in self.replicas:
+            if replica.dead is None:  # looked at now: one may have died during the last call
+                (count,) = await self._call_all("clear_kv_tiers", replicas=[replica])
+                removed += count
+        return removed
+
+    def _keeps_kv_tiers(self) -> bool:
+        return wants_tiers(self.config)
 
     async def _call_all(self, method: str, *args: Any, replicas: list | None = None) -> list[Any]:
         live = [r for r in self.replicas if r.dead is None] if replicas is None else replicas

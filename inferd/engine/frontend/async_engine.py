@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from inferd.engine.frontend.async_core_client import AsyncCoreClient, CoreReplica
+from inferd.engine.kv_tiers.open_tiers import wants_tiers
 from inferd.engine.transport import ipc
 from inferd.engine.transport.core_thread import CoreThread
 from inferd.engine_client import EngineStats, PromptInput
@@ -107,6 +108,10 @@ class AsyncEngine(AsyncCoreClient):
 
     def stats(self) -> EngineStats:
         return self.replicas[0].stats
+
+    def _keeps_kv_tiers(self) -> bool:
+        config = getattr(self.engine, "config", None)  # a fake engine may have none: no tiers
+        return config is not None and wants_tiers(config)
 
     def stall_bound(self) -> float:
         """Seconds without a completed step, while busy, after which the engine is stalled."""

@@ -22,6 +22,7 @@ from inferd.config import EngineConfig
 from inferd.engine.core.core import EngineCore
 from inferd.engine.frontend.input_processor import InputLimits, InputProcessor
 from inferd.engine.frontend.output_processor import OutputProcessor
+from inferd.engine.kv_tiers.open_tiers import wants_tiers
 from inferd.engine.sampling.structured_outputs import GrammarCompilation
 from inferd.engine_client import EngineStats, PromptInput, TraceFiles
 from inferd.errors import EngineDeadError, InvalidRequest
@@ -62,6 +63,9 @@ class LLMEngine:
     step_timer = property(lambda self: self.core.step_timer)
     trace = property(lambda self: self.core.trace)
     dead = property(lambda self: self.core.dead)
+    # NOTE: only an in-process core has one (its KV tiers); with core_process=True reading it
+    # raises AttributeError, so `getattr(engine, "connector", None)` is None (dashboard_view.py).
+    connector = property(lambda self: self.core.connector)
 
     @property
     def requests(self) -> dict:
@@ -136,3 +140,13 @@ class LLMEngine:
     def rank_reports(self) -> list[dict]:
         """Per tensor-parallel rank: pid, bytes of weights and KV cache (empty without TP)."""
         return self.core.rank_reports()
+
+    def clear_kv_tiers(self) -> int:
+        """Delete every block of the KV tiers (queued saves are written first, then deleted
+        too); returns how many blocks went. InvalidRequest when the engine keeps no tiers: a
+        clear that could remove nothing is a mistake to report, not a success."""
+        if not wants_tiers(self.config):
+            raise InvalidRequest(None, "this engine keeps no KV tiers: configure one with "
+                                 "kv_offload_memory=BYTES, or kv_offload_dir=DIR and "
+                                 "kv_offload_disk=BYTES")  # fmt: skip
+        return self.core.clear_kv_tiers()

@@ -108,6 +108,9 @@ class ProcessCore:
     def rank_reports(self) -> list[dict]:
         return self._call("rank_reports")
 
+    def clear_kv_tiers(self) -> int:
+        return self._call("clear_kv_tiers")
+
     def shutdown(self) -> None:
         self.process.stop()
 

@@ -23,6 +23,7 @@ from prometheus_client import CONTENT_TYPE_LATEST as CONTENT_TYPE  # noqa: F401 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
 from inferd.outputs import RequestMetrics, RequestOutput, finish_reasons
+from inferd.server.metrics.kv_tier_metrics import KVTierMetrics
 from inferd.server.metrics.step_metrics import StepTimingCollector
 from inferd.server.metrics.token_histogram import TokenHistogram
 
@@ -157,6 +158,8 @@ class ServerMetrics:
         self.lora_requests = Counter(PREFIX + "lora_requests",
                                      "Requests that ran under the LoRA adapter.",
                                      [*per_engine, "lora_name"], registry=reg)  # fmt: skip
+        self.per_engine = per_engine
+        self.kv_tiers: KVTierMetrics | None = None  # registered once stats hold tiers
         self.model_name = model_name
         self.ttft = histogram("time_to_first_token_seconds", "Time to first token.", _LATENCY)
         self.itl = TokenHistogram(PREFIX + "inter_token_latency_seconds",
@@ -213,8 +216,12 @@ class ServerMetrics:
             self.lora_resident.labels(**labels, lora_name=name).set(int(name in resident))
             counter = self.lora_requests.labels(**labels, lora_name=name)
             self._advance(counter, (engine, f"lora:{name}"), count)
+        if getattr(stats, "kv_tiers", ()):
+            if self.kv_tiers is None:
+                self.kv_tiers = KVTierMetrics(PREFIX, self.registry, self.per_engine)
+            self.kv_tiers.update(labels, stats, self._advance)
 
-    def _advance(self, counter, key: tuple[str, str], value: int) -> None:
+    def _advance(self, counter, key: tuple[str, str], value: float) -> None:
         """Counters advance by what the engine's cumulative count grew since the last look."""
         delta = value - self._last_counts.get(key, 0)
         if delta > 0:

@@ -1,6 +1,6 @@
 // The dashboard: one stream of engine snapshots (/dashboard/events), drawn as the KV cache's
 // blocks, the scheduler's requests with their timelines, and charts of throughput, latency,
-// step phases and memory. Rates and recent means come from differences between snapshots the
+// step phases and memory, and the KV tiers where the server keeps some. Rates and recent means come from differences between snapshots the
 // page keeps (the last five minutes); the engine keeps no history for it.
 "use strict";
 
@@ -51,6 +51,7 @@
     latency(data);
     phases(data);
     memory(data.memory);
+    kvTiers(data);
     updates += 1;
     document.body.dataset.updates = String(updates);
   }
@@ -285,6 +286,39 @@
     if (p) rows.push(["predicted total", p.weights + p.kv_pool + p.activations + p.overhead]);
     document.getElementById("memory-table").replaceChildren(...rows.map(([name, value]) =>
       el("tr", {}, el("th", {}, name), el("td", {}, Inferd.bytes(value)))));
+  }
+
+  // ---- KV tiers (--kv-offload-memory, --kv-offload-dir): hidden on a server without them -------
+  function kvTiers(data) {
+    const tiers = data.kv_tiers || [];
+    document.getElementById("tiers-panel").hidden = tiers.length === 0;
+    if (!tiers.length) return;
+    const share = (part, whole) => (whole ? ((100 * part) / whole).toFixed(1) + "%" : "n/a");
+    const seconds = (s) => (s < 1 ? Inferd.ms(s) : s.toFixed(1) + " s");
+    // NOTE: load_seconds covers reading and checking the blocks, so this is the rate a prompt
+    // gets its blocks back at, not the raw speed of the medium.
+    const speed = (t) => (t.load_seconds > 0 ? `, ${Inferd.bytes(t.bytes_read / t.load_seconds)}/s` : "");
+    const rows = [
+      ["hits (blocks)", (t) => t.hits],
+      ["misses (blocks)", (t) => t.misses],
+      ["hit rate", (t) => share(t.hits, t.hits + t.misses)],
+      ["read", (t) => Inferd.bytes(t.bytes_read)],
+      ["written", (t) => Inferd.bytes(t.bytes_written)],
+      ["stored / capacity", (t) => `${Inferd.bytes(t.stored_bytes)} / ${Inferd.bytes(t.capacity_bytes)} ` +
+                                   `(${share(t.stored_bytes, t.capacity_bytes)})`],
+      ["load time", (t) => seconds(t.load_seconds) + speed(t)],
+      ["write errors", (t) => t.write_errors, (t) => t.write_errors > 0],
+      ["damaged (deleted, recomputed)", (t) => t.damaged, (t) => t.damaged > 0],
+    ]; // prettier-ignore
+    const head = el("tr", {}, el("th"), ...tiers.map((t) => el("th", { class: "tier-name" }, t.name)));
+    document.getElementById("tiers-table").replaceChildren(head, ...rows.map(([name, value, bad]) =>
+      el("tr", {}, el("th", {}, name), ...tiers.map((t) =>
+        el("td", { "data-tier": t.name, class: bad && bad(t) ? "bad" : null }, value(t))))));
+    const c = data.kv_connector || {};
+    document.getElementById("tiers-summary").textContent =
+      `since start: ${c.blocks_saved} blocks copied out for the tiers (${c.saves_dropped} dropped: ` +
+      `the tiers fell behind), ${c.blocks_loaded} loaded into the pool, ${c.lookups_late} ` +
+      `lookups too late (recomputed)`;
   }
 
   Inferd.wireKeyButton();
