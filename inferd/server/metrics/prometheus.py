@@ -8,6 +8,7 @@ since the last snapshot), and so do the step-phase histograms, which the engine 
 when the client reports each replica's stats (`replica_stats`). The request histograms are
 observed from each request's own timestamps: the inter-token latency every time a request's
 output grows (token_histogram.py: cheap enough for every token), the rest when it finishes.
+The KV tiers' series (kv_tier_metrics.py) join the registry once the stats hold tiers.
 
 The request intervals are vLLM's (RequestMetrics in inferd/outputs.py): queue = queued by the
 engine → first scheduled; prefill = first scheduled → first token; decode = first token → last
