@@ -50,6 +50,8 @@ def quantize(x: torch.Tensor) -> torch.Tensor:
     scale's bytes. NOTE: the same IEEE operations as kv_int8.h's `kv_int8_quantize` (float32
     max, one division for the scale and one per value, round half to even), so the C decoder
     layer and this function write the same bytes."""
+    if x.numel() == 0:  # (an empty scale has no stride to view as bytes)
+        return x.new_empty(*x.shape[:-1], x.shape[-1] + SCALE_BYTES, dtype=INT8_KV)
     x = x.float()
     scale = x.abs().amax(-1, keepdim=True) / QMAX
     divisor = torch.where(scale > 0, scale, 1.0)  # an all-zero row: codes 0, scale 0

@@ -4,6 +4,10 @@ Per layer: the new keys/values are stored in their cache slots, then sequences w
 token run the split-KV decode kernel and sequences with several (prefill chunks, possibly after
 cached context) run the paged prefill kernel; both write disjoint rows of one output.
 
+An int8 cache (inferd/kv_int8.py) is quantised by `store_kv` as PyTorch quantises it; the
+attention kernels multiply q by the keys' codes and scale each key's scores by its scale, and
+fold each value row's scale into its probability column before the product with the codes.
+
 What the kernels need beyond the step's layout — which sequences are decodes, the prefill
 work list, how many partitions a decode uses — is planned by `build_metadata` once per step
 (`TritonAttentionMetadata`, one `TritonGroupPlan` per KV group) and read by every layer.

@@ -10,6 +10,10 @@ Tolerances: float32 within 2e-5 of the reference; bfloat16 within 3e-2 and float
 (atol and rtol), since the reference may round its prefill scores to the half dtype where the
 kernels keep them in float32. The kernels must also be at least as close to a float32 ground
 truth as the half-precision reference is.
+
+int8 caches (inferd/kv_int8.py): "NaN" is a row of 0xFF bytes (codes -1, a NaN scale), so a
+read of an unwritten row still poisons the result. The kernels must store PyTorch's bytes, and
+attend within 2e-5 of float32 attention over the same dequantised values.
 """
 
 from __future__ import annotations
@@ -38,6 +42,7 @@ from inferd.attention.triton_backend import TritonAttentionBackend  # noqa: E402
 from inferd.attention.triton_kernels import store_kv  # noqa: E402
 from inferd.attention.triton_kernels.common import interpreted  # noqa: E402
 from inferd.attention.triton_kernels.store_kv import _store_kv_kernel  # noqa: E402
+from inferd.kv_int8 import INT8_KV, dequantize, quantize, scales  # noqa: E402
 
 DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
 if DEVICE.type == "cpu" and not interpreted(_store_kv_kernel):
@@ -87,6 +92,7 @@ def make_case(
     window: int | None = None,
     softcap: float | None = None,
     dtype: torch.dtype = torch.float32,
+    cache_dtype: torch.dtype | None = None,  # default: `dtype`
     seed: int = 0,
 ) -> Case:
     """A step of sequences with `ctx_lens` cached tokens adding `q_lens` new ones, on shuffled
@@ -96,7 +102,12 @@ def make_case(
     need = [triton.cdiv(n, block_size) for n in seq_lens]
     num_blocks = 1 + sum(need) + 3  # block 0 is the null block; a few spare blocks stay unused
     free = (torch.randperm(num_blocks - 1, generator=gen) + 1).tolist()
-    cache = torch.full((2, num_blocks, block_size, kv_heads, head_dim), float("nan"), dtype=dtype)
+    cache_dtype = cache_dtype or dtype
+    shape = (2, num_blocks, block_size, kv_heads, head_dim)
+    if cache_dtype == INT8_KV:  # every byte 0xFF: codes -1 and a NaN scale
+        cache = torch.full((*shape[:-1], head_dim + 4), -1, dtype=INT8_KV)
+    else:
+        cache = torch.full(shape, float("nan"), dtype=cache_dtype)
     tables, slots, positions = [], [], []
     for ctx, q_len, n_blocks in zip(ctx_lens, q_lens, need, strict=True):
         table = [free.pop() for _ in range(n_blocks)]
@@ -106,9 +117,10 @@ def make_case(
         table = [0 if (b + 1) * block_size <= lo else blk for b, blk in enumerate(table)]
         pos = torch.arange(lo, ctx)
         blocks = torch.tensor(table, dtype=torch.long)[pos // block_size]
-        cache[:, blocks, pos % block_size] = torch.randn(
-            2, len(pos), kv_heads, head_dim, generator=gen
-        ).to(dtype)
+        values = torch.randn(2, len(pos), kv_heads, head_dim, generator=gen)
+        cache[:, blocks, pos % block_size] = (
+            quantize(values) if cache_dtype == INT8_KV else values.to(cache_dtype)
+        )
         new = range(ctx, ctx + q_len)
         slots.extend(table[p // block_size] * block_size + p % block_size for p in new)
         positions.extend(new)
@@ -142,18 +154,28 @@ def make_case(
 
 def bits(t: torch.Tensor) -> torch.Tensor:
     """Bit patterns, so that NaN slots compare equal to themselves."""
+    if t.element_size() == 1:
+        return t
     return t.view(torch.int32 if t.element_size() == 4 else torch.int16)
+
+
+def written(cache: torch.Tensor) -> torch.Tensor:
+    """The pool with its never-written slots zeroed, as the engine zeroes a block before its
+    first use (int8: rows whose scale is NaN)."""
+    if cache.dtype != INT8_KV:
+        return torch.nan_to_num(cache, nan=0.0)
+    return torch.where(scales(cache).isnan(), 0, cache)
 
 
 def run_both(case: Case, backend: TritonAttentionBackend) -> tuple[torch.Tensor, torch.Tensor]:
     # NOTE: the torch reference reads whole cache blocks and relies on the engine zeroing a
     # block before its first use, so it gets the pool with its never-written slots zeroed;
     # the Triton kernels get the NaN-filled pool, proving they never read those slots.
-    ref_cache = torch.nan_to_num(case.cache.clone(), nan=0.0)
+    ref_cache = written(case.cache.clone())
     tri_cache = case.cache.clone()
     ref = case.forward(TorchAttentionBackend(), ref_cache)
     out = case.forward(backend, tri_cache)
-    stored = torch.nan_to_num(tri_cache, nan=0.0)
+    stored = written(tri_cache)
     assert torch.equal(bits(stored), bits(ref_cache)), "the KV store differs"
     assert not out.isnan().any()
     return out, ref
@@ -277,6 +299,51 @@ def test_half_precision(dtype, window):
     assert tri_err <= ref_err + 1e-3, (tri_err, ref_err)
 
 
+def check_int8(case: Case, backend: TritonAttentionBackend) -> None:
+    """An int8 cache: the Triton store writes PyTorch's bytes (run_both), and attention is within
+    2e-5 of float32 attention over the same dequantised keys and values (the torch path, which
+    multiplies dequantised prefill chunks in bf16, within bf16's tolerance)."""
+    out, ref = run_both(case, backend)
+    torch.testing.assert_close(out, ref, **TOL[torch.bfloat16])
+    as_stored = {n: dequantize(quantize(getattr(case, n))) for n in ("k", "v")}
+    exact = Case(case.q, as_stored["k"], as_stored["v"],
+                 dequantize(written(case.cache)), case.spec, case.batch_args)  # fmt: skip
+    truth = exact.forward(TorchAttentionBackend(), exact.cache.clone())
+    torch.testing.assert_close(out, truth, **TOL[torch.float32])
+
+
+@pytest.mark.parametrize("heads,kv_heads,head_dim", [(4, 2, 32), (4, 1, 256), (2, 2, 22)])
+@pytest.mark.parametrize("window", [None, 6])
+def test_int8_cache(heads, kv_heads, head_dim, window):
+    """Decodes (split over partitions and not), prefill chunks after cached context and fresh
+    prompts, GQA and MQA, Gemma 3's head of 256, a head of 22 (rows of 26 bytes, not 4-byte
+    aligned: no alignment hint), sliding windows with dropped blocks."""
+    case = make_case([1, 12, 1, 5], [34, 10, 3, 0], heads=heads, kv_heads=kv_heads,
+                     head_dim=head_dim, window=window, cache_dtype=INT8_KV,
+                     seed=head_dim)  # fmt: skip
+    check_int8(case, SPLIT)
+    check_int8(case, TritonAttentionBackend())
+
+
+def test_int8_store_of_a_bf16_model():
+    """A bf16 model's keys and values quantised by the Triton store and by PyTorch: the same
+    bytes, ties and an all-zero row included; padding tokens store nothing."""
+    case = make_case([3, 1], [5, 9], head_dim=24, dtype=torch.bfloat16, cache_dtype=INT8_KV)
+    k = case.k.clone()
+    k[0, 0] = 0.0  # an all-zero row: codes 0, scale 0
+    k[1, 1, :4] = torch.tensor([127.0, 0.5, 1.5, -2.5])  # scale 1: ties to even
+    caches = [case.cache.clone(), case.cache.clone()]
+    slots = case.batch().groups[0].slot_mapping.clone()
+    slots[2] = -1  # a padding token
+    store_kv(k, case.v, caches[0], slots)
+    from inferd.attention.torch_backend import store_kv as torch_store_kv
+
+    torch_store_kv(caches[1], slots[slots >= 0], k[slots >= 0], case.v[slots >= 0])
+    assert torch.equal(caches[0], caches[1])
+    rows = caches[0][0].view(-1, 2, 28)[slots[1]]
+    assert rows[1, :4].tolist() == [127, 0, 2, -2] and scales(rows[1]).item() == 1.0
+
+
 def test_one_metadata_serves_every_layer_of_the_step():
     case = make_case([1, 7, 1], [12, 4, 30], seed=8)
     backend = TritonAttentionBackend()
@@ -384,7 +451,8 @@ def test_captured_decode_context_computes_the_eager_step(tmp_path):
 
 def test_kernels_compile_for_an_h200_without_a_gpu():
     """The interpreter runs the kernels as Python; this runs Triton's compiler and ptxas for
-    sm_90 on their Gemma 3 specialisation, which needs no GPU either."""
+    sm_90 on their Gemma 3 specialisation (with a bf16 and an int8 cache), which needs no GPU
+    either."""
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     module = "inferd.attention.triton_kernels.compile_check"
     run = subprocess.run(
@@ -396,4 +464,7 @@ def test_kernels_compile_for_an_h200_without_a_gpu():
     )
     assert run.returncode == 0, run.stderr[-3000:]
     kernels = [line.split()[0] for line in run.stdout.splitlines()]
-    assert kernels == ["_prefill_kernel", "_decode_kernel", "_reduce_kernel", "_store_kv_kernel"]
+    assert kernels == ["_prefill_kernel", "_decode_kernel", "_reduce_kernel",
+                       "_prefill_kernel", "_decode_kernel",  # int8 cache
+                       "_store_kv_kernel", "_store_kv_kernel"]  # fmt: skip
+    assert run.stdout.count("int8 cache") == 3

@@ -72,6 +72,34 @@ def downcast(x, dtype: tl.constexpr, INTERPRETED: tl.constexpr):
 
 
 @triton.jit
+def int8_row_scale(cache_ptr, row_off, HEAD_DIM: tl.constexpr, stride_cd, mask):
+    """The float32 scales of int8 cache rows (inferd/kv_int8.py) starting at `row_off` (any
+    shape): the 4 bytes after each row's HEAD_DIM codes, little-endian. NOTE: assembled byte by
+    byte, so a row need not be 4-byte aligned (any head_dim); 4 byte loads against HEAD_DIM."""
+    bits = tl.zeros(row_off.shape, dtype=tl.uint32)
+    for i in tl.static_range(4):
+        byte = tl.load(cache_ptr + row_off + (HEAD_DIM + i) * stride_cd, mask=mask, other=0)
+        bits |= byte.to(tl.uint8, bitcast=True).to(tl.uint32) << (8 * i)
+    return bits.to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def int8_quantize(x):
+    """x [rows, HEAD_PAD] float32 (columns past head_dim zero) -> (codes int8, scales float32
+    [rows]): kv_int8.py's definition. NOTE: IEEE-rounded divisions (`div_rn`; a plain `/`
+    compiles to an approximate one on GPUs) and round half to even by adding and subtracting
+    1.5 * 2^23 (exact for |v| <= 127.5, no libdevice in the interpreter), so a GPU writes the
+    bytes PyTorch's `quantize` writes."""
+    amax = tl.max(tl.abs(x), 1)
+    scale = tl.math.div_rn(amax, 127.0)
+    divisor = tl.where(scale > 0, scale, 1.0)
+    v = tl.math.div_rn(x, divisor[:, None])
+    v = (v + 12582912.0) - 12582912.0
+    v = tl.minimum(tl.maximum(v, -127.0), 127.0)
+    return v.to(tl.int8), scale
+
+
+@triton.jit
 def mma(a, b, IEEE: tl.constexpr):
     # float32 operands default to TF32 tensor cores (10-bit mantissa); float32 models ask for
     # exact products so they match the reference. 16-bit operands ignore the choice.

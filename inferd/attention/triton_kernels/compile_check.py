@@ -7,7 +7,9 @@ memory per program, the first things to look at before tuning on a real device.
     python -m inferd.attention.triton_kernels.compile_check [--arch 90] [--quick]
 
 Arguments are typed as a launch would specialise them: 16-byte-aligned pointers, strides
-divisible by 16, unit strides on head_dim folded to the constant 1.
+divisible by 16, unit strides on head_dim folded to the constant 1. With `INT8` the cache
+pointers are int8 and the cache strides carry no divisibility (inferd/kv_int8.py: rows of
+head_dim + 4 bytes, which Triton's launch does not find divisible by 16).
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ _INT_POINTERS = {"work_ptr", "seq_ids_ptr", "query_start_ptr", "seq_lens_ptr", "
 
 def _signature(fn, dtype: str, constexprs: dict) -> tuple[dict, dict, dict]:
     constexprs = dict(constexprs)
+    int8 = constexprs.get("INT8", False)
     sig, attrs = {}, {}
     for i, name in enumerate(fn.arg_names):
         if name.startswith("stride_") and name.endswith("d"):
@@ -46,10 +49,14 @@ def _signature(fn, dtype: str, constexprs: dict) -> tuple[dict, dict, dict]:
                 sig[name] = "*i64"
             elif name.startswith("part_"):
                 sig[name] = "*fp32"
+            elif int8 and name in ("k_cache_ptr", "v_cache_ptr"):
+                sig[name] = "*i8"
             else:
                 sig[name] = "*" + dtype
         else:
             sig[name] = "fp32" if name in ("scale", "softcap") else "i32"
+        if int8 and name.startswith("stride_c"):
+            continue  # rows of head_dim + 4 bytes: a launch sees no stride divisible by 16
         if name.endswith("_ptr") or name.startswith("stride_"):
             attrs[(i,)] = [["tt.divisibility", 16]]
     return sig, constexprs, attrs
@@ -89,14 +96,16 @@ def compile_kernel(fn, dtype: str, constexprs: dict, num_warps: int, arch: int =
 
 
 def configurations(quick: bool):
-    """(kernel, dtype, constexprs, num_warps) for the shapes that matter."""
+    """(kernel, dtype, constexprs, num_warps) for the shapes that matter: each dtype with a cache
+    of its own dtype, and bf16 with an int8 cache."""
     shapes = [(256, 4)] if quick else [(256, 4), (128, 4), (128, 8), (64, 1)]
     dtypes = ["bf16"] if quick else ["bf16", "fp16", "fp32"]
     for head_dim, group in shapes:
-        for dtype in dtypes:
+        for dtype, int8 in [(d, False) for d in dtypes] + [("bf16", True)]:
             pre = prefill_tiles(head_dim, group, exact_fp32=dtype == "fp32")
             dec = decode_tiles(head_dim, group)
-            flags = dict(HAS_SOFTCAP=True, INTERPRETED=False, IEEE=dtype == "fp32", BLOCK_SIZE=16)
+            flags = dict(HAS_SOFTCAP=True, INTERPRETED=False, IEEE=dtype == "fp32", BLOCK_SIZE=16,
+                         INT8=int8)  # fmt: skip
             yield (
                 _prefill_kernel,
                 dtype,
@@ -124,9 +133,11 @@ def configurations(quick: bool):
             )
             decode = dict(split, **flags, GROUP=group, GROUP_PAD=dec.group_pad)
             yield _decode_kernel, dtype, decode, dec.num_warps
-            yield _reduce_kernel, dtype, split, 4
+            if not int8:  # the reduce reads no cache
+                yield _reduce_kernel, dtype, split, 4
         heads = dict(KV_HEADS=2, HEADS_PAD=2, HEAD_DIM=head_dim, BLOCK_SIZE=16, INTERPRETED=False)
-        yield _store_kv_kernel, "bf16", dict(heads, HEAD_PAD=pre.head_pad), 4
+        for int8 in (False, True):
+            yield _store_kv_kernel, "bf16", dict(heads, HEAD_PAD=pre.head_pad, INT8=int8), 4
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -136,6 +147,7 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     for fn, dtype, constexprs, warps in configurations(args.quick):
         shape = f"head_dim={constexprs['HEAD_DIM']} group={constexprs.get('GROUP', '-')}"
+        shape += " int8 cache" * constexprs.get("INT8", False)
         print(f"{compile_kernel(fn, dtype, constexprs, warps, args.arch)} [{shape}]", flush=True)
 
 

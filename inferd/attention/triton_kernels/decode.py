@@ -34,6 +34,7 @@ from inferd.attention.triton_kernels.common import (
     Tiles,
     dot_operand,
     downcast,
+    int8_row_scale,
     interpreted,
     log2_scores,
     mma,
@@ -91,6 +92,7 @@ def _decode_kernel(
     HAS_SOFTCAP: tl.constexpr,
     HAS_SINKS: tl.constexpr,
     INDIRECT: tl.constexpr,
+    INT8: tl.constexpr,  # an int8 cache: codes x each row's scale (inferd/kv_int8.py)
     INTERPRETED: tl.constexpr,
     IEEE: tl.constexpr,
 ):
@@ -127,13 +129,20 @@ def _decode_kernel(
         key_ok = key < end
         block = tl.load(table + key // BLOCK_SIZE, mask=key_ok, other=0).to(tl.int64)
         kv_off = block * stride_cb + (key % BLOCK_SIZE) * stride_cs + head_off
+        if INT8 and HEAD_DIM % 4 == 0:  # rows of head_dim + 4 bytes: each starts 4-aligned
+            kv_off = tl.multiple_of(kv_off, 4)
         k = tl.load(
             k_cache_ptr + kv_off[None, :] + d[:, None] * stride_cd,
             mask=key_ok[None, :] & dmask[:, None],
             other=0.0,
         )
+        if INT8:  # the codes are the operand (exact in any float dtype); scaled after the dot
+            k = k.to(tl.float32)
         k = dot_operand(downcast(k, q_ptr.dtype.element_ty, INTERPRETED), INTERPRETED)
-        s = log2_scores(mma(q, k, IEEE), scale, softcap, HAS_SOFTCAP)
+        qk = mma(q, k, IEEE)
+        if INT8:
+            qk = qk * int8_row_scale(k_cache_ptr, kv_off, HEAD_DIM, stride_cd, key_ok)[None, :]
+        s = log2_scores(qk, scale, softcap, HAS_SOFTCAP)
         s = tl.where(key_ok[None, :], s, float("-inf"))
         m_new = tl.maximum(m, tl.max(s, 1))
         alpha = tl.exp2(m - m_new)
@@ -144,6 +153,9 @@ def _decode_kernel(
             mask=key_ok[:, None] & dmask[None, :],
             other=0.0,
         )
+        if INT8:  # each key's value scale folded into its probability column instead
+            p = p * int8_row_scale(v_cache_ptr, kv_off, HEAD_DIM, stride_cd, key_ok)[None, :]
+            v = v.to(tl.float32)
         p = dot_operand(downcast(p, q_ptr.dtype.element_ty, INTERPRETED), INTERPRETED)
         v = dot_operand(downcast(v, q_ptr.dtype.element_ty, INTERPRETED), INTERPRETED)
         acc = acc * alpha[:, None] + mma(p, v, IEEE)
@@ -228,7 +240,7 @@ def _reduce_kernel(
 
 def paged_decode(
     q: torch.Tensor,  # [tokens, heads, head_dim]
-    kv_cache: torch.Tensor,  # [2, num_blocks, block_size, kv_heads, head_dim]
+    kv_cache: torch.Tensor,  # [2, num_blocks, block_size, kv_heads, head_dim (+ 4: int8)]
     out: torch.Tensor,  # [tokens, heads, head_dim]; only the decode tokens' rows are written
     seq_ids: torch.Tensor | None,  # [n] int32 metadata rows of the decode sequences; None = all
     num_seqs: int,
@@ -245,7 +257,7 @@ def paged_decode(
 ) -> None:
     if num_seqs == 0:
         return
-    heads, kv_heads, head_dim = q.shape[1], kv_cache.shape[3], kv_cache.shape[4]
+    heads, kv_heads, head_dim = q.shape[1], kv_cache.shape[3], q.shape[2]
     k_cache, v_cache = kv_cache[0], kv_cache[1]
     if num_parts > 1:
         part_acc = q.new_empty((num_seqs, heads, num_parts, tiles.head_pad), dtype=torch.float32)
@@ -289,6 +301,7 @@ def paged_decode(
         GROUP_PAD=tiles.group_pad,
         BLOCK_SIZE=kv_cache.shape[2],
         HAS_SOFTCAP=softcap is not None,
+        INT8=kv_cache.dtype == torch.int8,
         IEEE=q.dtype == torch.float32,
         num_warps=tiles.num_warps,
         **common,

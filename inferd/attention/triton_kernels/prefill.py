@@ -29,6 +29,7 @@ from inferd.attention.triton_kernels.common import (
     Tiles,
     dot_operand,
     downcast,
+    int8_row_scale,
     interpreted,
     log2_scores,
     mma,
@@ -70,6 +71,7 @@ def _prefill_kernel(
     WINDOW: tl.constexpr,  # 0 = full attention
     HAS_SOFTCAP: tl.constexpr,
     HAS_SINKS: tl.constexpr,
+    INT8: tl.constexpr,  # an int8 cache: codes x each row's scale (inferd/kv_int8.py)
     INTERPRETED: tl.constexpr,
     IEEE: tl.constexpr,
 ):
@@ -113,14 +115,21 @@ def _prefill_kernel(
         key_ok = key < hi
         block = tl.load(table + key // BLOCK_SIZE, mask=key_ok, other=0).to(tl.int64)
         kv_off = block * stride_cb + (key % BLOCK_SIZE) * stride_cs + head_off
+        if INT8 and HEAD_DIM % 4 == 0:  # rows of head_dim + 4 bytes: each starts 4-aligned
+            kv_off = tl.multiple_of(kv_off, 4)
         # K is loaded transposed, [head_dim, keys], ready for q @ k.
         k = tl.load(
             k_cache_ptr + kv_off[None, :] + d[:, None] * stride_cd,
             mask=key_ok[None, :] & dmask[:, None],
             other=0.0,
         )
+        if INT8:  # the codes are the operand (exact in any float dtype); scaled after the dot
+            k = k.to(tl.float32)
         k = dot_operand(downcast(k, q_ptr.dtype.element_ty, INTERPRETED), INTERPRETED)
-        s = log2_scores(mma(q, k, IEEE), scale, softcap, HAS_SOFTCAP)
+        qk = mma(q, k, IEEE)
+        if INT8:
+            qk = qk * int8_row_scale(k_cache_ptr, kv_off, HEAD_DIM, stride_cd, key_ok)[None, :]
+        s = log2_scores(qk, scale, softcap, HAS_SOFTCAP)
         visible = (key[None, :] <= pos[:, None]) & key_ok[None, :]
         if WINDOW > 0:
             visible = visible & (pos[:, None] - key[None, :] < WINDOW)
@@ -134,6 +143,9 @@ def _prefill_kernel(
             mask=key_ok[:, None] & dmask[None, :],
             other=0.0,
         )
+        if INT8:  # each key's value scale folded into its probability column instead
+            p = p * int8_row_scale(v_cache_ptr, kv_off, HEAD_DIM, stride_cd, key_ok)[None, :]
+            v = v.to(tl.float32)
         # Probabilities are rounded to the query dtype before the product, as the reference does.
         p = dot_operand(downcast(p, q_ptr.dtype.element_ty, INTERPRETED), INTERPRETED)
         v = dot_operand(downcast(v, q_ptr.dtype.element_ty, INTERPRETED), INTERPRETED)
@@ -153,7 +165,7 @@ def _prefill_kernel(
 
 def paged_prefill(
     q: torch.Tensor,  # [tokens, heads, head_dim]
-    kv_cache: torch.Tensor,  # [2, num_blocks, block_size, kv_heads, head_dim]
+    kv_cache: torch.Tensor,  # [2, num_blocks, block_size, kv_heads, head_dim (+ 4: int8)]
     out: torch.Tensor,  # [tokens, heads, head_dim]; only the work items' rows are written
     work: torch.Tensor,  # [items, 2] int32 (sequence, first query token)
     query_start_loc: torch.Tensor,
@@ -165,7 +177,7 @@ def paged_prefill(
     softcap: float | None,
     sinks: torch.Tensor | None = None,  # [heads] float32
 ) -> None:
-    kv_heads, head_dim = kv_cache.shape[3], kv_cache.shape[4]
+    kv_heads, head_dim = kv_cache.shape[3], q.shape[2]
     if work.shape[0] == 0:
         return
     k_cache, v_cache = kv_cache[0], kv_cache[1]
@@ -195,6 +207,7 @@ def paged_prefill(
         WINDOW=window or 0,
         HAS_SOFTCAP=softcap is not None,
         HAS_SINKS=sinks is not None,
+        INT8=kv_cache.dtype == torch.int8,
         INTERPRETED=interpreted(_prefill_kernel),
         IEEE=q.dtype == torch.float32,
         num_warps=tiles.num_warps,
