@@ -75,6 +75,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     from inferd.loader.checkpoint import open_checkpoint
     from inferd.memory.estimate import estimate_memory, plain
+    from inferd.memory.kv_dtypes import kv_dtype_capacities
     from inferd.memory.measure import local_device_memory, measure_memory
     from inferd.memory.weights import checkpoint_weights
 
@@ -131,9 +132,13 @@ def run(args: argparse.Namespace) -> int:
         from inferd.memory.lora import adapter_slot_memory
 
         adapters = adapter_slot_memory(checkpoint.config, args.max_loras, args.max_lora_rank)
+    kv_dtypes = kv_dtype_capacities(checkpoint.config, max_model_len=args.max_model_len,
+                                    concurrency=args.concurrency, device_memory=memory,
+                                    **settings)  # fmt: skip
     if args.json:
         out = {"model_path": str(checkpoint.path), "format": checkpoint.format,
-               "device_memory_source": source, **est.to_dict()}  # fmt: skip
+               "device_memory_source": source, **est.to_dict(),
+               "kv_dtypes": plain(kv_dtypes)}  # fmt: skip
         if adapters is not None:
             out["lora_adapter_slots"] = {**plain(adapters), "total_bytes": adapters.total_bytes}
         if measured is not None:
@@ -146,7 +151,7 @@ def run(args: argparse.Namespace) -> int:
     from inferd.commands.memory_tables import render
 
     console = Console(width=None if sys.stdout.isatty() else 112)
-    render(console, est, checkpoint, source, measured)
+    render(console, est, checkpoint, source, measured, kv_dtypes)
     if adapters is not None:
         mib = 2**20
         console.print(f"LoRA adapter slots: {adapters.max_loras} x rank {adapters.max_rank} "

@@ -1,6 +1,7 @@
 """The tables `inferd memory` prints (rich): parameters (total vs active for a Mixture of
-Experts), weights by precision, what a decode step reads, KV cache, activations, the per-device
-total, capacity, and with `--measure` the measured memory over the run. Plain text cells."""
+Experts), weights by precision, what a decode step reads, KV cache and what each KV dtype holds,
+activations, the per-device total, capacity, and with `--measure` the measured memory over the
+run. Plain text cells."""
 
 from __future__ import annotations
 
@@ -31,7 +32,8 @@ def _print(console, title: str, columns: tuple[str, ...], rows: list[tuple[str, 
     console.print(table)
 
 
-def render(console, est, checkpoint, source: str, measured) -> None:
+def render(console, est, checkpoint, source: str, measured, kv_dtypes=()) -> None:
+    """`kv_dtypes`: memory/kv_dtypes.py's rows (none: no such table)."""
     from rich.text import Text
 
     cfg, p, dev, ck = checkpoint.config, est.params, est.per_device, est.checkpoint
@@ -90,11 +92,14 @@ def render(console, est, checkpoint, source: str, measured) -> None:
 
     _print_decode_reads(console, est, cfg)
 
-    kvb = est.kv_bytes_per_token_per_layer // (2 * cfg.num_kv_heads * cfg.head_dim)
+    row = est.kv_bytes_per_token_per_layer // (2 * cfg.num_kv_heads)  # one head's K (or V)
+    kvb, extra = divmod(row, cfg.head_dim)  # bytes per value; int8: + its row's scale
+    row_how = f"{cfg.head_dim} × {kvb} B" + (f" + a {extra} B scale" if extra else "")
     sliding = sum(cfg.layer_window(i) is not None for i in range(layers))
     rows = [
         ("per token, one layer", _bin(est.kv_bytes_per_token_per_layer),
-         f"2 (K and V) × {kv_heads} × {cfg.head_dim} × {kvb} B"),
+         f"2 (K and V) × {kv_heads} × ({row_how})" if extra else
+         f"2 (K and V) × {kv_heads} × {row_how}"),
         ("per token, all layers", _bin(est.kv_bytes_per_token),
          f"× {layers} layers (as if none had a window)"),
     ]
@@ -115,6 +120,8 @@ def render(console, est, checkpoint, source: str, measured) -> None:
                                       "sliding layers" if sliding else "")),
     ]
     _print(console, f"KV cache ({est.kv_cache_dtype})", ("what", "bytes", "how"), rows)
+    if kv_dtypes:
+        _print_kv_dtypes(console, est, kv_dtypes)
 
     rows = [(f"{t.name} ({t.phase})", _bin(t.bytes), t.why) for t in acts.terms]
     rows.append(("peak", _bin(acts.peak_bytes),
@@ -171,6 +178,20 @@ def _print_loading(console, plan, overhead: int) -> None:
         ("weight cache entry", _bin(plan.held), "on disk (`inferd cache`; --weight-cache-size)"),
     ]  # fmt: skip
     _print(console, "Loading (resident memory, with the runtime)", ("load", "bytes", "how"), rows)
+
+
+def _print_kv_dtypes(console, est, rows) -> None:
+    """Contexts × concurrency by KV dtype: what switching --kv-cache-dtype buys."""
+    where = f"{_bin(est.device_memory)}" + (f" per device (TP={est.tensor_parallel_size})"
+                                            if est.tensor_parallel_size > 1 else "")  # fmt: skip
+    table = [(r.kv_dtype, f"{r.bytes_per_token:,}", f"{r.contexts_4k_per_gib:,}",
+              f"{r.max_concurrency:,}" if r.max_concurrency is not None else "-",
+              "<- in use" if r.kv_dtype == est.kv_cache_dtype else
+              "" if r.runs_here else f"not on {est.device}")
+             for r in rows]  # fmt: skip
+    _print(console, "KV dtypes: contexts × concurrency",
+           ("KV dtype", "bytes/token", "4k-token contexts per 1 GiB",
+            f"requests of {est.max_model_len} tokens in {where}", "note"), table)  # fmt: skip
 
 
 def _mlp_how(cfg) -> str:

@@ -11,12 +11,14 @@ Nothing here imports torch: estimates work from a config alone.
 from inferd.memory.activations import ActivationEstimate, estimate_activations, runtime_overhead
 from inferd.memory.estimate import MemoryEstimate, engine_kv_pool, estimate_memory
 from inferd.memory.kv import (
+    KVElement,
     KVPoolPlan,
     kv_bytes_for_context,
     kv_bytes_per_token,
     kv_bytes_per_token_per_layer,
     plan_kv_pool,
 )
+from inferd.memory.kv_dtypes import KVDtypeCapacity, kv_dtype_capacities
 from inferd.memory.measure import measure_memory
 from inferd.memory.weights import (
     CheckpointWeights,
@@ -31,6 +33,8 @@ from inferd.memory.weights import (
 __all__ = [
     "ActivationEstimate",
     "CheckpointWeights",
+    "KVDtypeCapacity",
+    "KVElement",
     "KVPoolPlan",
     "MemoryEstimate",
     "ParamCounts",
@@ -42,6 +46,7 @@ __all__ = [
     "kv_bytes_for_context",
     "kv_bytes_per_token",
     "kv_bytes_per_token_per_layer",
+    "kv_dtype_capacities",
     "measure_memory",
     "plan_kv_pool",
     "runtime_overhead",

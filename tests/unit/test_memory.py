@@ -278,9 +278,32 @@ def test_table_output_names_every_section(capsys):
 
     assert memory.run(parser().parse_args(["--device", "cpu", "--device-memory", "4GiB"])) == 0
     text = capsys.readouterr().out
-    for heading in ("Parameters", "Weights", "KV cache", "Activations", "Per device", "Capacity"):
+    for heading in ("Parameters", "Weights", "KV cache", "KV dtypes", "Activations",
+                    "Per device", "Capacity"):  # fmt: skip
         assert heading in text
     assert "268,098,176" in text and "matches the config" in text
+
+
+def test_contexts_by_kv_dtype(capsys):
+    """`inferd memory` per KV dtype: int8 counts its scales (9,360 bytes a token on the embedded
+    model: 18 layers x 2 x 1 KV head x (256 + 4)), and each row's capacity is the estimate's own
+    for that dtype."""
+    from inferd.memory.kv_dtypes import kv_dtype_capacities
+
+    out = run_cli(capsys, "--json", "--device", "cpu", "--max-model-len", "4096",
+                  "--device-memory", "4GiB", "--kv-cache-dtype", "int8")  # fmt: skip
+    rows = {r["kv_dtype"]: r for r in out["kv_dtypes"]}
+    assert rows["int8"]["bytes_per_token"] == 18 * 2 * (256 + 4) == out["kv_bytes_per_token"]
+    assert rows["int8"]["max_concurrency"] == out["max_concurrency"]
+    assert rows["bf16"]["bytes_per_token"] == 18 * 2 * 256 * 2 and not rows["fp16"]["runs_here"]
+    # 3 full layers x 4096 + 15 sliding x 512 tokens, per 1 GiB
+    assert rows["int8"]["contexts_4k_per_gib"] == GiB // (2 * 260 * (3 * 4096 + 15 * 512))
+    fits = [rows[kv]["max_concurrency"] for kv in ("fp8", "int8", "bf16")]
+    assert fits[0] >= fits[1] > fits[2]
+    (eight,) = [r for r in kv_dtype_capacities(LLAMA3_8B, max_model_len=4096, device="cuda",
+                                               dtype="bf16") if r.kv_dtype == "int8"]  # fmt: skip
+    assert eight.contexts_4k_per_gib == GiB // (4096 * 2 * 32 * 8 * 132) == 3  # bf16: 2
+    assert eight.max_concurrency is None  # no device memory: no capacity
 
 
 def test_kv_per_layer_formula_is_kv_py():
