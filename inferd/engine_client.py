@@ -16,7 +16,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
-from inferd.engine.kv_tiers.tier_stats import TierStats
+from inferd.kv_tier_stats import TierStats
 from inferd.engine_snapshot import EngineSnapshot
 from inferd.outputs import RequestOutput
 from inferd.pooling_params import PoolerConfig, PoolingParams

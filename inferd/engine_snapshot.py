@@ -140,8 +140,8 @@ class EngineSnapshot:
     steps: list[StepKindTiming]
     last_step: dict[str, float]  # the last step's seconds per phase, and "step"
     memory: MemorySnapshot
-    # Per tier, in lookup order (RAM first): TierStats' fields (inferd/engine/kv_tiers/
-    # tier_stats.py) as a dict, since this module sits below the engine and imports none of it.
+    # Per tier, in lookup order (RAM first): TierStats' fields (inferd/kv_tier_stats.py) as a
+    # dict: the snapshot stays plain data of the bottom row.
     kv_tiers: list[dict[str, str | int | float]] = field(default_factory=list)
     # The connector's counts: blocks_saved, saves_dropped, blocks_loaded, lookups_late.
     kv_connector: dict[str, int] = field(default_factory=dict)

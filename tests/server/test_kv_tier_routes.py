@@ -13,7 +13,7 @@ from fake_client import ScriptedClient
 from starlette.testclient import TestClient
 
 from inferd.engine.frontend.async_core_client import AsyncCoreClient, CoreReplica
-from inferd.engine.kv_tiers.tier_stats import TierStats
+from inferd.kv_tier_stats import TierStats
 from inferd.engine.transport import ipc
 from inferd.engine_client import EngineStats
 from inferd.errors import EngineDeadError, InvalidRequest

@@ -30,6 +30,7 @@ BASE: dict[str, set[str]] = {
     "config": set(),
     "outputs": set(),
     "step_timing": set(),
+    "kv_tier_stats": set(),
     "engine_snapshot": set(),
     "block_hashes": set(),
     "memory_trim": set(),
@@ -45,6 +46,7 @@ BASE: dict[str, set[str]] = {
         "pooling_params",
         "errors",
         "step_timing",
+        "kv_tier_stats",
         "engine_snapshot",
     },
 }

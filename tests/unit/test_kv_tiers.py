@@ -14,7 +14,7 @@ import torch
 from inferd.engine.kv_tiers.block_entry import HEADER_BYTES, EntryRefused, check_entry, encode_header
 from inferd.engine.kv_tiers.block_store import BlockStore
 from inferd.engine.kv_tiers.connector import KVConnector
-from inferd.engine.kv_tiers.tier_stats import TierStats, merge_tiers
+from inferd.kv_tier_stats import TierStats, merge_tiers
 from inferd.engine.scheduling.kv_cache import NULL_BLOCK
 from tests.unit.test_scheduler import BS, add, fake_output, make
 

@@ -3,7 +3,7 @@ cache's usage is the fullest replica's, step timings pool every replica's steps.
 
 from __future__ import annotations
 
-from inferd.engine.kv_tiers.tier_stats import merge_tiers
+from inferd.kv_tier_stats import merge_tiers
 from inferd.engine_client import EngineStats
 
 _SUMMED = ("num_running", "num_waiting", "num_preemptions", "prefix_cache_queries",

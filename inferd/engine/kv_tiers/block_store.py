@@ -29,7 +29,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from inferd.engine.kv_tiers.block_entry import HEADER_BYTES, EntryRefused, check_entry, encode_header
-from inferd.engine.kv_tiers.tier_stats import TierStats
+from inferd.kv_tier_stats import TierStats
 
 log = logging.getLogger(__name__)
 
@@ -211,7 +211,8 @@ class BlockStore:
             return True
         except FileNotFoundError:
             return True  # another replica evicted it first
-        except OSError:
+        except OSError as e:  # a read-only tier: the file stays, and the log says so
+            log.warning("KV %s tier: could not delete %s: %s", self.name, path, e)
             return False
 
     def clear(self) -> int:

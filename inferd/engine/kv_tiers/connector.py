@@ -34,7 +34,7 @@ from pathlib import Path
 import torch
 
 from inferd.engine.kv_tiers.block_store import BlockStore
-from inferd.engine.kv_tiers.tier_stats import TierStats
+from inferd.kv_tier_stats import TierStats
 
 log = logging.getLogger(__name__)
 

@@ -16,7 +16,7 @@ from collections.abc import Callable
 
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
-# TierStats field (inferd/engine/kv_tiers/tier_stats.py) → (name without the prefix and the
+# TierStats field (inferd/kv_tier_stats.py) → (name without the prefix and the
 # _total suffix, HELP)
 _TIER_COUNTERS = {
     "hits": ("kv_tier_hits", "KV blocks found in the tier and loaded."),
