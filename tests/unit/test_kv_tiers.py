@@ -112,6 +112,18 @@ def test_full_disk_counts_an_error_and_leaves_nothing(tmp_path, monkeypatch):
     assert not s.contains(h(1)) and not list(tmp_path.rglob("*.part"))
 
 
+def test_short_writes_of_a_nearly_full_disk_never_publish_a_cut_file(tmp_path, monkeypatch):
+    s = store(tmp_path)
+    real_write = os.write
+    monkeypatch.setattr(os, "write", lambda fd, data: real_write(fd, bytes(data)[:7]))
+    assert s.write(h(1), payload(5))  # every byte, seven at a time
+    assert s.read(h(1)).tobytes() == bytes([5]) * PAYLOAD
+    monkeypatch.setattr(os, "write", lambda fd, data: 0)  # the disk took nothing
+    assert not s.write(h(2), payload(6))
+    assert not s.contains(h(2)) and s.snapshot().write_errors == 1
+    assert not list(tmp_path.rglob("*.part"))
+
+
 def test_read_only_folder_serves_what_it_has(tmp_path, monkeypatch):
     store(tmp_path).write(h(1), payload(4))
     real_write_bytes = type(tmp_path).write_bytes

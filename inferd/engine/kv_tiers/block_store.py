@@ -21,6 +21,7 @@ a prompt can be read back from its KV.
 
 from __future__ import annotations
 
+import errno
 import logging
 import os
 import threading
@@ -119,9 +120,11 @@ class BlockStore:
         try:
             path.parent.mkdir(mode=0o700, exist_ok=True)
             fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-            with open(fd, "wb", buffering=0, closefd=True) as f:
-                f.write(header)
-                f.write(payload)
+            try:
+                _write_all(fd, header)
+                _write_all(fd, payload)
+            finally:
+                os.close(fd)
             os.replace(tmp, path)
         except OSError as e:  # a full disk fails the write or the rename: nothing is left
             _unlink_quietly(tmp)
@@ -229,6 +232,17 @@ class BlockStore:
         with self._lock:
             self.stats = replace(self.stats, **{k: getattr(self.stats, k) + v
                                                 for k, v in amounts.items()})  # fmt: skip
+
+
+def _write_all(fd: int, data) -> None:
+    """Every byte, or OSError. NOTE: a write on a nearly full disk may take only part of what
+    it is given and report no error: published so, the file would be cut short."""
+    view = memoryview(data).cast("B")
+    while view.nbytes:
+        written = os.write(fd, view)
+        if written <= 0:
+            raise OSError(errno.ENOSPC, "no byte written")
+        view = view[written:]
 
 
 def _unlink_quietly(path: Path) -> None:
