@@ -192,10 +192,6 @@ class KVConnector:
             if self._queue_save(h, view, self.stores):
                 self.counters.blocks_saved += 1
 
-    def wants(self, block_hash: bytes) -> bool:
-        """False when every tier already holds the block (nothing to copy out)."""
-        return any(s.writable and not s.contains(block_hash) for s in self.stores)
-
     def _queue_save(self, block_hash: bytes, payload: memoryview, stores) -> bool:
         with self._pending_lock:
             if self._pending_bytes + payload.nbytes > MAX_PENDING_SAVE_BYTES:
