@@ -37,9 +37,11 @@ class Function:
 
 
 def parse_tools(tools: Any) -> list[Function]:
-    """OpenAI's `tools` list (function tools); InvalidRequest naming the bad entry."""
-    if not isinstance(tools, list) or not tools:
-        raise InvalidRequest("tools", "tools must be a non-empty list of function tools")
+    """OpenAI's `tools` list (function tools); InvalidRequest naming the bad entry. An empty
+    list is no tools: OpenAI and vLLM read it so, and the OpenAI Agents SDK sends one for an
+    agent without tools."""
+    if not isinstance(tools, list):
+        raise InvalidRequest("tools", "tools must be a list of function tools")
     functions: list[Function] = []
     for i, tool in enumerate(tools):
         if not isinstance(tool, dict) or tool.get("type") != "function":

@@ -249,3 +249,10 @@ def test_an_undeclared_field_is_refused_by_name():
     assert r.status_code == 400
     error = {"type": "invalid_request_error", "message": "unsupported parameter: thinking"}
     assert r.json() == {"type": "error", "error": error}
+
+
+def test_an_empty_tools_list_is_no_tools():
+    with served() as (sdk, fake, _):
+        r = sdk.messages.create(model="fake-model", max_tokens=16, messages=HI, tools=[])
+    assert r.content[0].text == "hello"
+    assert "tools" not in fake.tokenizer.last_call

@@ -281,3 +281,11 @@ def test_an_undeclared_field_is_refused_by_name():
     error = r.json()["error"]
     assert error["message"] == "unsupported parameter: conversation"
     assert error["param"] == "conversation"
+
+
+def test_the_agents_sdk_default_empty_tools_and_include_are_no_tools():
+    """The OpenAI Agents SDK sends `tools: []` and `include: []` for an agent without tools."""
+    with served() as (sdk, fake, _):
+        r = sdk.responses.create(model="fake-model", input="hi", tools=[], include=[])
+    assert r.status == "completed" and r.output_text == "hello"
+    assert "tools" not in fake.tokenizer.last_call

@@ -171,3 +171,25 @@ def test_history_with_calls_and_results_reaches_the_template_as_objects():
     assert rendered.startswith("tools:1|") and "tool:21C|" in rendered
     call = fake.tokenizer.last_call["messages"][1]["tool_calls"][0]
     assert call["function"]["arguments"] == {"city": "Paris"}  # parsed, as HF and vLLM do
+
+
+@pytest.mark.parametrize("choice", [None, "none", "auto"])
+def test_an_empty_tools_list_is_no_tools(choice):
+    """`tools: []` (the OpenAI Agents SDK's, for an agent without tools) is read as absent, as
+    OpenAI and vLLM read it: no tools in the prompt, a text reply, even without a parser."""
+    http, fake = app("hello", ToolSettings())
+    with http:
+        r = chat(http, tools=[], **({} if choice is None else {"tool_choice": choice}))
+    assert r.status_code == 200, r.text
+    assert r.json()["choices"][0]["message"]["content"] == "hello"
+    assert "tools" not in fake.tokenizer.last_call
+
+
+@pytest.mark.parametrize("choice", ["required", {"type": "function", "function": {"name": "f"}}])
+def test_a_call_that_must_be_made_needs_a_tool(choice):
+    http, _ = app("hello", AUTO_PYTHONIC)
+    with http:
+        r = chat(http, tools=[], tool_choice=choice)
+    assert r.status_code == 400
+    assert r.json()["error"]["param"] == "tool_choice"
+    assert "tools is empty" in r.json()["error"]["message"]

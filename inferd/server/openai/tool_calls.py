@@ -151,7 +151,7 @@ def plan_tools(body: ChatCompletionRequest, settings: ToolSettings) -> ToolPlan:
 
 
 def _harmony_plan(body: ChatCompletionRequest, settings: ToolSettings) -> ToolPlan:
-    if body.tools is not None and body.tool_choice not in (None, "auto", "none"):
+    if body.tools and body.tool_choice not in (None, "auto", "none"):
         parse_tools(body.tools)  # a malformed list is named first
         raise InvalidRequest(
             "tool_choice",
@@ -170,6 +170,15 @@ def _plan(body: ChatCompletionRequest, settings: ToolSettings) -> ToolPlan:
             raise InvalidRequest("tool_choice", "tool_choice needs tools")
         return ToolPlan()
     parse_tools(body.tools)  # a malformed list is a 400 even when it will not be used
+    if not body.tools:
+        # NOTE: `tools: []` is no tools (parse_tools); "auto" then has nothing to choose from
+        # and means "none" (vLLM's reading), but a call that must be made has no tool to call.
+        if choice not in (None, "none", "auto"):
+            raise InvalidRequest(
+                "tool_choice",
+                f"tool_choice {choice!r} needs at least one tool, and tools is empty",
+            )
+        return ToolPlan()
     choice = "auto" if choice is None else choice
     if choice == "none":
         return ToolPlan()
