@@ -41,9 +41,12 @@ class StructuredOutputsParams:
     grammar: str | None = None  # Lark (llguidance's dialect) or GBNF (llama.cpp's)
     json_object: bool | None = None  # True: any JSON object
     # JSON kinds only: no whitespace between tokens (only the separators ", " and ": " are not
-    # flexible) and, where a schema leaves `additionalProperties` out, treat it as false.
+    # flexible).
     disable_any_whitespace: bool = False
-    disable_additional_properties: bool = False
+    # Where a schema leaves `additionalProperties` out: None (the default) and True treat it as
+    # false, as vLLM's default backend (xgrammar, strict_mode) does, so a small model cannot
+    # write invented keys until max_tokens; False keeps JSON Schema's own meaning (any key).
+    disable_additional_properties: bool | None = None
     # The request field the spec came from, for error messages: "structured_outputs" (then
     # errors name "structured_outputs.<kind>"), or e.g. "guided_regex", "response_format".
     origin: str = dataclasses.field(default=_FIELD, compare=False, repr=False)
@@ -56,8 +59,9 @@ class StructuredOutputsParams:
                 f"{self.origin} must set exactly one of {', '.join(KINDS)}; "
                 f"got {', '.join(given) if given else 'none'}",
             )
-        for flag in ("disable_any_whitespace", "disable_additional_properties"):
-            if not isinstance(getattr(self, flag), bool):
+        flags = (("disable_any_whitespace", bool), ("disable_additional_properties", bool | None))
+        for flag, kind in flags:
+            if not isinstance(getattr(self, flag), kind):
                 value = getattr(self, flag)
                 name = f"{self.origin}.{flag}"
                 raise InvalidRequest(name, f"{name} must be a boolean, got {value!r}")
@@ -82,6 +86,11 @@ class StructuredOutputsParams:
         return f"{_FIELD}.{kind or self.kind}"
 
     @property
+    def closes_objects(self) -> bool:
+        """Whether an object schema without `additionalProperties` allows only its keys."""
+        return self.disable_additional_properties is not False
+
+    @property
     def kind(self) -> str:
         return next(k for k in KINDS if getattr(self, k) not in (None, False))
 
@@ -95,7 +104,7 @@ class StructuredOutputsParams:
         else:
             text = spec
         if self.kind in ("json", "json_object"):
-            text += f"|ws={not self.disable_any_whitespace}|ap={self.disable_additional_properties}"
+            text += f"|ws={not self.disable_any_whitespace}|ap={self.closes_objects}"
         # NOTE: the origin is part of the key because a cached compile error names it.
         return self.kind, f"{text}|origin={self.origin}"
 

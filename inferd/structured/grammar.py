@@ -35,16 +35,19 @@ WHITESPACE = r"(?:[\x20\x09]?|\r?\n[\x20\x09]{0,24})"
 
 def closed_schema(schema: dict[str, Any]) -> dict[str, Any]:
     """A copy of `schema` in which every object schema that says nothing about
-    `additionalProperties` gets `false` (OpenAI's strict mode: only the declared keys)."""
+    `additionalProperties` gets `false` (only the declared keys: OpenAI's strict mode, and
+    xgrammar's strict_mode, vLLM's default), and every `prefixItems` without `items` allows no
+    further items. Members of an `allOf` stay open themselves (each closed, an instance that
+    needs the keys of two members would match neither); what they nest is closed."""
     out = copy.deepcopy(schema)
     _close(out)
     return out
 
 
-def _close(node: Any) -> None:
+def _close(node: Any, close_self: bool = True) -> None:
     if isinstance(node, list):
         for item in node:
-            _close(item)
+            _close(item, close_self)
         return
     if not isinstance(node, dict):
         return
@@ -54,9 +57,13 @@ def _close(node: Any) -> None:
                 _close(sub)
     for key in _SUBSCHEMAS:
         if isinstance(node.get(key), dict | list):
-            _close(node[key])
+            _close(node[key], close_self=key != "allOf")
+    if not close_self:
+        return
     if "additionalProperties" not in node and isinstance(node.get("properties"), dict):
         node["additionalProperties"] = False
+    if "items" not in node and isinstance(node.get("prefixItems"), list):
+        node["items"] = False
 
 
 def grammar_text(spec: StructuredOutputsParams) -> str:
@@ -64,7 +71,7 @@ def grammar_text(spec: StructuredOutputsParams) -> str:
     kind = spec.kind
     if kind in ("json", "json_object"):
         schema: dict[str, Any] = spec.json if kind == "json" else {"type": "object"}
-        if spec.disable_additional_properties:
+        if spec.closes_objects:
             schema = closed_schema(schema)
         options: dict[str, Any] = {"whitespace_flexible": not spec.disable_any_whitespace}
         if options["whitespace_flexible"]:

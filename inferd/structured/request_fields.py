@@ -78,12 +78,11 @@ def from_response_format(value: Any) -> StructuredOutputsParams | None:
             "response_format.json_schema.strict",
             f"response_format.json_schema.strict must be a boolean, got {strict!r}",
         )
-    # Strict mode (OpenAI): only the declared keys, whatever the schema leaves unsaid.
-    return StructuredOutputsParams(
-        json=spec["schema"],
-        disable_additional_properties=bool(strict),
-        origin="response_format.json_schema.schema",
-    )
+    # Strict or not, an object allows only its declared keys where the schema says nothing
+    # (OpenAI's strict mode; vLLM's default backend treats non-strict schemas alike):
+    # instructor's JSON_SCHEMA mode sends non-strict schemas without additionalProperties, and
+    # a small model given the freedom writes invented keys until max_tokens runs out.
+    return StructuredOutputsParams(json=spec["schema"], origin="response_format.json_schema.schema")
 
 
 def from_guided_fields(fields: dict[str, Any]) -> StructuredOutputsParams | None:

@@ -241,7 +241,7 @@ row(
         "type": "json_schema",
         "json_schema": {"name": "x", "schema": {"type": "object"}, "strict": True},
     },
-    that(lambda s: s.params.structured_outputs.disable_additional_properties),
+    that(lambda s: s.params.structured_outputs.closes_objects),
 )
 row(GENERATION, "structured_outputs", {"regex": "a+"}, spec("regex", "a+"))
 row(GENERATION, "structured_outputs", {"regexp": "a+"}, unsupported("structured_outputs.regexp"))

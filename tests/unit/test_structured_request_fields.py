@@ -26,9 +26,12 @@ def test_each_way_of_asking():
             "json_schema": {"name": "x", "schema": SCHEMA, "strict": True},
         }
     )
-    assert strict.json == SCHEMA and strict.disable_additional_properties
+    assert strict.json == SCHEMA and strict.closes_objects
+    # Not strict: still only the declared keys (vLLM's default backend, xgrammar's strict_mode).
     loose = resolve(response_format={"type": "json_schema", "json_schema": {"schema": SCHEMA}})
-    assert not loose.disable_additional_properties
+    assert loose.closes_objects
+    opened = resolve(structured_outputs={"json": SCHEMA, "disable_additional_properties": False})
+    assert not opened.closes_objects
     assert resolve(structured_outputs={"regex": "a+"}) == StructuredOutputsParams(regex="a+")
     assert resolve(guided={"guided_choice": ["x", "y"], "guided_json": None}).choice == ["x", "y"]
     assert resolve(guided={"guided_grammar": 'start: "a"'}).grammar == 'start: "a"'
@@ -94,3 +97,27 @@ def test_compile_errors_name_the_field_used():
         ]:
             with pytest.raises(InvalidGrammarError, match=re.escape(name)):
                 manager.compile(resolve(**fields))
+
+
+def test_a_closed_schema_allows_only_declared_keys_and_items():
+    """What a schema leaves unsaid is closed (xgrammar's strict_mode, vLLM's default); what it
+    says stays; members of an allOf stay open themselves (closed, they could not be combined)."""
+    from inferd.structured.grammar import closed_schema
+
+    schema = {
+        "type": "object",
+        "properties": {
+            "a": {"type": "object", "properties": {"b": {"type": "integer"}}},
+            "free": {"type": "object", "properties": {}, "additionalProperties": True},
+            "pair": {"type": "array", "prefixItems": [{"type": "integer"}]},
+            "both": {"allOf": [{"properties": {"x": {}}}, {"properties": {"y": {}}}]},
+        },
+    }
+    closed = closed_schema(schema)
+    assert closed["additionalProperties"] is False
+    props = closed["properties"]
+    assert props["a"]["additionalProperties"] is False
+    assert props["free"]["additionalProperties"] is True
+    assert props["pair"]["items"] is False
+    assert all("additionalProperties" not in m for m in props["both"]["allOf"])
+    assert "additionalProperties" not in schema  # a copy
