@@ -170,6 +170,12 @@ class EngineConfig:
     # A streaming request's output after its first token, then every this many tokens, and
     # when it ends (vLLM's --stream-interval): fewer events, less CPU per token in the front end.
     stream_interval: int = 1
+    # The waiting queue's order (vLLM's --scheduling-policy): "fcfs", or "priority" (a request's
+    # `priority`, lower first, preempting lower priorities: engine/scheduling/waiting_queue.py).
+    scheduling_policy: str = "fcfs"
+    # Seconds a request may wait from its arrival without being scheduled; then it ends with
+    # "queue_timeout" (the server's 503 with Retry-After). None: it waits as long as it takes.
+    max_queue_time: float | None = None
     quantization: str | None = None
     kv_cache_dtype: str = "auto"
     num_threads: int | None = None  # CPU intra-op threads; None = torch's default

@@ -57,6 +57,7 @@ class EngineStats:
     prompt_tokens: int  # prompt tokens computed (cache hits excluded, recompute included)
     generation_tokens: int
     steps: int
+    num_queue_timeouts: int = 0  # requests ended unscheduled past max_queue_time
     # Where the steps' time went (inferd/step_timing.py); None from engines that do not time.
     step_timing: StepTiming | None = None
     # Speculative decoding, vLLM's spec_decode_* counters (inferd/spec_decode/metrics.py); all

@@ -6,6 +6,7 @@ is a bug: the server answers 500 with an id and logs the traceback once.
     InvalidRequest (ValueError)   400  the client sent something unusable; `param` names the field
       ContextTooLong              400  prompt (+ max_tokens) does not fit max_model_len
     Overloaded                    503  too many requests waiting; retry later
+      QueueTimeout                503  waited past --max-queue-time without being scheduled
     EngineDeadError               503  the engine can run no more steps
     RequestFailed                 500  the engine failed this one request (its step raised)
     ModelLoadError (ValueError)   -    the model cannot be used (start-up, CLI)
@@ -37,6 +38,16 @@ class Overloaded(RuntimeError):
 
     code = "queue_full"
     retry_after_s = 1
+
+
+class QueueTimeout(Overloaded):
+    """The request waited `max_queue_time` without being scheduled and was dropped from the
+    queue (finish reason "queue_timeout"); the client should retry later."""
+
+    code = "queue_timeout"
+
+
+QUEUE_TIMEOUT = "queue_timeout"  # the finish reason of a request dropped from the queue
 
 
 class EngineDeadError(RuntimeError):

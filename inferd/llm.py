@@ -118,16 +118,20 @@ class LLM:
         sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
         use_tqdm: bool = True,
         lora_request: LoRARequest | Sequence[LoRARequest | None] | None = None,
+        priority: Sequence[int] | None = None,
     ) -> list[RequestOutput]:
         """Run every prompt to completion; outputs come back in the order of the prompts.
         All prompts are validated before any is queued, so one bad prompt queues nothing.
         `lora_request`: the LoRA adapter every prompt runs under, or one per prompt (None: the
-        base model); the engine needs enable_lora=True."""
+        base model); the engine needs enable_lora=True. `priority` (vLLM's): one per prompt,
+        lower first; nonzero values need scheduling_policy="priority"."""
         prompts = _prompt_list(prompts)
         params = _params_per_prompt(sampling_params or SamplingParams(), SamplingParams,
                                     len(prompts))  # fmt: skip
         if lora_request is not None:
             prompts = _with_adapters(prompts, lora_request)
+        if priority is not None:
+            prompts = _with_priorities(prompts, priority)
         for p in params:  # a bad grammar fails here, before anything is queued
             self.engine.check_grammar(p)
         return self._run(self._queue(prompts, params), use_tqdm)
@@ -253,6 +257,25 @@ def _params_per_prompt(params, kind: type, n: int) -> list:
     if bad is not None:
         raise ValueError(f"expected {kind.__name__}, got {type(bad).__name__}")
     return params
+
+
+def _as_dict(prompt) -> dict:
+    """A prompt as the dict form the input processor reads (text, token ids, or a dict)."""
+    if isinstance(prompt, str):
+        return {"prompt": prompt}
+    if isinstance(prompt, list | tuple):
+        return {"prompt_token_ids": list(prompt)}
+    return dict(prompt) if isinstance(prompt, dict) else prompt
+
+
+def _with_priorities(prompts: list, priority) -> list:
+    """Each prompt as a dict with its priority (vLLM takes exactly one per prompt)."""
+    if isinstance(priority, int) or len(priority) != len(prompts):
+        count = "an integer" if isinstance(priority, int) else f"{len(priority)} priorities"
+        raise InvalidRequest("priority", f"priority must be a list of one integer per prompt, "
+                                         f"got {count} for {len(prompts)} prompts")  # fmt: skip
+    out = [_as_dict(p) for p in prompts]  # anything else: the input processor's error
+    return [{**d, "priority": v} if isinstance(d, dict) else d for d, v in zip(out, priority)]
 
 
 def _with_adapters(prompts: list, lora_request) -> list:

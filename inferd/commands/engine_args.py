@@ -164,6 +164,11 @@ def add_engine_arguments(parser: argparse.ArgumentParser, model_positional: bool
                         help="a streaming request's output after its first token, then every N "
                              "tokens, and when it ends (default 1: every token); larger N, "
                              "fewer events and less CPU spent per token")  # fmt: skip
+    parser.add_argument("--scheduling-policy", default="fcfs", choices=["fcfs", "priority"],
+                        help="fcfs: requests start in arrival order, and a request's priority "
+                             "must be 0; priority: the lowest `priority` value starts first "
+                             "(ties by arrival) and preempts running requests of a lower "
+                             "priority when it finds no room (default fcfs)")  # fmt: skip
     parser.add_argument("--deterministic", action="store_true",
                         help="the same tokens for a prompt whatever else runs, in the dense modes "
                              "too (CPU; dense layers in fixed 16-row tiles: slower). The default "
@@ -264,6 +269,9 @@ def engine_config_from_args(args: argparse.Namespace):
         pooler_config=args.pooler_config,
         deterministic=args.deterministic,
         stream_interval=args.stream_interval,
+        scheduling_policy=args.scheduling_policy,
+        # a server flag (serve_args.py): other commands have no queue to bound
+        max_queue_time=getattr(args, "max_queue_time", None),
         enable_lora=args.enable_lora,
         max_loras=args.max_loras,
         max_lora_rank=args.max_lora_rank,

@@ -78,6 +78,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "would hold more tokens; a request over it alone is a 400 (at least max_model_len)",
     )
     parser.add_argument(
+        "--max-queue-time",
+        type=_positive(float),
+        default=None,
+        metavar="SECONDS",
+        help="a request not yet scheduled this many seconds after it arrived gets a 503 "
+        "(Retry-After) and leaves the queue; running requests are never cut (default: no limit)",
+    )
+    parser.add_argument(
         "--max-prompts-per-request",
         type=_positive(int),
         default=256,

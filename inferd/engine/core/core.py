@@ -90,7 +90,8 @@ class EngineCore:
             atexit.register(remove_memory_tier, os.getpid())  # also without a shutdown()
         self.scheduler = Scheduler(self.kv, setup.max_num_seqs, setup.max_num_batched_tokens,
                                    self.max_model_len, self.eos_token_ids, self.hash_root,
-                                   self.speculation, adapters, self.connector)  # fmt: skip
+                                   self.speculation, adapters, self.connector,
+                                   config.scheduling_policy, config.max_queue_time)  # fmt: skip
         # The phases of every step (inferd/step_timing.py); a trace, while one runs.
         self.step_timer = StepTimer()
         self.trace = None  # a profiling.trace.TraceSession while a trace runs
@@ -128,7 +129,7 @@ class EngineCore:
         metrics.num_prompt_tokens = len(ids)
         req = Request(r.request_id, ids, params, metrics, r.max_tokens, forked=params.n == 1,
                       cache_salt=r.cache_salt, pooling=r.pooling,
-                      lora=r.lora_request)  # fmt: skip
+                      lora=r.lora_request, priority=r.priority)  # fmt: skip
         samples = [Sequence(next(self._seq_ids), req, i, list(ids), len(ids))
                    for i in range(params.n)]  # fmt: skip
         req.sequences, req.forks = samples[:1], samples[1:]

@@ -36,6 +36,7 @@ class CoreRequest:
     # An embedding request (resolved: every field set); `params` are then the defaults.
     pooling: PoolingParams | None = None
     lora_request: LoRARequest | None = None  # the adapter it runs under; None: the base model
+    priority: int = 0  # lower first, under --scheduling-policy priority (Request.priority)
 
 
 @dataclass
@@ -46,7 +47,8 @@ class SampleDelta:
     new_token_ids: list[int] = field(default_factory=list)
     new_logprobs: list[TokenLogprobs] | None = None  # one per new token when asked for
     # "stop" (a stop token: the last of `new_token_ids`, never shown as text), "length",
-    # "abort", "error"; None while running.
+    # "abort", "error", "queue_timeout" (never scheduled within max_queue_time: the server's
+    # 503); None while running.
     finish_reason: str | None = None
     stop_reason: int | None = None  # the stop_token_ids entry that ended it
 

@@ -29,12 +29,14 @@ class InputLimits:
     max_stop_string_length: int = MAX_STOP_STRING_LENGTH
     max_logprobs: int = MAX_LOGPROBS
     max_lora_rank: int | None = None  # None: LoRA is not enabled
+    scheduling_policy: str = "fcfs"  # under fcfs a request's priority must be 0
 
     @classmethod
     def of(cls, config, vocab_size: int, max_model_len: int) -> InputLimits:
         rank = config.max_lora_rank if config.enable_lora else None
         return cls(vocab_size, max_model_len, config.max_n, config.max_stop_strings,
-                   config.max_stop_string_length, config.max_logprobs, rank)  # fmt: skip
+                   config.max_stop_string_length, config.max_logprobs, rank,
+                   config.scheduling_policy)  # fmt: skip
 
 
 class InputProcessor:
@@ -106,7 +108,8 @@ class InputProcessor:
             )
         arrival, lora = arrival_time or time.monotonic(), self.lora_of(prompt)
         return CoreRequest(request_id, ids, _for_core(params, vocab), max_tokens, arrival,
-                           _cache_salt(prompt), lora_request=lora), text  # fmt: skip
+                           _cache_salt(prompt), lora_request=lora,
+                           priority=self.priority_of(prompt)), text  # fmt: skip
 
     def _prompt_ids(self, prompt: PromptInput) -> tuple[str | None, list[int]]:
         """The prompt's text and token ids, checked: not empty, every id in the vocabulary."""
@@ -137,7 +140,7 @@ class InputProcessor:
         # request; an embedding request samples nothing, so they are never applied.
         return CoreRequest(request_id, ids, SamplingParams(), 0,
                            arrival_time or time.monotonic(), _cache_salt(prompt), resolved,
-                           self.lora_of(prompt))  # fmt: skip
+                           self.lora_of(prompt), self.priority_of(prompt))  # fmt: skip
 
     def lora_of(self, prompt: PromptInput) -> LoRARequest | None:
         """The prompt's adapter (a dict's "lora_request"), its config checked now so that a bad
@@ -151,6 +154,24 @@ class InputProcessor:
                                  "with enable_lora=True (inferd serve --enable-lora)")  # fmt: skip
         read_adapter_config(lora.lora_path, self.limits.max_lora_rank)
         return lora
+
+    def priority_of(self, prompt: PromptInput) -> int:
+        """The prompt's priority (a dict's "priority"; vLLM's meaning: lower runs first), 0
+        when not given. Any other value needs the priority policy: under fcfs it would be
+        silently ignored, so it is refused, naming the flag (as vLLM does)."""
+        value = prompt.get("priority", 0) if isinstance(prompt, dict) else 0
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise InvalidRequest("priority", f"priority must be an integer, got {value!r}")
+        if not -(2**63) <= value < 2**63:  # the wire's integers
+            raise InvalidRequest("priority", f"priority {value} is outside the 64-bit range")
+        if value != 0 and self.limits.scheduling_policy != "priority":
+            raise InvalidRequest(
+                "priority",
+                f"priority={value} needs the priority scheduling policy; this server schedules "
+                f"{self.limits.scheduling_policy} (start it with --scheduling-policy priority, "
+                "or LLM(scheduling_policy='priority'))",
+            )
+        return value
 
 
 def _cache_salt(prompt: PromptInput) -> str | None:

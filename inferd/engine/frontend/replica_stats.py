@@ -7,7 +7,7 @@ from inferd.kv_tier_stats import merge_tiers
 from inferd.engine_client import EngineStats
 
 _SUMMED = ("num_running", "num_waiting", "num_preemptions", "prefix_cache_queries",
-           "prefix_cache_hits", "prompt_tokens", "generation_tokens", "steps",
+           "prefix_cache_hits", "prompt_tokens", "generation_tokens", "steps", "num_queue_timeouts",
            "spec_decode_num_drafts", "spec_decode_num_draft_tokens",
            "spec_decode_num_accepted_tokens", "kv_blocks_saved", "kv_blocks_loaded",
            "kv_saves_dropped", "kv_lookups_late")  # fmt: skip

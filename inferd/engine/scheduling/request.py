@@ -113,6 +113,10 @@ class Request:
     # one, the slot holding that adapter (held until the request finishes).
     lora: LoRARequest | None = None
     adapter_slot: int = 0
+    # vLLM's `priority`: under the priority scheduling policy a lower value is admitted first
+    # and may preempt a running request of a higher value (engine/scheduling/waiting_queue.py);
+    # 0 under fcfs, where the front end refuses any other value.
+    priority: int = 0
 
     @property
     def finished(self) -> bool:

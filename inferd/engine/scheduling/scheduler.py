@@ -4,9 +4,15 @@ and the owner of every request's state.
 Every step hands out at most `max_num_batched_tokens` tokens:
 
 1. running sequences first, decodes (one token each) before unfinished prefills, oldest first;
-2. then waiting sequences in arrival order (FCFS: the queue head is never skipped), each
-   starting after its longest cached prefix and taking what is left of the budget, so a prompt
-   longer than the budget is prefilled in chunks over several steps.
+2. then waiting sequences in the queue's order (engine/scheduling/waiting_queue.py: arrival, or
+   priority then arrival; the queue head is never skipped), each starting after its longest
+   cached prefix and taking what is left of the budget, so a prompt longer than the budget is
+   prefilled in chunks over several steps. Under the priority policy a head that finds no seat
+   or no blocks preempts the running sequence of the lowest priority, if it is strictly lower.
+
+With `max_queue_time`, a request that has waited that long since its arrival at the server
+without ever being scheduled ends before the step ("queue_timeout", its blocks and place
+freed); one that ran once, even if preempted since, is never cut by it.
 
 With a KV connector (engine/kv_tiers/connector.py) the blocks of a prompt past the pool's hit
 may come from a tier: the first few waiting prompts' blocks are looked up ahead; the queue head
@@ -15,9 +21,10 @@ and the blocks that arrived, which go into fresh blocks before its first step
 (`StepRecord.kv_loads`) and count as cached tokens. Every block the scheduler names for the
 prefix cache is handed to the connector to keep (`take_saves`).
 
-When a pool cannot give a running sequence its next blocks, the newest running sequence is
-preempted: its blocks are freed and it goes back to the head of the queue, to be recomputed
-(cheaply, through the prefix cache) when memory allows. A step that preempts admits no one.
+When a pool cannot give a running sequence its next blocks, the newest running sequence (under
+the priority policy: the lowest priority, the newest among equals) is preempted: its blocks are
+freed and it goes back to the queue (its head, under fcfs), to be recomputed (cheaply, through
+the prefix cache) when memory allows. A step that preempts so admits no one.
 Every sequence fits the pool alone (checked at admission), so the oldest one always progresses.
 
 With speculative decoding (engine/scheduling/speculative.py) a decoding sequence may take 1 + k
@@ -36,7 +43,6 @@ a sample by `finish_sample` when one appears.
 from __future__ import annotations
 
 import time
-from collections import deque
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -52,8 +58,9 @@ from inferd.engine.scheduling.request import (
     update_block_hashes,
 )
 from inferd.engine.scheduling.step import KVLoad, ModelRunnerOutput, StepRecord, TokenLogprobs
+from inferd.engine.scheduling.waiting_queue import WaitingQueue, running_victim, victim_for
 from inferd.engine_client import EngineStats
-from inferd.errors import InvalidRequest
+from inferd.errors import QUEUE_TIMEOUT, InvalidRequest
 
 LOOKAHEAD = 4  # waiting prompts whose tier lookup starts ahead of their admission
 
@@ -72,6 +79,7 @@ class SchedulerCounters:
     prompt_tokens_computed: int = 0
     generation_tokens: int = 0
     steps: int = 0  # steps that scheduled something (failed ones included)
+    queue_timeouts: int = 0  # requests ended unscheduled past max_queue_time
 
 
 class Scheduler:
@@ -86,6 +94,8 @@ class Scheduler:
         speculation: Speculation | None = None,  # drafts to verify (speculative decoding)
         adapters: AdapterSlots | None = None,  # LoRA slots (None: LoRA is not enabled)
         connector: KVConnector | None = None,  # KV tiers behind the pool (None: none)
+        policy: str = "fcfs",  # the waiting queue's order: "fcfs" or "priority"
+        max_queue_time: float | None = None,  # seconds a request may wait unscheduled
     ):
         self.kv = kv
         self.max_num_seqs = max_num_seqs
@@ -98,7 +108,8 @@ class Scheduler:
         self.connector = connector
         self.requests: dict[str, Request] = {}  # unfinished requests by id
         self.sequences: dict[int, Sequence] = {}  # their samples (forks not started included)
-        self.waiting: deque[Sequence] = deque()
+        self.waiting = WaitingQueue(policy)
+        self.max_queue_time = max_queue_time
         self.running: list[Sequence] = []
         self.counters = SchedulerCounters()
         # Structured outputs: requests whose grammar is still compiling wait here, out of the
@@ -131,7 +142,10 @@ class Scheduler:
         seq = req.sequences[0]
         update_block_hashes(seq, self.kv.block_size, self.hash_root)
         seq.status = SequenceStatus.WAITING
-        (self.waiting if compiled else self.awaiting_grammar).append(seq)
+        if compiled:
+            self.waiting.add(seq)
+        else:
+            self.awaiting_grammar.append(seq)
 
     def has_unfinished_requests(self) -> bool:
         return bool(self.requests)
@@ -210,6 +224,7 @@ class Scheduler:
             prompt_tokens=c.prompt_tokens_computed,
             generation_tokens=c.generation_tokens,
             steps=c.steps,
+            num_queue_timeouts=c.queue_timeouts,
             **spec,
             **self._adapter_stats(),
         )
@@ -222,6 +237,8 @@ class Scheduler:
 
     # ---- the step: what runs ------------------------------------------------------------------
     def schedule(self) -> StepRecord:
+        if self.max_queue_time is not None:
+            self._drop_expired(time.monotonic())
         if self.awaiting_grammar:
             self._admit_compiled()
         budget = self.max_num_batched_tokens
@@ -244,7 +261,7 @@ class Scheduler:
                     continue
                 taken = {id(s) for s, _, _ in chosen}
                 victims = [s for s in self.running if id(s) not in taken and s is not seq]
-                victim = victims[-1] if victims else seq
+                victim = running_victim(seq, victims, self.waiting.policy)
                 self._preempt(victim)
                 preempted.append(victim)
                 if victim is seq:
@@ -253,13 +270,17 @@ class Scheduler:
                 chosen.append((seq, n, drafts))
                 budget -= n
 
-        if self.connector is not None and not preempted:
+        stalled = bool(preempted)  # running sequences lacked blocks: admit no one this step
+        if self.connector is not None and not stalled:
             self._look_ahead()
         skipped = 0  # waiting sequences passed over: their adapter has no slot yet
-        while not preempted and len(self.waiting) > skipped and budget > 0:
-            if len(self.running) >= self.max_num_seqs:
-                break
+        while not stalled and len(self.waiting) > skipped and budget > 0:
             seq = self.waiting[skipped]
+            if len(self.running) >= self.max_num_seqs:
+                if self._make_room(seq, chosen, preempted):
+                    budget = self.max_num_batched_tokens - sum(n for _, n, _ in chosen)
+                    continue
+                break
             if not self._has_adapter_slot(seq.request):
                 skipped += 1  # NOTE: it keeps its place; the ones behind it may run now
                 continue
@@ -278,6 +299,11 @@ class Scheduler:
             if not self.kv.allocate(seq, n, prefix):
                 if loaded is not None:
                     self.kv.drop_loaded(loaded.blocks)
+                if self._make_room(seq, chosen, preempted):
+                    # NOTE: its tier lookup (if any) was taken; the retry finds the pool's
+                    # prefix again and recomputes what the tier had delivered.
+                    budget = self.max_num_batched_tokens - sum(n for _, n, _ in chosen)
+                    continue
                 break
             if loaded is not None:
                 self.kv.settle_loaded(loaded.blocks)
@@ -293,6 +319,37 @@ class Scheduler:
             chosen.append((seq, n, []))
             budget -= n
         return self._record(chosen, preempted)
+
+    def _make_room(self, head: Sequence, chosen: list, preempted: list[Sequence]) -> bool:
+        """Under the priority policy: preempt the running sequence of the lowest priority below
+        the waiting `head`'s (taking it out of this step if it was chosen), so that `head` may
+        take its seat and blocks. False when there is none (and always under fcfs)."""
+        if self.waiting.policy != "priority":
+            return False
+        victim = victim_for(head, self.running)
+        if victim is None:
+            return False
+        chosen[:] = [c for c in chosen if c[0] is not victim]
+        self._preempt(victim)
+        preempted.append(victim)
+        return True
+
+    def _drop_expired(self, now: float) -> None:
+        """End the requests that waited `max_queue_time` since their arrival and were never
+        scheduled ("queue_timeout"): their place, blocks and grammar work are freed, and the
+        front end answers 503. A request that ran once (preempted, or a fork waiting for a
+        seat) is not waiting for admission and is never cut."""
+        limit = self.max_queue_time
+        expired = {s.request.request_id for s in (*self.waiting, *self.awaiting_grammar)
+                   if s.request.metrics.first_scheduled_time is None
+                   and now - s.request.metrics.arrival_time >= limit}  # fmt: skip
+        for request_id in expired:
+            waited = now - self.requests[request_id].metrics.arrival_time
+            message = (f"the request waited {waited:.1f} s in the queue without being "
+                       f"scheduled, past the server's limit of {limit:g} s "
+                       "(--max-queue-time); retry later")  # fmt: skip
+            self.failed.append(self._end(request_id, QUEUE_TIMEOUT, message))
+            self.counters.queue_timeouts += 1
 
     def _look_ahead(self) -> None:
         """Start the tier lookups of the first waiting prompts (once each), from the block
@@ -380,7 +437,7 @@ class Scheduler:
             except InvalidRequest as e:
                 self.failed.append(self._end(req.request_id, "error", f"InvalidRequest: {e}"))
                 continue
-            self.waiting.append(seq)
+            self.waiting.add(seq)
 
     def take_failed(self) -> list[CoreOutput]:
         """Requests that ended outside a step (their grammar did not compile), once each."""
@@ -394,7 +451,7 @@ class Scheduler:
         seq.status = SequenceStatus.WAITING
         seq.request.metrics.num_preemptions += 1
         seq.request.metrics.preemption_times += (time.monotonic(),)
-        self.waiting.appendleft(seq)
+        self.waiting.put_back(seq)
         self.counters.num_preemptions += 1
 
     # ---- the step: what came of it ------------------------------------------------------------
@@ -501,7 +558,7 @@ class Scheduler:
         if copies is None:
             child.num_computed = 0
             child.status = SequenceStatus.WAITING
-            self.waiting.append(child)
+            self.waiting.add(child)
             return
         child.num_computed = parent.num_computed
         child.status = SequenceStatus.RUNNING

@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 from fastapi import Request, Response
 
 from inferd.engine_client import EngineClient
-from inferd.errors import RequestFailed
+from inferd.errors import QUEUE_TIMEOUT, QueueTimeout, RequestFailed
 from inferd.outputs import RequestOutput
 
 if TYPE_CHECKING:
@@ -102,6 +102,8 @@ class RequestGroup:
                 self._open.discard(item.request_id)
             if item.error:
                 self.abort()
+                if any(c.finish_reason == QUEUE_TIMEOUT for c in item.outputs):
+                    raise QueueTimeout(item.error)  # 503 with Retry-After: it never ran
                 raise RequestFailed(item.error)
             yield item
         if self.failure is not None:

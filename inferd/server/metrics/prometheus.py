@@ -86,6 +86,7 @@ _COUNTERS = {
     "prompt_tokens": "prompt_tokens",
     "generation_tokens": "generation_tokens",
     "num_preemptions": "num_preemptions",
+    "num_queue_timeouts": "request_queue_timeouts",
     "prefix_cache_queries": "prefix_cache_queries",
     "prefix_cache_hits": "prefix_cache_hits",
     # Speculative decoding (vLLM's names; zero without --speculative-config)
@@ -96,7 +97,9 @@ _COUNTERS = {
 _COUNTER_HELP = {
     "prompt_tokens": "Prompt tokens computed (prefix-cache hits excluded, recomputation included).",
     "generation_tokens": "Generated tokens.",
-    "num_preemptions": "Sequences preempted for lack of KV blocks.",
+    "num_preemptions": "Sequences preempted for lack of KV blocks (or, under the priority "
+    "policy, for a waiting request of a higher priority).",
+    "num_queue_timeouts": "Requests dropped unscheduled past --max-queue-time (answered 503).",
     "prefix_cache_queries": "Prompt tokens looked up in the prefix cache.",
     "prefix_cache_hits": "Prompt tokens found in the prefix cache.",
     "spec_decode_num_drafts": "Speculative verifications with at least one draft token.",
