@@ -17,7 +17,7 @@ the default mode's rows stay independent of their step (docs/attention.md). A pe
 per-channel scale would change with the other tokens of the block (and re-quantising a block
 as it fills would change earlier rows). A scale per KV head rather than one per token: heads
 differ in range, and a scale shared by a token's heads would spend the bits on the widest one.
-The cost is 4 bytes per head_dim codes: 1.6 % of the row at head_dim 256, 3.1 % at 128.
+The cost is 4 bytes per head_dim codes: 1.6 % more at head_dim 256, 3.1 % at 128.
 
 Why inline, not a separate scale tensor: a block is still exactly `cache[:, block]` (what the
 runner zeroes and copies and the KV connector saves and loads, runner.block_tensors), one
