@@ -63,6 +63,7 @@ def run(args: argparse.Namespace) -> int:
     show_startup_logs()
     import uvicorn
 
+    from inferd.commands.serve_catalog import LoaderCatalog
     from inferd.server.app import DEFAULT_MAX_REQUEST_BYTES, ServerSettings, create_app
     from inferd.server.http.drain import DrainingServer
     from inferd.tokenizer.byte_bound import max_bytes_per_token
@@ -109,6 +110,7 @@ def run(args: argparse.Namespace) -> int:
         api=api_settings(args),
         lora_modules=adapters,
         allow_runtime_lora_updating=runtime_lora,
+        catalog=LoaderCatalog(),  # /api/pull (server/ollama/pull.py)
     )
     app = create_app(client, settings)
     level = logging.getLogger().getEffectiveLevel()

@@ -17,6 +17,7 @@ import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
+from typing import Any
 
 from fastapi import FastAPI
 
@@ -38,6 +39,7 @@ from inferd.server.http.head import HeadAsGetMiddleware
 from inferd.server.http.limits import BodyLimitMiddleware
 from inferd.server.metrics.prometheus import ServerMetrics
 from inferd.server.metrics.timeline import log_timeline
+from inferd.server.ollama import install_ollama
 from inferd.server.openai.chat import router as chat_router
 from inferd.server.openai.completions import router as openai_router
 from inferd.server.openai.embeddings import router as embeddings_router
@@ -75,6 +77,8 @@ class ServerSettings:
     lora_modules: list[LoRARequest] = field(default_factory=list)  # --lora-modules
     # --allow-runtime-lora-updating: POST /v1/load_lora_adapter, /v1/unload_lora_adapter
     allow_runtime_lora_updating: bool = False
+    # The models /api/pull fetches (commands/serve_catalog.py); None: /api/pull answers 501.
+    catalog: Any = None
 
 
 def _adapters(modules: list[LoRARequest], names: list[str]) -> dict[str, LoRARequest]:
@@ -137,6 +141,8 @@ def create_app(client: EngineClient, settings: ServerSettings | None = None) -> 
     app.include_router(kv_tiers_router)  # always there: a server without tiers says so (400)
     app.include_router(responses_router)
     app.include_router(messages_router)
+    install_ollama(app)  # the Ollama API under /api (server/ollama/)
+    app.state.ollama_catalog = settings.catalog
     app.state.responses = ResponseStore(settings.api.max_stored_responses)
     if settings.dashboard:  # the pages at / and /dashboard (server/dashboard/)
         install_dashboard(app, client, settings.enable_request_timeline)

@@ -22,7 +22,8 @@ from fastapi import Request
 from inferd.errors import InvalidRequest
 from inferd.outputs import PositionLogprobs, RequestOutput
 from inferd.sampling_params import SamplingParams
-from inferd.server.generation.prompts import chat_render, salted, truncated
+from inferd.server.generation.context_window import ContextWindow
+from inferd.server.generation.prompts import chat_render, prioritized, salted, truncated
 from inferd.server.generation.request_params import chat_params, refuse_streamed_prompt_logprobs
 from inferd.server.generation.serving import RequestGroup, arrival_now, collect
 from inferd.server.http.admission import all_text
@@ -45,9 +46,15 @@ class ChatRun:
     prompt: dict[str, Any]  # {"prompt": text, "prompt_token_ids": ids}
 
 
-async def start_chat(body: ChatCompletionRequest, request: Request, id_prefix: str) -> ChatRun:
+async def start_chat(
+    body: ChatCompletionRequest,
+    request: Request,
+    id_prefix: str,
+    context: ContextWindow | None = None,
+) -> ChatRun:
     """Plan tools, build SamplingParams, admit, render, tokenize and submit (400/503 before
-    anything streams, naming the chat request's fields)."""
+    anything streams, naming the chat request's fields). `context`: a window the client chose
+    (Ollama's num_ctx), checked against the rendered prompt before submission."""
     arrival = arrival_now()
     state = get_state(request)
     plan = plan_tools(body, state.tools)
@@ -62,7 +69,10 @@ async def start_chat(body: ChatCompletionRequest, request: Request, id_prefix: s
     )
     prompt = await group.tokenize(render)
     [prompt] = salted(truncated([prompt], keep, state.info.max_model_len), body.cache_salt)
+    [prompt] = prioritized([prompt], body.priority)
     [prompt] = state.with_adapter([prompt], body.model)
+    if context is not None:
+        context.bound(params, len(prompt["prompt_token_ids"]))
     try:
         await group.submit(new_id(id_prefix), [prompt], params, arrival)
     except InvalidRequest as e:

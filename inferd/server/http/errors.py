@@ -1,6 +1,7 @@
-"""Errors in the OpenAI shape: `{"error": {"message", "type", "param", "code"}}`, and on the
+"""Errors in the OpenAI shape: `{"error": {"message", "type", "param", "code"}}`, on the
 Anthropic API's paths (`/v1/messages...`) in Anthropic's: `{"type": "error", "error": {"type",
-"message"}}`, the type named from the status.
+"message"}}`, the type named from the status, and on the Ollama API's (`/api/...`) in Ollama's:
+`{"error": "message"}` (its clients read the field as a string).
 
 Each typed error of `inferd/errors.py` has its status here, its `param` and `code` taken from the
 exception itself (`error_status`); FastAPI's own validation errors (which would be 422 with
@@ -42,6 +43,7 @@ _IDENTIFIER = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 # pydantic names union members in error locations ('str', 'list[int]'); they are not fields.
 _TYPE_TAGS = {"str", "int", "float", "bool", "list", "dict", "none"}
 ANTHROPIC_PATHS = "/v1/messages"  # the Anthropic API's routes: its error shape
+OLLAMA_PATHS = "/api/"  # the Ollama API's routes: its error shape
 # HTTP status → Anthropic's error type (its API reference, "Errors").
 _ANTHROPIC_TYPES = {
     400: "invalid_request_error",
@@ -80,6 +82,8 @@ class APIError(Exception):
     def body(self, path: str = "") -> dict[str, Any]:
         if path.startswith(ANTHROPIC_PATHS):
             return anthropic_error_body(self.status, self.message)
+        if path.startswith(OLLAMA_PATHS):
+            return {"error": self.message}
         return error_body(self.message, self.type, self.param, self.code)
 
     def response(self, scope: Scope | None = None) -> JSONResponse:
