@@ -283,11 +283,13 @@ for name, no_op, other in [
     ("use_beam_search", False, True),
     ("length_penalty", 1.0, 2.0),
     ("spaces_between_special_tokens", True, False),
-    ("priority", 0, 1),
 ]:
     row(GENERATION, name, no_op, ok)
     row(GENERATION, name, other, unsupported(name))
 
+# The prompt carries it to the engine, which refuses it under fcfs (tests/parity/
+# test_priority_engine.py) and orders its queue by it under --scheduling-policy priority.
+row(GENERATION, "priority", 3, that(lambda s: s.fake.last[1]["priority"] == 3))
 row(OPENAI, "stream", True, that(lambda s: s.events()[-1]["choices"][-1]["finish_reason"]))
 row(
     OPENAI,
@@ -399,7 +401,7 @@ row(
 row(CMPL, "best_of", 1, param("n", 1))
 row(CMPL, "best_of", 3, refused("best_of"))
 row(CMPL, "suffix", "", ok)
-row(CMPL, "suffix", "end", unsupported("suffix"))
+row(CMPL, "suffix", "end", refused("suffix"))  # the fake model has no FIM tokens (test_infill.py)
 
 row(CHAT, "messages", USER * 2, that(lambda s: "user:hi|user:hi|gen|" in s.fake.last[1]["prompt"]))
 row(CHAT, "max_tokens", 3, param("max_tokens", 3))

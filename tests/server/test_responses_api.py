@@ -247,6 +247,7 @@ ROWS = {  # field → [(value, extra body, check(response json, fake) or the ref
     "background": [(False, {}, lambda r, f: r["background"] is False), (True, {}, "background")],
     "truncation": [("disabled", {}, lambda r, f: True), ("auto", {}, "truncation")],
     "service_tier": [("auto", {}, lambda r, f: True), ("flex", {}, "service_tier")],
+    "priority": [(3, {}, lambda r, f: f.last[1]["priority"] == 3)],  # the engine judges it
 }
 CASES = [(name, *case) for name, cases in ROWS.items() for case in cases]
 

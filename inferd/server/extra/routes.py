@@ -14,6 +14,7 @@ from inferd.server.generation.prompts import (
     chat_render,
     checked_text,
     completion_prompts,
+    prioritized,
     salted,
     truncated,
 )
@@ -71,6 +72,7 @@ async def generate(body: GenerateRequest, request: Request) -> Any:
     group = state.admit(request, [body.prompt], params.n, keep=keep)  # 400/503 before tokenizing
     prompts = await group.tokenize(completion_prompts, state.tokenizer, [body.prompt])
     prompts = salted(truncated(prompts, keep, state.info.max_model_len), body.cache_salt)
+    prompts = prioritized(prompts, body.priority)
     prompts = state.with_adapter(prompts, body.model)
     await group.submit(new_id("gen"), prompts, params, arrival)
     out = (await collect(group))[group.request_ids[0]]

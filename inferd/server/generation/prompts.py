@@ -117,6 +117,14 @@ def salted(prompts: list[dict[str, Any]], cache_salt: str | None) -> list[dict[s
     return [{**p, "cache_salt": cache_salt} for p in prompts]
 
 
+def prioritized(prompts: list[dict[str, Any]], priority: int | None) -> list[dict[str, Any]]:
+    """The prompts with the request's `priority` (vLLM's field; the engine refuses a nonzero
+    one unless the server runs --scheduling-policy priority)."""
+    if priority is None:
+        return prompts
+    return [{**p, "priority": priority} for p in prompts]
+
+
 def prompt_text(tokenizer: TokenizerLike, prompt: dict[str, Any], vocab_size: int) -> str:
     """The prompt as text, for `echo`. Token-id prompts are decoded with their special tokens,
     as the echoed logprobs name each token (`<pad>` is in both), and as vLLM echoes them."""

@@ -16,7 +16,13 @@ from fastapi import APIRouter, Request, Response
 from fastapi.responses import JSONResponse
 
 from inferd.outputs import CompletionOutput, RequestOutput
-from inferd.server.generation.prompts import completion_prompts, prompt_text, salted, truncated
+from inferd.server.generation.prompts import (
+    completion_prompts,
+    prioritized,
+    prompt_text,
+    salted,
+    truncated,
+)
 from inferd.server.generation.request_params import (
     completion_params,
     refuse_streamed_prompt_logprobs,
@@ -107,6 +113,7 @@ async def create_completion(body: CompletionRequest, request: Request) -> Respon
     add_special = body.add_special_tokens is not False
     prompts = await group.tokenize(completion_prompts, state.tokenizer, body.prompts(), add_special)
     prompts = salted(truncated(prompts, keep, state.info.max_model_len), body.cache_salt)
+    prompts = prioritized(prompts, body.priority)
     prompts = state.with_adapter(prompts, body.model)
     echo_texts: list[str] = []
     if body.echo:

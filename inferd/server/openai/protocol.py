@@ -46,7 +46,6 @@ NO_OP_VALUES: dict[str, tuple[Any, ...]] = {
     "use_beam_search": (False,),
     "length_penalty": (1.0, 1),
     "spaces_between_special_tokens": (True,),
-    "priority": (0,),
     "store": (False,),
     "modalities": (["text"],),
     "guided_decoding_backend": ("auto", "llguidance", "guidance"),
@@ -105,11 +104,13 @@ class GenerationFields(Body):
     # inferd's extension (vLLM style): the request's own timeline in the response
     # (server/metrics/timeline.py), on servers started with --enable-request-timeline.
     return_timeline: bool = False
+    # vLLM's: lower is admitted first under --scheduling-policy priority, and may preempt a
+    # running request of a higher value; under fcfs only 0 is accepted (the engine says so).
+    priority: int | None = None
     # No-op values only (NO_OP_VALUES).
     use_beam_search: bool | None = None
     length_penalty: float | None = None
     spaces_between_special_tokens: bool | None = None
-    priority: int | None = None
 
 
 class OpenAIFields(GenerationFields):

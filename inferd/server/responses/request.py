@@ -73,6 +73,7 @@ class ResponsesRequest(Body):
     background: bool | None = None
     truncation: str | None = None
     service_tier: str | None = None
+    priority: int | None = None  # vLLM's extension, as on chat (--scheduling-policy priority)
 
     def refuse_unsupported(self) -> None:
         for name, allowed in (
@@ -271,6 +272,7 @@ def to_chat(body: ResponsesRequest, conversation: list[dict[str, Any]]) -> ChatC
         "stream": body.stream,
         "user": body.user,
         "safety_identifier": body.safety_identifier,
+        "priority": body.priority,
     }
     try:
         return ChatCompletionRequest.model_validate(
