@@ -10,10 +10,22 @@ import numpy as np
 HIDDEN, HEADS, KV_HEADS, HEAD_DIM, INTER, LAYERS, VOCAB = 128, 4, 2, 32, 256, 2, 512
 
 
+# Fill-in-the-middle tokens a tiny vocabulary may carry (ids 3..8, control tokens), in the roles
+# order of inferd/tokenizer/fim.py: Qwen2.5-Coder's names ("names": found by name) or names no
+# family uses, which only the GGUF metadata keys identify ("metadata").
+FIM_TOKENS = {
+    "names": ["<|fim_prefix|>", "<|fim_suffix|>", "<|fim_middle|>", "<|fim_pad|>",
+              "<|repo_name|>", "<|file_sep|>"],
+    "metadata": ["<f_pre>", "<f_suf>", "<f_mid>", "<f_pad>", "<f_rep>", "<f_sep>"],
+}  # fmt: skip
+
+
 def tiny_writer(path, arch: str, hidden: int = HIDDEN, inter: int = INTER,
-                head_dim: int = HEAD_DIM, layers: int = LAYERS):  # fmt: skip
+                head_dim: int = HEAD_DIM, layers: int = LAYERS,
+                fim: str | None = None):  # fmt: skip
     """A GGUFWriter with the metadata of a tiny model of these sizes (HEADS query heads,
-    KV_HEADS key/value heads, VOCAB tokens), to which the caller adds the tensors."""
+    KV_HEADS key/value heads, VOCAB tokens), to which the caller adds the tensors. `fim`: a
+    key of FIM_TOKENS, whose tokens take ids 3..8 (None: no FIM tokens)."""
     import gguf
 
     writer = gguf.GGUFWriter(str(path), arch)
@@ -29,22 +41,28 @@ def tiny_writer(path, arch: str, hidden: int = HIDDEN, inter: int = INTER,
     writer.add_context_length(256)
     # a vocabulary of plain pieces: <unk>, <s>, </s>, then "▁t3" ... (SentencePiece style)
     tokens = ["<unk>", "<s>", "</s>"] + [f"\u2581t{i}" for i in range(3, VOCAB)]
+    types = [2, 3, 3] + [1] * (VOCAB - 3)
+    if fim is not None:
+        tokens[3:9], types[3:9] = FIM_TOKENS[fim], [3] * 6
+    if fim == "metadata":
+        for i, role in enumerate(("pre", "suf", "mid", "pad", "rep", "sep"), start=3):
+            writer.add_uint32(f"tokenizer.ggml.fim_{role}_token_id", i)
     writer.add_tokenizer_model("llama")
     writer.add_token_list(tokens)
     writer.add_token_scores([0.0] * 3 + [-float(i) for i in range(3, VOCAB)])
-    writer.add_token_types([2, 3, 3] + [1] * (VOCAB - 3))
+    writer.add_token_types(types)
     writer.add_bos_token_id(1)
     writer.add_eos_token_id(2)
     writer.add_unk_token_id(0)
     return writer
 
 
-def write_tiny_gguf(path, arch: str) -> None:
+def write_tiny_gguf(path, arch: str, fim: str | None = None) -> None:
     import gguf
     from gguf.constants import GGMLQuantizationType as T
 
     rng = np.random.default_rng(0)
-    writer = tiny_writer(path, arch)
+    writer = tiny_writer(path, arch, fim=fim)
 
     def quantised(name, rows, cols, qtype, scale=0.08):
         data = (rng.standard_normal((rows, cols)) * scale).astype(np.float32)

@@ -182,14 +182,21 @@ TINY_CONFIGS = {
 _RANDOMISED = {"gpt_oss": {"bias": 0.1, "sinks": 2.0, "gate_up_proj": 0.6}}
 
 
-def train_tokenizer(folder: Path, vocab_size: int = 300) -> int:
-    """Train a byte-level BPE on CORPUS and write tokenizer.json + tokenizer_config.json."""
+# Qwen2.5-Coder's fill-in-the-middle tokens (prefix, suffix, middle, pad, repo name, file
+# separator), for tokenizers trained with `fim=True`: ids 4..9.
+FIM_SPECIALS = ["<|fim_prefix|>", "<|fim_suffix|>", "<|fim_middle|>", "<|fim_pad|>",
+                "<|repo_name|>", "<|file_sep|>"]  # fmt: skip
+
+
+def train_tokenizer(folder: Path, vocab_size: int = 300, fim: bool = False) -> int:
+    """Train a byte-level BPE on CORPUS and write tokenizer.json + tokenizer_config.json;
+    `fim`: with FIM_SPECIALS as special tokens."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
-    specials = ["<unk>", "<s>", "</s>", "<pad>"]
+    specials = ["<unk>", "<s>", "</s>", "<pad>"] + FIM_SPECIALS * fim
     trainer = trainers.BpeTrainer(
         vocab_size=vocab_size,
         special_tokens=specials,
@@ -218,13 +225,14 @@ def train_tokenizer(folder: Path, vocab_size: int = 300) -> int:
     return tok.get_vocab_size()
 
 
-def make_tiny_model(kind: str, folder: Path, seed: int = 0, **overrides):
-    """The tiny HF model of `kind` (float32, eval) and its tokenizer written to `folder`."""
+def make_tiny_model(kind: str, folder: Path, seed: int = 0, fim: bool = False, **overrides):
+    """The tiny HF model of `kind` (float32, eval) and its tokenizer written to `folder`
+    (`fim`: with fill-in-the-middle tokens, train_tokenizer)."""
     import transformers
 
     cfg_cls, model_cls, extra = TINY_CONFIGS[kind]
     folder.mkdir(parents=True, exist_ok=True)
-    vocab = train_tokenizer(folder)
+    vocab = train_tokenizer(folder, fim=fim)
     kwargs = dict(
         vocab_size=vocab,
         hidden_size=64,
@@ -253,10 +261,11 @@ def make_tiny_model(kind: str, folder: Path, seed: int = 0, **overrides):
     return model
 
 
-def make_tiny_checkpoint(kind: str, folder: Path, seed: int = 0, **overrides) -> Path:
+def make_tiny_checkpoint(kind: str, folder: Path, seed: int = 0, fim: bool = False,
+                         **overrides) -> Path:  # fmt: skip
     """A tiny random checkpoint of `kind` saved with `save_pretrained` (MoE experts one tensor
     each: transformers 5 writes the per-expert layout) in `folder`."""
-    model = make_tiny_model(kind, folder, seed, **overrides)
+    model = make_tiny_model(kind, folder, seed, fim, **overrides)
     model.save_pretrained(folder, safe_serialization=True)
     (folder / "generation_config.json").write_text(
         json.dumps({"bos_token_id": 1, "eos_token_id": 2, "pad_token_id": 3})

@@ -25,6 +25,7 @@ from inferd.engine_client import EngineClient, ProfilingClient
 from inferd.lora_request import LoRARequest
 from inferd.server.anthropic.routes import router as messages_router
 from inferd.server.dashboard import install_dashboard
+from inferd.server.extra.infill import router as infill_router
 from inferd.server.extra.kv_tiers import router as kv_tiers_router
 from inferd.server.extra.profile import router as profile_router
 from inferd.server.extra.routes import router as extra_router
@@ -138,6 +139,7 @@ def create_app(client: EngineClient, settings: ServerSettings | None = None) -> 
     app.include_router(chat_router)
     app.include_router(embeddings_router)
     app.include_router(extra_router)
+    app.include_router(infill_router)  # llama.cpp's /infill (a 400 for a model without FIM)
     app.include_router(kv_tiers_router)  # always there: a server without tiers says so (400)
     app.include_router(responses_router)
     app.include_router(messages_router)

@@ -23,6 +23,7 @@ from inferd.errors import ModelLoadError
 from inferd.loader.gguf_file import GGUFFile
 from inferd.tokenizer.chat_prompt import build_chat_prompt
 from inferd.tokenizer.compact_bpe import CompactBPE
+from inferd.tokenizer.fim import FIMTokens, fim_tokens, gguf_fim_ids
 from inferd.tokenizer.gguf_backend import load_gguf_backend
 from inferd.tokenizer.gguf_vocab import GEMMA_ARCHITECTURES, GGUFVocab
 from inferd.tokenizer.hf_export import tokenizer_config
@@ -55,10 +56,13 @@ class Tokenizer:
         add_bos_token: bool | None = None,
         add_eos_token: bool | None = None,
         chat_template: str | None = None,
+        fim_token_ids: dict[str, int] | None = None,
     ):
         """`add_bos_token`/`add_eos_token`: None keeps the backend's post-processor; a bool
-        replaces it (as HF does when the checkpoint states either flag)."""
+        replaces it (as HF does when the checkpoint states either flag). `fim_token_ids`: the
+        fill-in-the-middle ids a GGUF file names (fim.py; else found by token name)."""
         self._backend = backend
+        self.fim_token_ids = dict(fim_token_ids or {})
         self.special_tokens = {k: v for k, v in (special_tokens or {}).items() if v is not None}
         if add_bos_token is not None or add_eos_token is not None:
             self._set_post_processor(bool(add_bos_token), bool(add_eos_token))
@@ -121,6 +125,7 @@ class Tokenizer:
             add_bos_token=bool(add_bos),
             add_eos_token=bool(md.get("tokenizer.ggml.add_eos_token", False)),
             chat_template=template,
+            fim_token_ids=gguf_fim_ids(md, backend.get_vocab_size()),
         )
 
     @classmethod
@@ -293,6 +298,11 @@ class Tokenizer:
             return frozenset()
         ids = (self._backend.token_to_id(f"<0x{b:02X}>") for b in range(256))
         return frozenset(i for i in ids if i is not None)
+
+    @cached_property
+    def fim(self) -> FIMTokens | None:
+        """The fill-in-the-middle tokens (fim.py); None when the model has none."""
+        return fim_tokens(self)
 
     @property
     def chat_template(self) -> str | None:

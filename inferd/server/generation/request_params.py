@@ -112,5 +112,10 @@ def chat_params(
     return SamplingParams(**kwargs)
 
 
+def sampling_params(body: GenerationFields, max_tokens: int | None) -> SamplingParams:
+    """A route's own body (/infill) with the fields every generation route shares."""
+    return SamplingParams(**_common(body, None), max_tokens=max_tokens)
+
+
 def generate_params(body: GenerateRequest) -> SamplingParams:
     return SamplingParams(**_common(body, None), max_tokens=body.max_tokens)

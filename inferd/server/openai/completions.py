@@ -9,13 +9,16 @@ final outputs or stream deltas.
 
 from __future__ import annotations
 
+import functools
 import time
 from typing import Any
 
 from fastapi import APIRouter, Request, Response
 from fastapi.responses import JSONResponse
 
+from inferd.errors import InvalidRequest
 from inferd.outputs import CompletionOutput, RequestOutput
+from inferd.server.generation.infill_prompt import model_fim, suffix_prompts
 from inferd.server.generation.prompts import (
     completion_prompts,
     prioritized,
@@ -109,9 +112,18 @@ async def create_completion(body: CompletionRequest, request: Request) -> Respon
     timeline = state.check_timeline(body.return_timeline)
     refuse_streamed_prompt_logprobs(body.stream, params.prompt_logprobs)
     keep = params.truncate_prompt_tokens
+    fim_of = functools.partial(_fim, state)
+    if body.suffix:
+        fim_of(body, keep)  # a model without FIM tokens: 400 before admission
     group = state.admit(request, body.prompts(), params.n, keep=keep)  # 400/503 before tokenizing
     add_special = body.add_special_tokens is not False
-    prompts = await group.tokenize(completion_prompts, state.tokenizer, body.prompts(), add_special)
+    if body.suffix:  # OpenAI's fill-in-the-middle: the prompt is the text before the gap
+        fim = fim_of(body, keep)
+        prompts = await group.tokenize(suffix_prompts, state.tokenizer, fim, body.prompts(),
+                                       body.suffix, add_special)  # fmt: skip
+    else:
+        prompts = await group.tokenize(completion_prompts, state.tokenizer, body.prompts(),
+                                       add_special)  # fmt: skip
     prompts = salted(truncated(prompts, keep, state.info.max_model_len), body.cache_salt)
     prompts = prioritized(prompts, body.priority)
     prompts = state.with_adapter(prompts, body.model)
@@ -166,6 +178,15 @@ async def create_completion(body: CompletionRequest, request: Request) -> Respon
     choices.sort(key=lambda c: c["index"])
     extra = timelines(outs) if timeline else {}
     return JSONResponse({**head, "choices": choices, "usage": usage_of(outs), **extra})
+
+
+def _fim(state: ServerState, body: CompletionRequest, keep: int | None) -> Any:
+    """The model's FIM tokens for a request with `suffix`, which `echo` (OpenAI refuses the
+    pair) and `truncate_prompt_tokens` (it would cut the FIM tokens off) cannot join."""
+    for name, given in (("echo", body.echo), ("truncate_prompt_tokens", keep is not None)):
+        if given:
+            raise InvalidRequest(name, f"{name} cannot be combined with suffix")
+    return model_fim(state.tokenizer, "suffix")
 
 
 class CompletionChunks:

@@ -49,7 +49,6 @@ NO_OP_VALUES: dict[str, tuple[Any, ...]] = {
     "store": (False,),
     "modalities": (["text"],),
     "guided_decoding_backend": ("auto", "llguidance", "guidance"),
-    "suffix": ("",),
 }
 
 
