@@ -70,9 +70,12 @@ class InProcess(httpx.BaseTransport):
 
 
 @contextmanager
-def served(reply: str = "hello", catalog=None):
+def served(reply: str = "hello", catalog=None, harmony: bool = False):
     fake = ScriptedClient(lambda ids, params, k: reply)
     tools = ToolSettings("pythonic", True, "pythonic")
+    if harmony:  # a reasoning model (gpt-oss), whose template reads reasoning_effort
+        tools = ToolSettings("harmony", True, "harmony", harmony=True)
+        fake.tokenizer.chat_template = "{{ reasoning_effort }}"
     settings = ServerSettings(api_key=KEY, tools=tools, catalog=catalog)
     with TestClient(create_app(fake, settings)) as http:
         sdk = ollama.Client(host="http://testserver", headers=AUTH, transport=InProcess(http))
@@ -197,3 +200,19 @@ def test_model_routes_and_pulls_from_the_catalog():
         with pytest.raises(ollama.ResponseError) as e:
             sdk.pull("nowhere")
         assert e.value.status_code == 404 and "far-model" in e.value.error
+
+
+def test_think_returns_a_reasoning_models_thinking_and_levels_reach_its_template():
+    harmony = ("<|channel|>analysis<|message|>Think first.<|end|><|start|>assistant"
+               "<|channel|>final<|message|>Blue.")  # fmt: skip
+    with served(harmony, harmony=True) as (sdk, fake, _):
+        many = {"num_predict": 400}  # the scripted engine's tokens are characters
+        r = sdk.chat(model="fake-model", messages=HI, think="low", options=many)
+        assert (r.message.thinking, r.message.content) == ("Think first.", "Blue.")
+        assert fake.tokenizer.last_call["chat_template_kwargs"] == {"reasoning_effort": "low"}
+        parts = list(sdk.generate(model="fake-model", prompt="hi", stream=True, options=many))
+        assert "".join(p.thinking or "" for p in parts) == "Think first."
+        assert "".join(p.response for p in parts) == "Blue."
+        with pytest.raises(ollama.ResponseError) as e:
+            sdk.chat(model="fake-model", messages=HI, think=False)  # it cannot stop reasoning
+        assert e.value.status_code == 400 and "think" in e.value.error
