@@ -97,6 +97,9 @@ def test_chat_and_generate_whole_and_streamed():
         sdk.generate(model="fake-model", prompt="as is", raw=True)
         assert fake.last[1]["prompt"] == "as is"  # no template
         assert sdk.generate(model="fake-model", prompt="").done_reason == "load"
+        with pytest.raises(ollama.ResponseError) as e:  # a load's options are checked too
+            sdk.chat(model="fake-model", messages=[], options={"num_gpu": 1})
+        assert "options.num_gpu" in e.value.error
 
 
 def test_options_reach_the_engine_under_their_sampling_names():

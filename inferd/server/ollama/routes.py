@@ -33,6 +33,7 @@ from inferd.server.generation.serving import abandon_when_gone, arrival_now
 from inferd.server.generation.streaming import guarded
 from inferd.server.http.errors import APIError
 from inferd.server.ollama.models import served_model
+from inferd.server.ollama.options import chat_fields
 from inferd.server.ollama.output import (
     created_at,
     done_reason,
@@ -99,7 +100,8 @@ async def _run(fields: dict[str, Any], options: dict | None, request: Request,
         raise _ollama_error(e) from e
 
 
-def _loaded(model: str, chat: bool) -> JSONResponse:
+def _loaded(model: str, chat: bool, options: dict | None) -> JSONResponse:
+    chat_fields(options)  # checked all the same: nothing sent is ignored unseen
     head = {"model": model, "created_at": created_at()}
     reply = {"message": message_json("")} if chat else {"response": ""}
     return JSONResponse({**head, **reply, "done": True, "done_reason": "load"})
@@ -114,7 +116,7 @@ async def generate(body: GenerateBody, request: Request) -> Response:
     fields = common_fields(body, name, state.tools.harmony)
     refuse_generate_extras(body)
     if not body.prompt:
-        return _loaded(body.model, chat=False)
+        return _loaded(body.model, False, body.options)
     if body.raw and "reasoning_effort" in fields:
         raise InvalidRequest("think", "think: raw: true returns the model's text as it is")
     fields["messages"] = generate_messages(body)
@@ -140,7 +142,7 @@ async def chat(body: ChatBody, request: Request) -> Response:
     if not body.messages:
         if body.tools:
             raise InvalidRequest("messages", "messages: tools need a conversation to answer")
-        return _loaded(body.model, chat=True)
+        return _loaded(body.model, True, body.options)
     fields.update(messages=chat_messages(body.messages), tools=body.tools)
     run = await _run(fields, body.options, request)
     head = {"model": body.model}
