@@ -16,6 +16,7 @@ import logging
 
 from inferd.commands.engine_args import engine_config_from_args
 from inferd.commands.serve_api import api_settings
+from inferd.commands.serve_batch import batch_settings
 from inferd.commands.serve_args import add_arguments
 from inferd.commands.serve_features import (
     check_tool_flags,
@@ -111,6 +112,7 @@ def run(args: argparse.Namespace) -> int:
         lora_modules=adapters,
         allow_runtime_lora_updating=runtime_lora,
         catalog=LoaderCatalog(),  # /api/pull (server/ollama/pull.py)
+        batch=batch_settings(args),
     )
     app = create_app(client, settings)
     level = logging.getLogger().getEffectiveLevel()

@@ -8,6 +8,7 @@ import os
 
 from inferd.commands.engine_args import add_engine_arguments, size_arg
 from inferd.commands.serve_api import add_api_arguments
+from inferd.commands.serve_batch import add_batch_arguments
 from inferd.commands.serve_features import add_feature_arguments
 from inferd.commands.serve_lora import add_lora_arguments
 from inferd.commands.serve_ray_args import add_ray_arguments
@@ -160,4 +161,5 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     add_feature_arguments(parser)
     add_api_arguments(parser)
+    add_batch_arguments(parser)
     add_ray_arguments(parser)

@@ -53,6 +53,7 @@ def make_settings(args: argparse.Namespace, max_replicas: int, description):
     from types import SimpleNamespace
 
     from inferd.commands.serve_api import api_settings
+    from inferd.commands.serve_batch import batch_settings
     from inferd.commands.serve_features import cors_settings, tool_settings
     from inferd.server.app import DEFAULT_MAX_REQUEST_BYTES, ServerSettings
 
@@ -76,4 +77,5 @@ def make_settings(args: argparse.Namespace, max_replicas: int, description):
         max_bytes_per_token=facts.max_bytes_per_token,
         shutdown_timeout_s=args.shutdown_timeout,
         api=api_settings(args),
+        batch=batch_settings(args),
     )

@@ -24,6 +24,8 @@ from fastapi import FastAPI
 from inferd.engine_client import EngineClient, ProfilingClient
 from inferd.lora_request import LoRARequest
 from inferd.server.anthropic.routes import router as messages_router
+from inferd.server.batches import FILES_PATH, install_batches
+from inferd.server.batches.settings import BatchSettings
 from inferd.server.dashboard import install_dashboard
 from inferd.server.extra.infill import router as infill_router
 from inferd.server.extra.kv_tiers import router as kv_tiers_router
@@ -80,6 +82,7 @@ class ServerSettings:
     allow_runtime_lora_updating: bool = False
     # The models /api/pull fetches (commands/serve_catalog.py); None: /api/pull answers 501.
     catalog: Any = None
+    batch: BatchSettings = field(default_factory=BatchSettings)  # /v1/files, /v1/batches
 
 
 def _adapters(modules: list[LoRARequest], names: list[str]) -> dict[str, LoRARequest]:
@@ -118,10 +121,12 @@ def create_app(client: EngineClient, settings: ServerSettings | None = None) -> 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         client.start()
+        batches.start()  # the sweep of expired batch files
         log.info("serving %s (max_model_len %d)", names[0], info.max_model_len)
         try:
             yield
         finally:
+            await batches.stop()  # the batches' lines in flight end before the engine
             client.stop()
 
     app = FastAPI(
@@ -144,6 +149,8 @@ def create_app(client: EngineClient, settings: ServerSettings | None = None) -> 
     app.include_router(responses_router)
     app.include_router(messages_router)
     install_ollama(app)  # the Ollama API under /api (server/ollama/)
+    app.state.api_key = settings.api_key  # who owns a batch file (server/batches/service.py)
+    batches = install_batches(app, settings.batch)  # /v1/files, /v1/batches
     app.state.ollama_catalog = settings.catalog
     app.state.responses = ResponseStore(settings.api.max_stored_responses)
     if settings.dashboard:  # the pages at / and /dashboard (server/dashboard/)
@@ -157,7 +164,10 @@ def create_app(client: EngineClient, settings: ServerSettings | None = None) -> 
         app.include_router(profile_router)
     app.add_middleware(HeadAsGetMiddleware)  # HEAD on every GET route
     app.add_middleware(ReleaseMiddleware)  # outside the error guard: runs last, whatever happened
-    app.add_middleware(BodyLimitMiddleware, max_bytes=settings.max_request_bytes)
+    # An upload's multipart form holds its file and a few short fields: 64 KiB for those.
+    upload_limit = (settings.batch.max_file_bytes + (64 << 10), "--max-file-bytes")
+    app.add_middleware(BodyLimitMiddleware, max_bytes=settings.max_request_bytes,
+                       uploads={FILES_PATH: upload_limit})  # fmt: skip
     if settings.api_key:
         app.add_middleware(APIKeyMiddleware, api_key=settings.api_key)  # outside the body limit
     if settings.log_requests:

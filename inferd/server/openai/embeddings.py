@@ -9,9 +9,10 @@ defaults, ModelInfo.pooling).
 
 `base64` is the vector's float32 bytes, little-endian (what OpenAI's client decodes). vLLM's
 extras: `add_special_tokens` (default true: the model's BOS, as its own embedding code adds),
-`truncate_prompt_tokens` (keep the last k tokens) and `normalize` (unit length; default: the
-model's). Each input is one engine request, batched with whatever else runs. A generation field
-(`temperature`, `max_tokens`, `stream`, ...) is refused by name: this route generates nothing.
+`truncate_prompt_tokens` (keep the last k tokens), `normalize` (unit length; default: the
+model's) and `priority` (as on completions). Each input is one engine request, batched with
+whatever else runs. A generation field (`temperature`, `max_tokens`, `stream`, ...) is refused
+by name: this route generates nothing.
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ from inferd.engine_client import TokenizerLike
 from inferd.errors import InvalidRequest
 from inferd.outputs import EmbeddingRequestOutput
 from inferd.pooling_params import PoolingParams
-from inferd.server.generation.prompts import checked_text, truncated
+from inferd.server.generation.prompts import checked_text, prioritized, truncated
 from inferd.server.generation.serving import abandon_when_gone, arrival_now, collect
 from inferd.server.openai.protocol import Body, OpenAIFields, TokenIds
 from inferd.server.openai.shapes import new_id
@@ -50,6 +51,9 @@ class EmbeddingRequest(Body):
     add_special_tokens: bool = True
     truncate_prompt_tokens: int | None = Field(default=None, ge=1)
     normalize: bool | None = None
+    # vLLM's, as on completions: lower first under --scheduling-policy priority (batch lines
+    # run at the lowest, server/batches/settings.py); under fcfs only 0 is accepted.
+    priority: int | None = None
 
     def inputs(self) -> list[str | TokenIds]:
         """The inputs as a list, one per embedding."""
@@ -116,7 +120,7 @@ async def create_embeddings(body: EmbeddingRequest, request: Request) -> JSONRes
     group = state.admit(request, inputs, 1, param="input", keep=keep)
     prompts = await group.tokenize(_token_ids, state.tokenizer, inputs, body.add_special_tokens,
                                    state.info.vocab_size)  # fmt: skip
-    prompts = truncated(prompts, keep, state.info.max_model_len)
+    prompts = prioritized(truncated(prompts, keep, state.info.max_model_len), body.priority)
     await group.submit(new_id("embd"), prompts, params, arrival)
     finals = await collect(group)
     outs: list[EmbeddingRequestOutput] = [finals[rid] for rid in group.request_ids]
