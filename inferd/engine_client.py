@@ -75,6 +75,7 @@ class EngineStats:
     kv_blocks_loaded: int = 0
     kv_saves_dropped: int = 0
     kv_lookups_late: int = 0
+    sleep_level: int = 0  # 0 awake, else the level of POST /sleep (engine/core/sleep_mode.py)
 
 
 class TokenizerLike(Protocol):
@@ -202,6 +203,28 @@ class KVTierClient(Protocol):
         Raises InvalidRequest when the engine keeps no tiers (nothing to clear is the caller's
         mistake, not a success), NotImplementedError when this kind of deployment cannot reach
         every replica's tiers, EngineDeadError when the engine died."""
+
+
+# ---- sleep (optional: a server answers /sleep, /wake_up, /is_sleeping with 501 without it) ----
+@runtime_checkable
+class SleepClient(Protocol):
+    """An engine client whose engines can free their memory while idle and take it back
+    (AsyncEngine, AsyncCoreClient): engine/core/sleep_mode.py."""
+
+    wake_on_request: bool  # a request that arrives while asleep wakes the engine (else 503)
+
+    async def sleep(self, level: int) -> dict[str, Any]:
+        """Every replica frees its KV pool (level 2: its weights too): `{"level", "freed_bytes",
+        "rss_before", "rss_after"}`, summed over the replicas. Raises RequestsRunning (nothing
+        changes) while requests run, InvalidRequest for a bad level or where sleep cannot
+        work, NotImplementedError where this kind of deployment cannot reach every replica,
+        EngineDeadError when the engine died."""
+
+    async def wake_up(self) -> dict[str, Any]:
+        """Every replica takes its memory back: `{"level" (the one it slept at; 0: it was
+        awake), "seconds", "rss_after"}`."""
+
+    def is_sleeping(self) -> bool: ...
 
 
 def notify_observers(observers: list[Callable[[RequestOutput], None]], out: RequestOutput) -> None:

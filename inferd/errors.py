@@ -7,6 +7,8 @@ is a bug: the server answers 500 with an id and logs the traceback once.
       ContextTooLong              400  prompt (+ max_tokens) does not fit max_model_len
     Overloaded                    503  too many requests waiting; retry later
       QueueTimeout                503  waited past --max-queue-time without being scheduled
+    ModelAsleep                   503  the model sleeps (POST /sleep); POST /wake_up first
+    RequestsRunning               409  a sleep was asked for while requests run
     EngineDeadError               503  the engine can run no more steps
     RequestFailed                 500  the engine failed this one request (its step raised)
     ModelLoadError (ValueError)   -    the model cannot be used (start-up, CLI)
@@ -48,6 +50,20 @@ class QueueTimeout(Overloaded):
 
 
 QUEUE_TIMEOUT = "queue_timeout"  # the finish reason of a request dropped from the queue
+
+
+class ModelAsleep(RuntimeError):
+    """The engine was put to sleep (POST /sleep: its KV pool, maybe its weights, are freed) and
+    can run nothing until woken (POST /wake_up, or a server started with --wake-on-request)."""
+
+    code = "model_asleep"
+
+
+class RequestsRunning(RuntimeError):
+    """A sleep was asked for while requests run: refused, the requests go on untouched (the
+    pool they use is what a sleep frees). Retry once they have finished."""
+
+    code = "requests_running"
 
 
 class EngineDeadError(RuntimeError):

@@ -90,6 +90,19 @@ class LLM:
         (a ValueError) when this engine keeps no tiers."""
         return self.engine.clear_kv_tiers()
 
+    def sleep(self, level: int = 1) -> dict:
+        """vLLM's: free the KV pool (level 2: the weights too) until `wake_up`; the prefix
+        cache goes with the pool. Returns {"level", "freed_bytes", "rss_before", "rss_after"}
+        (docs/server.md, Sleep and wake)."""
+        return self.engine.sleep(level)
+
+    def wake_up(self) -> dict:
+        """Take back what `sleep` freed: {"level" it slept at, "seconds", "rss_after"}."""
+        return self.engine.wake_up()
+
+    def is_sleeping(self) -> bool:
+        return self.engine.is_sleeping()
+
     # ---- where the time and memory go (docs/profiling.md) ------------------------------------
     def start_profile(self, directory: str) -> None:
         """Trace the engine's steps with torch.profiler until `stop_profile` (vLLM's name)."""

@@ -25,6 +25,7 @@ from dataclasses import replace
 
 from inferd.config import EngineConfig
 from inferd.engine.core.core_output import CoreOutput, CoreRequest
+from inferd.engine.core.sleep_mode import SleepMode
 from inferd.engine.execution.executor import Executor
 from inferd.engine.execution.setup import EngineSetup, describe_model, model_identity, set_up_engine
 from inferd.engine.kv_tiers.connector import remove_memory_tier
@@ -101,6 +102,7 @@ class EngineCore:
         self._seq_ids = itertools.count()
         self._pending: list[CoreOutput] = []  # outputs of aborted requests, sent next step
         self.dead: str | None = None  # why the core can run no more steps
+        self.sleep_mode = SleepMode(self)  # POST /sleep, /wake_up (sleep_mode.py)
 
     # ---- requests ----------------------------------------------------------------------------
     def add_request(self, request: CoreRequest) -> None:
@@ -109,6 +111,7 @@ class EngineCore:
         the core can run no more steps."""
         if self.dead is not None:
             raise EngineDeadError(self.dead)
+        self.sleep_mode.check_awake()  # ModelAsleep: its pool (maybe its weights) are gone
         if request.request_id in self.scheduler.requests:
             raise InvalidRequest(None, f"request_id {request.request_id!r} is already in use")
         if request.lora_request is not None:
@@ -212,7 +215,8 @@ class EngineCore:
                 remove_memory_tier(os.getpid())
 
     def stats(self) -> EngineStats:
-        stats = replace(self.scheduler.stats(), step_timing=self.step_timer.snapshot())
+        stats = replace(self.scheduler.stats(), step_timing=self.step_timer.snapshot(),
+                        sleep_level=self.sleep_mode.level)  # fmt: skip
         if self.connector is None:
             return stats
         c = self.connector.counters
@@ -223,6 +227,14 @@ class EngineCore:
     def clear_kv_tiers(self) -> int:
         """Delete every block of the KV tiers (POST /kv/clear); returns how many files."""
         return self.connector.clear() if self.connector is not None else 0
+
+    def sleep(self, level: int) -> dict:
+        """Free the KV pool (level 2: the weights too) of an idle core (sleep_mode.py)."""
+        return self.sleep_mode.sleep(level)
+
+    def wake_up(self) -> dict:
+        """Take back what `sleep` freed; the core serves again."""
+        return self.sleep_mode.wake_up()
 
     def rank_reports(self) -> list[dict]:
         """Per tensor-parallel rank: pid, bytes of weights and KV cache (empty without TP)."""

@@ -97,9 +97,9 @@ class SnapshotBuilder:
         if not self._predicted:
             self._predicted = True
             self._prediction = predict_memory(engine)
-        if self._weights is None:
+        if self._weights is None and setup.runner.model is not None:  # None: asleep, level 2
             self._weights = weight_bytes(setup.runner.model)
-        return memory_snapshot(setup.device, self._weights, setup.kv_plan.total_bytes,
+        return memory_snapshot(setup.device, self._weights or 0, setup.kv_plan.total_bytes,
                                self._prediction)  # fmt: skip
 
 

@@ -55,13 +55,10 @@ class ModelRunner:
             raise ValueError(f"{len(self.groups)} KV groups but {len(num_blocks)} pool sizes")
         # this rank's KV heads under TP; an int8 row holds its scale after the codes, so a
         # block stays `cache[:, block]` of one tensor per layer (inferd/kv_int8.py)
-        shape = (model.local_kv_heads, row_width(cfg.head_dim, kv_dtype))
-        alloc = torch.empty if lazy_zero else torch.zeros
-        self.kv_caches = [
-            [alloc(2, n, block_size, *shape, dtype=kv_dtype, device=device) for _ in layers]
-            for n, (_, layers) in zip(num_blocks, self.groups)
-        ]
-        self.clear_blocks([[0]] * len(self.groups))  # the null block pads gathers: keep it 0
+        self._pool_shape = (model.local_kv_heads, row_width(cfg.head_dim, kv_dtype))
+        self._num_blocks, self.kv_dtype = list(num_blocks), kv_dtype
+        self.kv_caches: list[list[torch.Tensor]] = []
+        self.allocate_kv_pool(lazy_zero)
         self.sequences = DeviceSequences(len(self.groups))
         self.adapter_cache = AdapterCache(1)  # parsed adapters, when LoRA is enabled
 
@@ -91,6 +88,25 @@ class ModelRunner:
 
     def kv_cache_bytes(self) -> int:
         return sum(t.numel() * t.element_size() for group in self.kv_caches for t in group)
+
+    def allocate_kv_pool(self, lazy_zero: bool = True) -> None:
+        """Make the KV pool's tensors (at start, and when a sleep ends). `lazy_zero`: leave
+        them uninitialised (on CPU untouched pages cost no memory until a block is used; the
+        engine zeroes each block on its first use); otherwise zero them now."""
+        alloc = torch.empty if lazy_zero else torch.zeros
+        self.kv_caches = [
+            [alloc(2, n, self.block_size, *self._pool_shape, dtype=self.kv_dtype,
+                   device=self.device) for _ in layers]
+            for n, (_, layers) in zip(self._num_blocks, self.groups)
+        ]  # fmt: skip
+        self.clear_blocks([[0]] * len(self.groups))  # the null block pads gathers: keep it 0
+
+    def free_kv_pool(self) -> int:
+        """Drop the KV pool's tensors (a sleep: engine/core/sleep_mode.py); returns their bytes.
+        NOTE: only while no sequence runs: the device side keeps no block's contents."""
+        freed = self.kv_cache_bytes()
+        self.kv_caches = [[] for _ in self.groups]
+        return freed
 
     def build_batch(self, steps: list[SequenceStep]) -> tuple[torch.Tensor, AttentionBatch]:
         """(input ids, the step's layout) of the scheduled sequences.

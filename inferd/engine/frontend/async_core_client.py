@@ -47,7 +47,13 @@ from inferd.engine_client import (
     notify_observers,
 )
 from inferd.engine_snapshot import EngineSnapshot
-from inferd.errors import EngineDeadError, InvalidRequest, RequestFailed
+from inferd.errors import (
+    EngineDeadError,
+    InvalidRequest,
+    ModelAsleep,
+    RequestFailed,
+    RequestsRunning,
+)
 from inferd.outputs import RequestOutput
 from inferd.pooling_params import PoolingParams
 from inferd.sampling_params import SamplingParams
@@ -144,6 +150,11 @@ class AsyncCoreClient:
         self._calls: dict[int, asyncio.Future] = {}
         self._call_ids = itertools.count()
         self._dead_reason: str | None = None
+        # Sleep (inferd.engine_client.SleepClient): the level every live core sleeps at, set
+        # before the cores are asked so that no request slips in meanwhile; one change at a time.
+        self._sleep_level = 0
+        self._sleep_change = asyncio.Lock()
+        self.wake_on_request = False  # the server's --wake-on-request
 
     # ---- start-up (blocking: before the server listens) --------------------------------------
     def launch(self) -> None:
@@ -242,6 +253,11 @@ class AsyncCoreClient:
             raise EngineDeadError(self._dead_reason or "the engine is not running")
         if request_id in self._replica_of:
             raise InvalidRequest(None, f"request_id {request_id!r} is already in use")
+        while self._sleep_level:  # NOTE: a loop: another sleep may come while this one wakes
+            if not self.wake_on_request:
+                raise ModelAsleep(f"the model is asleep (level {self._sleep_level}): POST "
+                                  "/wake_up (or start the server with --wake-on-request)")  # fmt: skip
+            await self.wake_up()
         replica, send = self._admit(request_id, prompt, params, arrival_time)
         future = self._loop.create_future()
         self._acks[request_id], self._queues[request_id] = future, outputs
@@ -334,6 +350,56 @@ class AsyncCoreClient:
 
     def _keeps_kv_tiers(self) -> bool:
         return wants_tiers(self.config)
+
+    # ---- sleep (inferd.engine_client.SleepClient) --------------------------------------------
+    async def sleep(self, level: int) -> dict[str, Any]:
+        """Every live core frees its KV pool (level 2: its weights too). Refused while any
+        request of this client is unfinished (RequestsRunning: they run on untouched); if a
+        core fails to sleep, the others are woken again and the error is raised."""
+        if level not in (1, 2) or isinstance(level, bool):
+            raise InvalidRequest("level", f"level must be 1 or 2, got {level!r}")
+        async with self._sleep_change:
+            running = len(self._replica_of)
+            if running:
+                raise RequestsRunning(f"{running} request(s) are running or waiting: sleep "
+                                      "frees the KV pool they use; retry once they have "
+                                      "finished")  # fmt: skip
+            before = self._sleep_level
+            self._sleep_level = max(before, level)
+            try:
+                answers = await self._call_all("sleep", level)
+            except BaseException:
+                if before == 0:  # all or none: wake the cores that did fall asleep
+                    await asyncio.gather(self._call_all("wake_up"), return_exceptions=True)
+                self._sleep_level = before
+                raise
+            if getattr(self, "router", None) is not None:  # in-process (one core): none
+                self.router.forget()  # every replica's prefix cache went with its pool
+            self._note_sleep_level(self._sleep_level)
+        total = {key: sum(a[key] for a in answers) for key in ("freed_bytes", "rss_before",
+                                                                "rss_after")}  # fmt: skip
+        return {"level": self._sleep_level, **total, "engines": answers}
+
+    async def wake_up(self) -> dict[str, Any]:
+        """Every live core takes its memory back (a core that is awake answers level 0)."""
+        async with self._sleep_change:
+            if not self._sleep_level:
+                return {"level": 0, "seconds": 0.0, "engines": []}
+            started = time.monotonic()
+            answers = await self._call_all("wake_up")
+            level, self._sleep_level = self._sleep_level, 0
+            self._note_sleep_level(0)
+        return {"level": level, "seconds": round(time.monotonic() - started, 4),
+                "engines": answers}  # fmt: skip
+
+    def is_sleeping(self) -> bool:
+        return self._sleep_level > 0
+
+    def _note_sleep_level(self, level: int) -> None:
+        """Into each core's latest stats (/metrics): an idle core sends no stats of its own."""
+        for r in self.replicas:
+            r.stats = replace(r.stats or EngineStats(0, 0, 0.0, 0, 0, 0, 0, 0, 0),
+                              sleep_level=level)  # fmt: skip
 
     async def _call_all(self, method: str, *args: Any, replicas: list | None = None) -> list[Any]:
         live = [r for r in self.replicas if r.dead is None] if replicas is None else replicas

@@ -66,6 +66,10 @@ class Router:
         self._remember(hashes, chosen)
         return chosen
 
+    def forget(self) -> None:
+        """The replicas' prefix caches were emptied (a sleep): no replica holds any block."""
+        self._owner.clear()
+
     def block_names(self, token_ids: list[int], cache_salt: str | None,
                     lora: LoRARequest | None = None) -> list[bytes]:  # fmt: skip
         """The chained names of the prompt's full blocks, as the replicas' caches compute them

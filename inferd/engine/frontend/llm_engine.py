@@ -25,7 +25,7 @@ from inferd.engine.frontend.output_processor import OutputProcessor
 from inferd.engine.kv_tiers.open_tiers import wants_tiers
 from inferd.engine.sampling.structured_outputs import GrammarCompilation
 from inferd.engine_client import EngineStats, PromptInput, TraceFiles
-from inferd.errors import EngineDeadError, InvalidRequest
+from inferd.errors import EngineDeadError, InvalidRequest, ModelAsleep
 from inferd.outputs import EmbeddingRequestOutput, RequestOutput
 from inferd.pooling_params import PoolingParams
 from inferd.sampling_params import SamplingParams
@@ -52,6 +52,7 @@ class LLMEngine:
         limits = InputLimits.of(config, self.model_config.vocab_size, self.max_model_len)
         self.inputs = InputProcessor(self.tokenizer, limits, self.model_info.pooling)
         self.outputs = OutputProcessor(self.tokenizer, config.stream_interval)
+        self.sleep_level = 0  # as the core's last answer to sleep / wake_up said
 
     # The core's parts, for tests, benchmarks and commands that look inside.
     runner = property(lambda self: self.core.runner)
@@ -87,6 +88,8 @@ class LLMEngine:
         after every step with news, not only the final one."""
         if self.core.dead is not None:
             raise EngineDeadError(self.core.dead)
+        if self.sleep_level:  # NOTE: before tokenizing; a core in a process would refuse later
+            raise ModelAsleep(f"the model is asleep (level {self.sleep_level}): wake it first")
         if request_id in self.outputs.requests:
             raise InvalidRequest(None, f"request_id {request_id!r} is already in use")
         params = params or SamplingParams()
@@ -150,3 +153,23 @@ class LLMEngine:
                                  "kv_offload_memory=BYTES, or kv_offload_dir=DIR and "
                                  "kv_offload_disk=BYTES")  # fmt: skip
         return self.core.clear_kv_tiers()
+
+    # ---- sleep (engine/core/sleep_mode.py) ----------------------------------------------------
+    def sleep(self, level: int = 1) -> dict:
+        """Free the KV pool (level 2: the weights too) while no request runs: `{"level",
+        "freed_bytes", "rss_before", "rss_after"}` of the core's process. RequestsRunning when
+        requests are unfinished (nothing changes); requests added while asleep raise
+        ModelAsleep until `wake_up`."""
+        answer = self.core.sleep(level)
+        self.sleep_level = answer["level"]
+        return answer
+
+    def wake_up(self) -> dict:
+        """Take back what `sleep` freed: `{"level" (slept at; 0: was awake), "seconds",
+        "rss_after"}`."""
+        answer = self.core.wake_up()
+        self.sleep_level = 0
+        return answer
+
+    def is_sleeping(self) -> bool:
+        return self.sleep_level > 0

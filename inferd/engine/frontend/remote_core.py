@@ -111,6 +111,12 @@ class ProcessCore:
     def clear_kv_tiers(self) -> int:
         return self._call("clear_kv_tiers")
 
+    def sleep(self, level: int) -> dict:
+        return self._call("sleep", level)
+
+    def wake_up(self) -> dict:
+        return self._call("wake_up")
+
     def shutdown(self) -> None:
         self.process.stop()
 

@@ -37,4 +37,5 @@ def merge_stats(stats: list[EngineStats]) -> EngineStats:
             requests[name] = requests.get(name, 0) + count
     merged["lora_requests"] = requests
     merged["kv_tiers"] = merge_tiers([s.kv_tiers for s in stats])
+    merged["sleep_level"] = max(s.sleep_level for s in stats)  # replicas sleep together
     return EngineStats(**merged)  # NOTE: a field added to EngineStats needs its rule here

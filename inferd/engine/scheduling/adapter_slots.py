@@ -53,6 +53,13 @@ class AdapterSlots:
         loads, self._loads = self._loads, []
         return loads
 
+    def clear(self) -> None:
+        """The device side's slots were emptied (its model was rebuilt after a sleep of level 2:
+        engine/core/sleep_mode.py): the next request under an adapter loads it again. Only
+        while no request holds a slot."""
+        self.slots.clear()
+        self._loads = []
+
     def resident(self) -> list[str]:
         """The names of the adapters in slots now."""
         return [entry[0].lora_name for entry in self.slots.values()]

@@ -107,6 +107,15 @@ class BlockPool:
         self.cached.clear()
         self.hash_of = [None] * self.num_blocks
 
+    def forget_contents(self) -> None:
+        """The pool's memory was freed and allocated anew (a sleep: engine/core/sleep_mode.py):
+        no block holds what it held, so nothing is cached and every block is zeroed again on
+        its first use, as at start. Only for a pool no sequence holds blocks of."""
+        self.reset_cache()
+        self.untouched = bytearray(b"\1" * self.num_blocks)
+        self.untouched[:NULL_BLOCKS] = bytes(NULL_BLOCKS)
+        self.fresh = []
+
 
 class KVCacheManager:
     def __init__(
@@ -325,3 +334,8 @@ class KVCacheManager:
     def reset_prefix_cache(self) -> None:
         for pool in self.pools:
             pool.reset_cache()
+
+    def forget_contents(self) -> None:
+        """Every pool's memory is gone (BlockPool.forget_contents)."""
+        for pool in self.pools:
+            pool.forget_contents()

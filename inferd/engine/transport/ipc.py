@@ -28,7 +28,14 @@ import msgspec
 
 from inferd.engine.core.core_output import CoreOutput, CoreRequest, SampleFinish
 from inferd.engine_client import EngineStats, ModelInfo, ProfilerStateError
-from inferd.errors import ContextTooLong, EngineDeadError, InvalidRequest, ModelLoadError
+from inferd.errors import (
+    ContextTooLong,
+    EngineDeadError,
+    InvalidRequest,
+    ModelAsleep,
+    ModelLoadError,
+    RequestsRunning,
+)
 
 # ---- front end → core ------------------------------------------------------------------------
 
@@ -134,7 +141,7 @@ def decode_from_core(data: bytes) -> FromCore:
 # Errors that cross by type (a core-side refusal must reach the caller as what it is).
 _ERRORS: dict[str, type[Exception]] = {e.__name__: e for e in (
     InvalidRequest, ContextTooLong, EngineDeadError, ProfilerStateError, ModelLoadError,
-    ValueError, RuntimeError)}  # fmt: skip
+    ModelAsleep, RequestsRunning, ValueError, RuntimeError)}  # fmt: skip
 
 
 def describe_error(error: BaseException) -> tuple[str, str | None, str]:
