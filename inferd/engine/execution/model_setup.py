@@ -127,7 +127,7 @@ def load_rank_model(config: EngineConfig, device: torch.device, tp: TPGroup = SI
     backend = _attention_backend(config, device, fixed_order)
     if kv_dtype == torch.float8_e4m3fn and backend.name == "triton":
         raise ValueError("an fp8 KV cache needs --attention-backend torch or cpu (the Triton "
-                         "kernels read bf16/fp16/fp32 caches)")  # fmt: skip
+                         "kernels read bf16, fp16, fp32 and int8 caches)")  # fmt: skip
     model = load_model(checkpoint, dtype, device, config.quantization, tp, scheme=scheme,
                        weight_cache_size=config.weight_cache_size)  # fmt: skip
     checkpoint.release_file_pages()  # the tokenizer (rank 0) and the weights are loaded
