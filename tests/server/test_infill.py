@@ -116,3 +116,109 @@ def test_infill_and_suffix_complete_through_the_server(served, tok):
     assert choice["prompt_token_ids"] == infill_ids(tok, fim_tokens(tok), "def f(x):\n",
                                                     "\nreturn y")  # fmt: skip
     assert len(choice["token_ids"]) == 4
+
+
+# What llama.vim / llama.vscode send (issue: /infill for editor plugins): each field honoured as
+# llama.cpp's server defines it, or refused naming it.
+
+from inferd.errors import InvalidRequest  # noqa: E402
+from inferd.sampling_params import SamplingParams  # noqa: E402
+from inferd.server.extra.infill_rules import check_samplers, indent_cut, pick_fields  # noqa: E402
+
+
+def test_n_indent_cuts_the_first_line_indented_less_than_asked():
+    text = "x = 1\n    y = 2\nz = 3\n"
+    cut = indent_cut(text, 0, 4)
+    assert text[:cut] == "x = 1\n    y = 2\n"  # llama.cpp keeps the line break, cuts the line
+    assert indent_cut("a\n    b\n  ", 0, 4) is None  # the last line's indentation is not known
+    assert indent_cut("a\n\nb", 0, 1) == 2  # an empty line ends it too (a line break is text)
+    assert indent_cut("no line break at all", 0, 8) is None  # the first line is never checked
+    assert indent_cut("a\nb", 0, 0) is None
+
+
+def test_response_fields_pick_paths_as_llama_cpp():
+    answer = {"content": "x", "timings": {"prompt_n": 3}, "truncated": False}
+    assert pick_fields(answer, ["content", "timings/prompt_n", "timings/nope", "missing"]) == {
+        "content": "x", "timings/prompt_n": 3}  # fmt: skip
+    assert pick_fields(answer, [""]) == {}
+    assert pick_fields(answer, []) == answer
+
+
+def test_sampler_chains_inferd_can_and_cannot_reproduce():
+    def check(chain, **kw):
+        check_samplers(chain, SamplingParams(**kw), samples=True)
+
+    check(["top_k", "top_p"], top_k=40, top_p=0.9)  # llama.vim's, less "infill"
+    check(
+        [
+            "penalties",
+            "dry",
+            "top_n_sigma",
+            "top_k",
+            "typ_p",
+            "top_p",
+            "min_p",
+            "xtc",
+            "temperature",
+        ],
+        top_k=40,
+        temperature=0.0,
+    )  # llama.cpp's default chain, greedy
+    check(["top_k", "temperature"], top_k=40, temperature=0.7)  # they commute
+    check(["top_p", "temperature"], top_p=0.9)  # temperature 1 does nothing: any place
+    check_samplers([], SamplingParams(temperature=0.0), samples=False)  # n_predict 0
+    refusals = [
+        (["top_k", "top_p", "infill"], {}, "infill"),
+        (["nucleus"], {}, "unknown sampler"),
+        (["top_k"], {"top_k": 40, "top_p": 0.9}, "leaves out 'top_p'"),
+        ([], {"temperature": 0.0}, "leaves out 'temperature'"),
+        (["top_p", "top_k"], {"top_k": 40, "top_p": 0.9}, "before 'top_k'"),
+        (["top_p", "temperature"], {"top_p": 0.9, "temperature": 0.5}, "before 'temperature'"),
+    ]
+    for chain, kw, words in refusals:
+        with pytest.raises(InvalidRequest) as e:
+            check(chain, **kw)
+        assert e.value.param == "samplers" and words in str(e.value), (chain, str(e.value))
+
+
+LLAMA_VIM_FIELDS = ["content", "timings/prompt_n", "timings/prompt_ms",
+                    "timings/prompt_per_token_ms", "timings/prompt_per_second",
+                    "timings/predicted_n", "timings/predicted_ms",
+                    "timings/predicted_per_token_ms", "timings/predicted_per_second",
+                    "truncated", "tokens_cached"]  # fmt: skip
+
+
+def test_llama_vim_and_llama_vscode_bodies_through_the_server(served):
+    extra = [{"text": "import os\n", "time": [1, 2], "filename": "a.py"}]
+    body = {"id_slot": 0, "input_prefix": "def f(x):\n", "input_suffix": "\n", "input_extra":
+            extra, "prompt": "    ", "n_predict": 8, "stop": [], "n_indent": 4, "top_k": 40,
+            "top_p": 0.90, "samplers": ["top_k", "top_p"], "stream": False,
+            "cache_prompt": True, "t_max_prompt_ms": 60000, "t_max_predict_ms": 60000,
+            "response_fields": LLAMA_VIM_FIELDS, "n_cmpl": 1}  # fmt: skip
+    r = served.post("/infill", json=body)
+    assert r.status_code == 200, r.text
+    assert set(r.json()) == set(LLAMA_VIM_FIELDS)  # flat keys, as llama.cpp's
+    # The warm-up request: the prompt only (context files into the cache), no answer fields.
+    warm = {"id_slot": 0, "input_prefix": "", "input_suffix": "", "input_extra": extra,
+            "prompt": "", "n_predict": 0, "temperature": 0.0, "samplers": [], "stream": False,
+            "cache_prompt": True, "t_max_prompt_ms": 60000, "t_max_predict_ms": 1,
+            "response_fields": [""]}  # fmt: skip
+    r = served.post("/infill", json=warm)
+    assert r.status_code == 200 and r.json() == {}, r.text
+    whole = served.post("/infill", json={**warm, "response_fields": []}).json()
+    assert whole["content"] == "" and whole["tokens_predicted"] == 0
+    assert whole["stop_type"] == "limit" and whole["tokens_cached"] > 0
+    for field, value, words in (("id_slot", 1, "no slots"), ("n_cmpl", 3, "one completion"),
+                                ("samplers", ["top_k", "top_p", "infill"], "infill")):  # fmt: skip
+        r = served.post("/infill", json={**body, field: value})
+        assert r.status_code == 400 and r.json()["error"]["param"] == field, r.text
+        assert words in r.json()["error"]["message"]
+
+
+def test_the_time_limits_end_the_request_with_limit(served):
+    # No token can come within 1 µs-ish of arrival: the prompt's limit ends it, empty.
+    body = {"input_prefix": "def f(x):\n", "input_suffix": "\n", "n_predict": 64,
+            "ignore_eos": True, "temperature": 0, "t_max_prompt_ms": 1}  # fmt: skip
+    r = served.post("/infill", json=body)
+    assert r.status_code == 200, r.text
+    assert r.json()["stop_type"] == "limit" and r.json()["content"] == ""
