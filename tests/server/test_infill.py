@@ -5,6 +5,8 @@ them (the embedded Gemma 3 270M has none)."""
 
 from __future__ import annotations
 
+import time
+
 import json
 
 import pytest
@@ -217,8 +219,53 @@ def test_llama_vim_and_llama_vscode_bodies_through_the_server(served):
 
 def test_the_time_limits_end_the_request_with_limit(served):
     # No token can come within 1 µs-ish of arrival: the prompt's limit ends it, empty.
-    body = {"input_prefix": "def f(x):\n", "input_suffix": "\n", "n_predict": 64,
-            "ignore_eos": True, "temperature": 0, "t_max_prompt_ms": 1}  # fmt: skip
+    body = {"input_prefix": "def f(x):\n" + "    x = x + 1\n" * 12, "input_suffix": "\n",
+            "n_predict": 64, "ignore_eos": True, "temperature": 0, "t_max_prompt_ms": 1}  # fmt: skip
+    computed = _prompt_tokens_computed(served)
     r = served.post("/infill", json=body)
     assert r.status_code == 200, r.text
     assert r.json()["stop_type"] == "limit" and r.json()["content"] == ""
+    # The answer came at the limit, but the prompt is computed all the same (a warm-up fills
+    # the prefix cache): the same request then finds it cached.
+    deadline = time.monotonic() + 30
+    while _prompt_tokens_computed(served) == computed and time.monotonic() < deadline:
+        time.sleep(0.01)
+    again = served.post("/infill", json={**body, "t_max_prompt_ms": 0, "n_predict": 1})
+    assert again.json()["tokens_cached"] > 0, again.text
+
+
+def _prompt_tokens_computed(served) -> float:
+    lines = served.get("/metrics").text.splitlines()
+    return sum(float(x.rsplit(" ", 1)[1]) for x in lines
+               if x.startswith("inferd:prompt_tokens_total"))  # fmt: skip
+
+
+def test_an_answer_at_the_prompt_limit_lets_the_prompt_finish_first():
+    """t_max_prompt_ms: the route answers, the group's abort waits for the first token."""
+    import asyncio
+    from types import SimpleNamespace
+
+    from inferd.server.generation.serving import RequestGroup
+
+    aborted = []
+    client = SimpleNamespace(abort=aborted.append)
+
+    def output(tokens, finished=False):
+        sample = SimpleNamespace(token_ids=tokens)
+        return SimpleNamespace(request_id="r", outputs=[sample], finished=finished, error=None)
+
+    async def scenario():
+        group = RequestGroup(client)
+        group.request_ids, group._open = ["r"], {"r"}
+        group.finish_prompts()
+        group.abort()  # the route's own abort on its way out: deferred
+        await asyncio.sleep(0)
+        assert aborted == []
+        group.queue.put_nowait(output([]))  # a prompt chunk: no token yet
+        await asyncio.sleep(0.01)
+        assert aborted == []
+        group.queue.put_nowait(output([5]))  # the first token: the prompt is computed
+        await asyncio.sleep(0.01)
+        assert aborted == ["r"] and group.closed
+
+    asyncio.run(scenario())

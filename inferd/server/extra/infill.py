@@ -186,10 +186,12 @@ class _Run:
             except StopAsyncIteration:
                 return
             except TimeoutError:
-                # t_max_prompt_ms: no token came in time: the answer is empty (llama.cpp
-                # declares the field without applying it; inferd gives it this meaning).
+                # t_max_prompt_ms: no token came in time: the answer is empty and sent now,
+                # while the prompt is computed to its end all the same (llama.vim's warm-up
+                # sends 1 ms and wants its context files in the prefix cache). llama.cpp
+                # declares the field without applying it; this is inferd's meaning.
                 self.limited = True
-                self.group.abort()
+                self.group.finish_prompts()
                 return
             self.last = out
             sample = out.outputs[0] if out.outputs else None

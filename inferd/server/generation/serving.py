@@ -48,6 +48,7 @@ class RequestGroup:
         self.request_ids: list[str] = []
         self._open: set[str] = set()
         self.closed = False
+        self.finishing: asyncio.Task | None = None  # `finish_prompts`: aborts wait for it
         self.failure: BaseException | None = None  # why the server ended it (fail)
         self.reservation = reservation
         self.param = param
@@ -117,11 +118,28 @@ class RequestGroup:
         if out.finished:
             self.reservation.finished(out.request_id)
 
+    def finish_prompts(self) -> None:
+        """The route has answered, but the prompts go on until their first token (they are then
+        in the prefix cache, which is what a warm-up request is for); then the group is aborted.
+        Meanwhile `abort()` waits for this; the route's own reader must be done with
+        `outputs()` (a fresh one reads on)."""
+
+        async def first_tokens() -> None:
+            try:
+                async for out in self.outputs():
+                    if all(c.token_ids for c in out.outputs) or out.finished:
+                        break
+            finally:
+                self.finishing = None
+                self.abort()
+
+        self.finishing = asyncio.ensure_future(first_tokens())
+
     def abort(self) -> None:
         """Abort what is still running (frees its KV blocks before the next step)."""
         if self.reservation is not None:
             self.reservation.release()
-        if self.closed:
+        if self.closed or self.finishing is not None:
             return
         self.closed = True
         for rid in self._open:
@@ -134,6 +152,9 @@ class RequestGroup:
         aborted and its reader raises `error` (a stream sends it as an event, then [DONE])."""
         if self.failure is None:
             self.failure = error
+        if self.finishing is not None:  # a prompt left to finish: not while the server ends
+            self.finishing.cancel()
+            self.finishing = None
         self.abort()
 
 
