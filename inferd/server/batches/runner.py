@@ -2,6 +2,11 @@
 `--batch-concurrency` lines in flight over every batch of the server (one semaphore), then the
 output file (the answers with status 2xx) and the error file (the rest), in input order.
 
+A line is sent only when no request waits in the server's queue (admission's count of requests
+not yet prefilled): a batch line's prefill then never shares a step with an interactive
+request's, which would double that request's time to first token; at most one batch line is
+thus being prefilled at a time, and a busy server starts none until it has room.
+
 A line the server is too busy for (503: its queue is full, or the line waited past
 --max-queue-time) is not failed but sent again after the Retry-After the server named: a batch
 has hours to finish, an interactive client does not. A line still unsent when the completion
@@ -27,6 +32,7 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 RETRY_S = 1.0  # the wait before a 503'd line is sent again, when no Retry-After says otherwise
+QUIET_POLL_S = 0.01  # how often a line waiting for an empty queue looks again
 
 
 def _record(line: Line, response: dict[str, Any] | None,
@@ -62,6 +68,7 @@ async def _run(service: BatchService, batch: Batch, content: bytes) -> None:
             batch.failed += 1
             continue
         await service.slots.acquire()
+        await _queue_empty(service, batch)
         if batch.gone.is_set() or time.time() >= batch.expires_at:
             service.slots.release()
             break
@@ -105,6 +112,15 @@ async def _send(service: BatchService, batch: Batch, i: int, line: Line,
             batch.failed += 1
     finally:
         service.slots.release()
+
+
+async def _queue_empty(service: BatchService, batch: Batch) -> None:
+    """Returns when no request waits to be prefilled (or the batch ends)."""
+    admission = service.app.state.inferd.admission
+    while admission.queued_requests and not batch.gone.is_set():
+        if time.time() >= batch.expires_at:
+            return
+        await asyncio.sleep(QUIET_POLL_S)
 
 
 def _retryable(answer: Any) -> bool:
