@@ -111,6 +111,7 @@ def run(args: argparse.Namespace) -> int:
         api=api_settings(args),
         lora_modules=adapters,
         allow_runtime_lora_updating=runtime_lora,
+        wake_on_request=args.wake_on_request,
         catalog=LoaderCatalog(),  # /api/pull (server/ollama/pull.py)
         batch=batch_settings(args),
     )

@@ -130,6 +130,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "default: its cached-prefix count shows whether others sent the same prompt",
     )
     parser.add_argument(
+        "--wake-on-request",
+        action="store_true",
+        help="a request that arrives while the model sleeps (POST /sleep) wakes it and runs "
+        "(default: it gets a 503 naming POST /wake_up)",
+    )
+    parser.add_argument(
         "--disable-dashboard",
         action="store_true",
         help="serve no chat page at / and no dashboard at /dashboard (default: both, behind "

@@ -29,7 +29,9 @@ from inferd.ray_serve.options import RayOptions
 log = logging.getLogger("inferd.serve")
 
 # Flags `inferd serve` has that the Ray path cannot honour (refused, never ignored).
-_NOT_ON_RAY = {"profiler_dir": "traces are taken per engine: run `inferd serve --profiler-dir`"}
+_NOT_ON_RAY = {"profiler_dir": "traces are taken per engine: run `inferd serve --profiler-dir`",
+               "wake_on_request": "a Serve handle reaches one replica per call, so the "
+               "replicas cannot be put to sleep or woken (POST /sleep answers 501)"}  # fmt: skip
 _RAY_FLAGS = ("ray_address", "num_replicas", "min_replicas", "max_replicas",
               "autoscaling_config", "replica_cpus", "replica_gpus", "max_replicas_per_node",
               "max_ongoing_requests", "request_router", "router_imbalance")  # fmt: skip

@@ -89,6 +89,21 @@ class RayEngineClient:
             "tiers (a disk tier's blocks are the files under --kv-offload-dir on each node)"
         )
 
+    # ---- sleep: not offered (/sleep, /wake_up and /is_sleeping answer 501 with this reason) ----
+    wake_on_request = False
+    _NO_SLEEP = ("sleep is not supported with --ray: a Serve deployment handle reaches one "
+                 "replica per call, not every replica, so it cannot put all of them to sleep "
+                 "or wake them")  # fmt: skip
+
+    async def sleep(self, level: int) -> dict:
+        raise NotImplementedError(self._NO_SLEEP)
+
+    async def wake_up(self) -> dict:
+        raise NotImplementedError(self._NO_SLEEP)
+
+    def is_sleeping(self) -> bool:
+        raise NotImplementedError(self._NO_SLEEP)
+
     # ---- requests ----------------------------------------------------------------------------
     async def add_request(
         self,

@@ -21,7 +21,7 @@ from typing import Any
 
 from fastapi import FastAPI
 
-from inferd.engine_client import EngineClient, ProfilingClient
+from inferd.engine_client import EngineClient, ProfilingClient, SleepClient
 from inferd.lora_request import LoRARequest
 from inferd.server.anthropic.routes import router as messages_router
 from inferd.server.batches import FILES_PATH, install_batches
@@ -31,6 +31,7 @@ from inferd.server.extra.infill import router as infill_router
 from inferd.server.extra.kv_tiers import router as kv_tiers_router
 from inferd.server.extra.profile import router as profile_router
 from inferd.server.extra.routes import router as extra_router
+from inferd.server.extra.sleep import router as sleep_router
 from inferd.server.http.access_log import AccessLogMiddleware
 from inferd.server.http.admission import Admission, AdmissionLimits
 from inferd.server.http.api_settings import APISettings
@@ -82,6 +83,8 @@ class ServerSettings:
     allow_runtime_lora_updating: bool = False
     # The models /api/pull fetches (commands/serve_catalog.py); None: /api/pull answers 501.
     catalog: Any = None
+    # --wake-on-request: a request that arrives while asleep wakes the engine (extra/sleep.py)
+    wake_on_request: bool = False
     batch: BatchSettings = field(default_factory=BatchSettings)  # /v1/files, /v1/batches
 
 
@@ -117,6 +120,10 @@ def create_app(client: EngineClient, settings: ServerSettings | None = None) -> 
                         adapters=_adapters(settings.lora_modules, names))  # fmt: skip
     if settings.profiler_dir and not isinstance(client, ProfilingClient):
         raise ValueError("--profiler-dir: this engine client cannot be profiled")
+    if settings.wake_on_request:  # the client owns the gate: every route's requests pass it
+        if not isinstance(client, SleepClient):
+            raise ValueError("--wake-on-request: this engine client cannot sleep")
+        client.wake_on_request = True
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -146,6 +153,7 @@ def create_app(client: EngineClient, settings: ServerSettings | None = None) -> 
     app.include_router(extra_router)
     app.include_router(infill_router)  # llama.cpp's /infill (a 400 for a model without FIM)
     app.include_router(kv_tiers_router)  # always there: a server without tiers says so (400)
+    app.include_router(sleep_router)  # /sleep, /wake_up, /is_sleeping (501 where it cannot)
     app.include_router(responses_router)
     app.include_router(messages_router)
     install_ollama(app)  # the Ollama API under /api (server/ollama/)

@@ -26,7 +26,14 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from inferd.errors import EngineDeadError, InvalidRequest, Overloaded, RequestFailed
+from inferd.errors import (
+    EngineDeadError,
+    InvalidRequest,
+    ModelAsleep,
+    Overloaded,
+    RequestFailed,
+    RequestsRunning,
+)
 
 log = logging.getLogger(__name__)
 
@@ -59,6 +66,8 @@ _STATUS: tuple[tuple[type[Exception], int], ...] = (
     (InvalidRequest, 400),
     (Overloaded, 503),
     (EngineDeadError, 503),
+    (ModelAsleep, 503),
+    (RequestsRunning, 409),
     (RequestFailed, 500),
 )
 

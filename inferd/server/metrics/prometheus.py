@@ -140,6 +140,9 @@ class ServerMetrics:
         self.running = gauge("num_requests_running", "Sequences in the running batch.")
         self.waiting = gauge("num_requests_waiting", "Sequences waiting to be scheduled.")
         self.kv_usage = gauge("kv_cache_usage_perc", "Fraction of KV-cache blocks in use (0-1).")
+        self.sleep_state = gauge("engine_sleep_state",
+                                 "0 awake, else the level of POST /sleep (1: KV pool freed, "
+                                 "2: weights dropped too).")  # fmt: skip
         self.counters = {
             field: Counter(PREFIX + name, _COUNTER_HELP[field], per_engine, registry=reg)
             for field, name in _COUNTERS.items()
@@ -210,6 +213,7 @@ class ServerMetrics:
         self.running.labels(**labels).set(stats.num_running)
         self.waiting.labels(**labels).set(stats.num_waiting)
         self.kv_usage.labels(**labels).set(stats.kv_cache_usage)
+        self.sleep_state.labels(**labels).set(getattr(stats, "sleep_level", 0))
         for field, counter in self.counters.items():
             self._advance(counter.labels(**labels), (engine, field), getattr(stats, field))
         for pos, value in enumerate(stats.spec_decode_num_accepted_tokens_per_pos):
