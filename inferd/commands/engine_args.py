@@ -60,15 +60,35 @@ def pooler_config_arg(text: str) -> dict:
     return {k: list(v) if isinstance(v, tuple) else v for k, v in checked.items()}
 
 
+class _EveryModel(argparse.Action):
+    """`--model` as before (the last value in `model`), each value also kept in `models`: a
+    server of several models (serve_models.py) reads them all."""
+
+    def __call__(self, parser, namespace, values, option_string=None):  # noqa: ANN001
+        setattr(namespace, self.dest, values)
+        namespace.models = [*namespace.models, values]  # a new list: the default is shared
+
+
 def add_engine_arguments(parser: argparse.ArgumentParser, model_positional: bool = False) -> None:
     if model_positional:
         parser.add_argument("model_pos", nargs="?", metavar="MODEL",
                             help="same as --model (default: the embedded model)")  # fmt: skip
-    parser.add_argument(
-        "--model",
-        help="a GGUF file, an HF folder, or a name from `inferd models` such as "
-        "smollm2-135m-instruct (default: the embedded Gemma 3 270M, gemma-3-270m)",
-    )
+    if model_positional:  # `inferd serve`: several models, --model NAME=PATH each
+        parser.add_argument(
+            "--model",
+            action=_EveryModel,
+            help="a GGUF file, an HF folder, or a name from `inferd models` such as "
+            "smollm2-135m-instruct (default: the embedded Gemma 3 270M, gemma-3-270m); "
+            "NAME=PATH serves PATH as NAME, and may be given several times to serve several "
+            "models, loaded on request (docs/server.md, Many models)",
+        )
+        parser.set_defaults(models=[])
+    else:
+        parser.add_argument(
+            "--model",
+            help="a GGUF file, an HF folder, or a name from `inferd models` such as "
+            "smollm2-135m-instruct (default: the embedded Gemma 3 270M, gemma-3-270m)",
+        )
     parser.add_argument("--dtype", default="auto",
                         help="auto (with --quantization unset: the fastest accurate mode for "
                              "this machine and model, e.g. a GGUF file's own blocks on CPU), "

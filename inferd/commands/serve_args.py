@@ -11,6 +11,7 @@ from inferd.commands.serve_api import add_api_arguments
 from inferd.commands.serve_batch import add_batch_arguments
 from inferd.commands.serve_features import add_feature_arguments
 from inferd.commands.serve_lora import add_lora_arguments
+from inferd.commands.serve_models import add_models_arguments
 from inferd.commands.serve_ray_args import add_ray_arguments
 
 DEFAULT_MAX_QUEUED_TOKENS = 1 << 20  # prompt tokens waiting: minutes of prefill on a CPU
@@ -41,6 +42,7 @@ def _non_negative(text: str) -> float:
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_engine_arguments(parser, model_positional=True)
+    add_models_arguments(parser)  # several models: --models-dir, --max-loaded-models, ...
     add_lora_arguments(parser)
     parser.add_argument("--host", default="127.0.0.1", help="address to bind (default: loopback)")
     parser.add_argument("--port", type=int, default=8000, help="TCP port to listen on")
