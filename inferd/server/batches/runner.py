@@ -20,14 +20,25 @@ import json
 import logging
 import secrets
 import time
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from inferd.server.batches.in_process import call_app
 from inferd.server.batches.lines import Line, parse_line, split_lines
 
 if TYPE_CHECKING:
     from inferd.server.batches.batch_object import Batch
-    from inferd.server.batches.service import BatchService
+    from inferd.server.batches.file_store import FileStore
+    from inferd.server.batches.settings import BatchSettings
+
+
+class BatchService(Protocol):
+    """What running a batch needs of the service that owns it (service.py): a protocol here,
+    so that the service imports the runner and not the reverse."""
+
+    settings: BatchSettings
+    slots: asyncio.Semaphore  # lines in flight, across all batches
+    app: Any  # the server's ASGI app: each line goes through its own route
+    store: FileStore
 
 log = logging.getLogger(__name__)
 
