@@ -159,6 +159,12 @@ class CpuDecoder:
         self._pools_of = None  # (the caches list, `_pools` of it)
         self._caches_served = None  # (the caches list, whether the C layer takes its dtypes)
 
+    def forget_kv_caches(self) -> None:
+        """Drop what is kept about the runner's KV caches (the list, its pools' addresses): a
+        sleep frees them (engine/core/sleep_mode.py), and a reference kept here would keep
+        their memory too."""
+        self._pools_of = self._caches_served = None
+
     @classmethod
     def for_model(cls, model: nn.Module) -> CpuDecoder | None:
         """The decoder for a loaded model (a CausalLM of base.py, which builds its decoder here

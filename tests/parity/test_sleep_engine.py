@@ -5,6 +5,8 @@ the KV tier keeps serving blocks after a wake although the pool's prefix cache i
 
 from __future__ import annotations
 
+import weakref
+
 import pytest
 from tiny_gguf import write_tiny_gguf
 
@@ -36,7 +38,9 @@ def test_level_1_frees_the_pool_and_a_wake_gives_the_same_tokens_from_the_tier(l
     before, _ = _tokens(llm)
     engine.connector.flush()  # the prompt's blocks are in the RAM tier
     pool_bytes = engine.runner.kv_cache_bytes()
+    cache = weakref.ref(engine.runner.kv_caches[0][0])
     answer = llm.sleep(1)
+    assert cache() is None  # nothing (the C decoder's pool addresses) keeps the pool alive
     assert answer["level"] == 1 and answer["freed_bytes"] == pool_bytes > 0
     assert answer["rss_before"] > 0 and answer["rss_after"] > 0
     assert llm.is_sleeping() and engine.runner.kv_cache_bytes() == 0

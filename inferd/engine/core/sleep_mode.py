@@ -75,6 +75,9 @@ class SleepMode:
             self._had_graphs = getattr(runner, "graphs", None) is not None
             runner.graphs = None  # they captured the pool's addresses, which go now
             freed += runner.free_kv_pool()
+            decoder = getattr(runner.model, "cpu_decoder", None)
+            if decoder is not None:  # NOTE: it keeps the pool's list between steps
+                decoder.forget_kv_caches()
             core.kv.forget_contents()  # nothing cached; blocks zeroed on first use again
             if device.type == "cuda" and level == 1:
                 freed += weight_bytes(runner.model)
