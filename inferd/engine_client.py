@@ -16,8 +16,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
-from inferd.kv_tier_stats import TierStats
 from inferd.engine_snapshot import EngineSnapshot
+from inferd.kv_tier_stats import TierStats
 from inferd.outputs import RequestOutput
 from inferd.pooling_params import PoolerConfig, PoolingParams
 from inferd.sampling_params import SamplingParams

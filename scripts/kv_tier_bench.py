@@ -48,8 +48,11 @@ def multiturn(args, flags: list[str]) -> list[dict]:
                             num_prompts=None, seed=0, default_prompts=16)  # fmt: skip
     talks = conversations(spec, workload_vocab(checkpoint_tokenizer(open_checkpoint(None))))
     disk = tempfile.mkdtemp(prefix="inferd-kv-bench-")
-    tiers = {"no tier": [], "RAM tier": ["--kv-offload-memory", args.tier_bytes],
-             "disk tier": ["--kv-offload-dir", disk, "--kv-offload-disk", args.tier_bytes]}  # fmt: skip
+    tiers = {
+        "no tier": [],
+        "RAM tier": ["--kv-offload-memory", args.tier_bytes],
+        "disk tier": ["--kv-offload-dir", disk, "--kv-offload-disk", args.tier_bytes],
+    }
     figures = []
     try:
         for name, tier_flags in tiers.items():
@@ -120,8 +123,9 @@ def restart(args, flags: list[str]) -> list[dict]:
             finally:
                 _stop(proc, log)
             figures.append({"run": name, "system_prompt_tokens": n, "first_ttft_s": ttft})
-            print(f"{name:27s} first request TTFT {ttft:.2f} s ({n}-token system prompt)",
-                  flush=True)
+            print(
+                f"{name:27s} first request TTFT {ttft:.2f} s ({n}-token system prompt)", flush=True
+            )
     finally:
         shutil.rmtree(disk, ignore_errors=True)
     return figures

@@ -229,8 +229,11 @@ def run_serve(
     return result
 
 
-_COUNTERS = {"hits": "inferd:prefix_cache_hits_total", "queries":
-             "inferd:prefix_cache_queries_total", "computed": "inferd:prompt_tokens_total"}  # fmt: skip
+_COUNTERS = {
+    "hits": "inferd:prefix_cache_hits_total",
+    "queries": "inferd:prefix_cache_queries_total",
+    "computed": "inferd:prompt_tokens_total",
+}
 
 
 async def _prefix_counts(client, base_url: str) -> dict[str, float] | None:
@@ -300,9 +303,11 @@ def run_conversations(
             "model": model,
             "conversations": f"{len(conversations)} of {turns} turns, "
             + ("at once" if math.isinf(request_rate) else f"starting at {request_rate:g}/s"),
-            "prefix cache hit rate": "n/a" if counts is None
+            "prefix cache hit rate": "n/a"
+            if counts is None
             else f"{counts['hits'] / counts['queries']:.3f}",
-            "prompt tokens computed": "n/a" if counts is None
+            "prompt tokens computed": "n/a"
+            if counts is None
             else f"{counts['computed']:.0f} of {counts['queries']:.0f}",
         },
         notes=count_mismatches(timings, [r.output_len for c in conversations for r in c]),

@@ -116,7 +116,8 @@ def add_engine_arguments(parser: argparse.ArgumentParser, model_positional: bool
     parser.add_argument("--kv-offload-memory", type=size_arg, default=None,
                         help="a RAM tier of this many bytes behind the KV cache, shared by the "
                              "server's replicas: computed blocks are kept there and a prompt's "
-                             "blocks load back instead of being recomputed (default: none)")  # fmt: skip
+                             "blocks load back instead of being recomputed "
+                             "(default: none)")  # fmt: skip
     parser.add_argument("--kv-offload-dir", default=None,
                         help="a disk tier for KV blocks in this folder (with --kv-offload-disk): "
                              "shared by the replicas, and the next start of the same model "

@@ -5,9 +5,8 @@ them (the embedded Gemma 3 270M has none)."""
 
 from __future__ import annotations
 
-import time
-
 import json
+import time
 
 import pytest
 from fake_client import ScriptedClient
@@ -219,8 +218,9 @@ def test_llama_vim_and_llama_vscode_bodies_through_the_server(served):
 
 def test_the_time_limits_end_the_request_with_limit(served):
     # No token can come within 1 µs-ish of arrival: the prompt's limit ends it, empty.
-    body = {"input_prefix": "def f(x):\n" + "    x = x + 1\n" * 12, "input_suffix": "\n",
-            "n_predict": 64, "ignore_eos": True, "temperature": 0, "t_max_prompt_ms": 1}  # fmt: skip
+    prefix = "def f(x):\n" + "    x = x + 1\n" * 12
+    body = {"input_prefix": prefix, "input_suffix": "\n", "n_predict": 64, "ignore_eos": True,
+            "temperature": 0, "t_max_prompt_ms": 1}  # fmt: skip
     computed = _prompt_tokens_computed(served)
     r = served.post("/infill", json=body)
     assert r.status_code == 200, r.text

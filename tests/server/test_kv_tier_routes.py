@@ -13,10 +13,10 @@ from fake_client import ScriptedClient
 from starlette.testclient import TestClient
 
 from inferd.engine.frontend.async_core_client import AsyncCoreClient, CoreReplica
-from inferd.kv_tier_stats import TierStats
 from inferd.engine.transport import ipc
 from inferd.engine_client import EngineStats
 from inferd.errors import EngineDeadError, InvalidRequest
+from inferd.kv_tier_stats import TierStats
 from inferd.server.app import ServerSettings, create_app
 from inferd.server.metrics.prometheus import ServerMetrics
 

@@ -11,11 +11,16 @@ import time
 import pytest
 import torch
 
-from inferd.engine.kv_tiers.block_entry import HEADER_BYTES, EntryRefused, check_entry, encode_header
+from inferd.engine.kv_tiers.block_entry import (
+    HEADER_BYTES,
+    EntryRefused,
+    check_entry,
+    encode_header,
+)
 from inferd.engine.kv_tiers.block_store import BlockStore
 from inferd.engine.kv_tiers.connector import KVConnector
-from inferd.kv_tier_stats import TierStats, merge_tiers
 from inferd.engine.scheduling.kv_cache import NULL_BLOCK
+from inferd.kv_tier_stats import TierStats, merge_tiers
 from tests.unit.test_scheduler import BS, add, fake_output, make
 
 IDENTITY = b"i" * 32
@@ -73,8 +78,11 @@ def test_write_read_private_files_and_other_models_ignored(tmp_path):
     assert other.read(h(1)) is None and other.snapshot().damaged == 1
     assert not other.path_of(h(1)).exists()
     stats = s.snapshot()
-    assert (stats.hits, stats.bytes_written, stats.bytes_read) == (1, HEADER_BYTES + PAYLOAD,
-                                                                   HEADER_BYTES + PAYLOAD)
+    assert (stats.hits, stats.bytes_written, stats.bytes_read) == (
+        1,
+        HEADER_BYTES + PAYLOAD,
+        HEADER_BYTES + PAYLOAD,
+    )
 
 
 def test_bound_evicts_least_recently_used(tmp_path):
@@ -239,4 +247,3 @@ def test_no_room_for_loaded_blocks_gives_them_back(tmp_path):
     assert not record.kv_loads and [r.seq_id for r in record.rows] != [seq.seq_id]
     assert kv.pools[0].num_free == free_before == 5
     assert not kv.pools[0].cached.keys() & set(seq.block_hashes)
-

@@ -5,13 +5,9 @@ from __future__ import annotations
 
 import logging
 import os
-from typing import TYPE_CHECKING
 
 from inferd.engine_snapshot import MemoryPrediction, MemorySnapshot
 from inferd.memory.snapshot import proc_status
-
-if TYPE_CHECKING:
-    from inferd.engine.core.core import EngineCore
 
 log = logging.getLogger(__name__)
 
@@ -64,7 +60,7 @@ _DENSE = {"torch.float32": "fp32", "torch.bfloat16": "bf16", "torch.float16": "f
 _KV = {**_DENSE, "torch.float8_e4m3fn": "fp8", "torch.int8": "int8"}
 
 
-def predict_memory(engine: EngineCore) -> MemoryPrediction | None:
+def predict_memory(engine) -> MemoryPrediction | None:  # an EngineCore (no import: a circle)
     """What `inferd memory` predicts for this engine's model, mode, step budget and context;
     None where its estimate does not cover the settings (it logs why)."""
     from inferd.memory.estimate import estimate_memory

@@ -227,8 +227,9 @@ class ModelRunner:
     def kv_layout(self) -> str:
         """What a block's bytes (`read_blocks`) are made of: dtype and shape of every tensor
         of every group. Equal layouts read and write the same bytes."""
-        return ";".join(f"{t.dtype}{list(t.shape[2:])}" for g in range(len(self.groups))
-                        for t in self.block_tensors(g)) + f"|block_size={self.block_size}"  # fmt: skip
+        tensors = [t for g in range(len(self.groups)) for t in self.block_tensors(g)]
+        shapes = ";".join(f"{t.dtype}{list(t.shape[2:])}" for t in tensors)
+        return f"{shapes}|block_size={self.block_size}"
 
     def block_bytes(self) -> int:
         """Bytes of one block of every group (a row of `read_blocks`)."""

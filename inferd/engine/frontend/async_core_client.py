@@ -256,7 +256,8 @@ class AsyncCoreClient:
         while self._sleep_level:  # NOTE: a loop: another sleep may come while this one wakes
             if not self.wake_on_request:
                 raise ModelAsleep(f"the model is asleep (level {self._sleep_level}): POST "
-                                  "/wake_up (or start the server with --wake-on-request)")  # fmt: skip
+                                  "/wake_up (or start the server with "
+                                  "--wake-on-request)")  # fmt: skip
             await self.wake_up()
         replica, send = self._admit(request_id, prompt, params, arrival_time)
         future = self._loop.create_future()

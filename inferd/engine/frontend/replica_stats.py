@@ -3,8 +3,8 @@ cache's usage is the fullest replica's, step timings pool every replica's steps.
 
 from __future__ import annotations
 
-from inferd.kv_tier_stats import merge_tiers
 from inferd.engine_client import EngineStats
+from inferd.kv_tier_stats import merge_tiers
 
 _SUMMED = ("num_running", "num_waiting", "num_preemptions", "prefix_cache_queries",
            "prefix_cache_hits", "prompt_tokens", "generation_tokens", "steps", "num_queue_timeouts",

@@ -29,7 +29,12 @@ import time
 from dataclasses import replace
 from pathlib import Path
 
-from inferd.engine.kv_tiers.block_entry import HEADER_BYTES, EntryRefused, check_entry, encode_header
+from inferd.engine.kv_tiers.block_entry import (
+    HEADER_BYTES,
+    EntryRefused,
+    check_entry,
+    encode_header,
+)
 from inferd.kv_tier_stats import TierStats
 
 log = logging.getLogger(__name__)
@@ -147,7 +152,8 @@ class BlockStore:
         if not self._warned:  # once: a full disk stays full for a while
             self._warned = True
             log.warning("KV %s tier: could not write a block in %s (%s): blocks that do not "
-                        "fit are not kept; the server goes on", self.name, self.folder, error)  # fmt: skip
+                        "fit are not kept; the server goes on", self.name, self.folder,
+                        error)  # fmt: skip
 
     # ---- the folder ---------------------------------------------------------------------------
     def _prepare(self) -> bool:

@@ -60,7 +60,7 @@ def remove_orphaned_memory_tiers() -> None:
     root = memory_tier_root(0).parent
     prefix = f"{MEMORY_FOLDER_PREFIX}{os.getuid()}-"
     for path in root.glob(prefix + "*"):
-        pid = path.name[len(prefix):]
+        pid = path.name[len(prefix) :]
         if pid.isdigit() and not _alive(int(pid)):
             shutil.rmtree(path, ignore_errors=True)
 

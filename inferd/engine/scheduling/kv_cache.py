@@ -259,8 +259,9 @@ class KVCacheManager:
         seq.registered_blocks = max(seq.registered_blocks, full)
         return named
 
-    def add_loaded_blocks(self, prefix: tuple[int, list[list[int]]], hashes: list[bytes],
-                          count: int) -> tuple[tuple[int, list[list[int]]], list[list[int]]] | None:  # fmt: skip
+    def add_loaded_blocks(
+        self, prefix: tuple[int, list[list[int]]], hashes: list[bytes], count: int
+    ) -> tuple[tuple[int, list[list[int]]], list[list[int]]] | None:
         """Extend a cached `prefix` (from `find_cached_prefix`) by `count` blocks read from a KV
         tier: fresh blocks, named at once (their contents arrive before the step runs:
         StepRecord.kv_loads). A sliding group takes only the blocks inside its window. Returns

@@ -354,7 +354,7 @@ class Scheduler:
     def _look_ahead(self) -> None:
         """Start the tier lookups of the first waiting prompts (once each), from the block
         past what the pool holds now."""
-        for seq in list(self.waiting)[: LOOKAHEAD]:
+        for seq in list(self.waiting)[:LOOKAHEAD]:
             if seq.num_computed or seq.request.needs_every_position:
                 continue
             if seq.seq_id not in self.connector.lookups:

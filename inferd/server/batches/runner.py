@@ -40,6 +40,7 @@ class BatchService(Protocol):
     app: Any  # the server's ASGI app: each line goes through its own route
     store: FileStore
 
+
 log = logging.getLogger(__name__)
 
 RETRY_S = 1.0  # the wait before a 503'd line is sent again, when no Retry-After says otherwise
