@@ -57,7 +57,6 @@ class EngineStats:
     prompt_tokens: int  # prompt tokens computed (cache hits excluded, recompute included)
     generation_tokens: int
     steps: int
-    num_queue_timeouts: int = 0  # requests ended unscheduled past max_queue_time
     # Where the steps' time went (inferd/step_timing.py); None from engines that do not time.
     step_timing: StepTiming | None = None
     # Speculative decoding, vLLM's spec_decode_* counters (inferd/spec_decode/metrics.py); all
@@ -76,6 +75,8 @@ class EngineStats:
     kv_saves_dropped: int = 0
     kv_lookups_late: int = 0
     sleep_level: int = 0  # 0 awake, else the level of POST /sleep (engine/core/sleep_mode.py)
+    # NOTE: fields are added last: tests and callers build EngineStats positionally.
+    num_queue_timeouts: int = 0  # requests ended unscheduled past max_queue_time
 
 
 class TokenizerLike(Protocol):

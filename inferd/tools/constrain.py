@@ -71,6 +71,9 @@ def forced_function(tool_choice: Any, functions: list[Function]) -> str | None:
     if tool_choice in (None, "none", "auto"):
         return None
     if tool_choice == "required":
+        if not functions:  # nothing could be called: no grammar to force
+            message = "tool_choice 'required' needs at least one tool, and tools is empty"
+            raise InvalidRequest("tool_choice", message)
         return ""
     if isinstance(tool_choice, dict) and tool_choice.get("type") == "function":
         name = (tool_choice.get("function") or {}).get("name")

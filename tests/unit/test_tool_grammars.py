@@ -163,7 +163,7 @@ def test_nothing_forced_for_none_and_auto():
 @pytest.mark.parametrize(
     ("tools", "choice", "needle"),
     [
-        ([], "required", "tools must be a non-empty list"),
+        ([], "required", "tool_choice 'required' needs at least one tool"),
         ([{"type": "retrieval"}], "required", "tools[0].type: only"),
         (
             [{"type": "function", "function": {"name": "a b"}}],
