@@ -5,7 +5,10 @@ of inferd's blocks, with and without offsets), with a vocabulary in the file's m
 
 from __future__ import annotations
 
+from contextlib import contextmanager
+
 import numpy as np
+import pytest
 
 HIDDEN, HEADS, KV_HEADS, HEAD_DIM, INTER, LAYERS, VOCAB = 128, 4, 2, 32, 256, 2, 512
 
@@ -95,3 +98,20 @@ def write_tiny_gguf(path, arch: str, fim: str | None = None) -> None:
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()
     writer.close()
+
+
+@contextmanager
+def tiny_llama_llm(folder, **engine):
+    """An offline engine on a tiny random Llama GGUF written in `folder`, its packed blocks kept
+    out of the weight cache; shut down on exit."""
+    from inferd import LLM
+
+    path = folder / "tiny-llama.gguf"
+    write_tiny_gguf(path, "llama")
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("INFERD_WEIGHT_CACHE", "0")  # a test file's blocks stay out of the cache
+        llm = LLM(model=str(path), **engine)
+        try:
+            yield llm
+        finally:
+            llm.shutdown()

@@ -10,21 +10,19 @@ import time
 from dataclasses import replace
 
 import pytest
-from tiny_gguf import VOCAB, write_tiny_gguf
+from tiny_gguf import VOCAB, tiny_llama_llm
 
-from inferd import LLM, SamplingParams
+from inferd import SamplingParams
 
 GREEDY = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
 
 
 @pytest.fixture(scope="module")
 def llm(tmp_path_factory):
-    path = tmp_path_factory.mktemp("tiny") / "tiny-llama.gguf"
-    write_tiny_gguf(path, "llama")
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setenv("INFERD_WEIGHT_CACHE", "0")  # a test file's blocks stay out of the cache
-        yield LLM(model=str(path), kv_cache_memory=16 << 20, max_num_seqs=2,
-                  scheduling_policy="priority", max_queue_time=60.0)  # fmt: skip
+    with tiny_llama_llm(tmp_path_factory.mktemp("tiny"), kv_cache_memory=16 << 20,
+                        max_num_seqs=2, scheduling_policy="priority",
+                        max_queue_time=60.0) as llm:  # fmt: skip
+        yield llm
 
 
 def _prompts(n: int) -> list[list[int]]:

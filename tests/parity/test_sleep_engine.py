@@ -8,9 +8,9 @@ from __future__ import annotations
 import weakref
 
 import pytest
-from tiny_gguf import write_tiny_gguf
+from tiny_gguf import tiny_llama_llm
 
-from inferd import LLM, SamplingParams
+from inferd import SamplingParams
 from inferd.errors import InvalidRequest, ModelAsleep, RequestsRunning
 
 GREEDY = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
@@ -19,13 +19,9 @@ PROMPT = list(range(5, 45))  # 40 tokens: two full blocks of 16 to name, cache a
 
 @pytest.fixture(scope="module")
 def llm(tmp_path_factory):
-    path = tmp_path_factory.mktemp("tiny") / "tiny-llama.gguf"
-    write_tiny_gguf(path, "llama")
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setenv("INFERD_WEIGHT_CACHE", "0")  # a test file's blocks stay out of the cache
-        llm = LLM(model=str(path), kv_cache_memory=16 << 20, kv_offload_memory=8 << 20)
+    with tiny_llama_llm(tmp_path_factory.mktemp("tiny"), kv_cache_memory=16 << 20,
+                        kv_offload_memory=8 << 20) as llm:  # fmt: skip
         yield llm
-        llm.shutdown()
 
 
 def _tokens(llm, prompt=PROMPT):

@@ -12,9 +12,8 @@ import asyncio
 import pytest
 from fake_client import ScriptedClient
 from starlette.testclient import TestClient
-from tiny_gguf import write_tiny_gguf
+from tiny_gguf import tiny_llama_llm
 
-from inferd import LLM
 from inferd.engine.frontend.async_core_client import AsyncCoreClient, CoreReplica
 from inferd.engine.frontend.async_engine import AsyncEngine
 from inferd.engine.transport import ipc
@@ -28,13 +27,8 @@ BODY = {"prompt": list(range(5, 45)), "max_tokens": 8, "temperature": 0, "ignore
 
 @pytest.fixture(scope="module")
 def llm(tmp_path_factory):
-    path = tmp_path_factory.mktemp("tiny") / "tiny-llama.gguf"
-    write_tiny_gguf(path, "llama")
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setenv("INFERD_WEIGHT_CACHE", "0")  # a test file's blocks stay out of the cache
-        llm = LLM(model=str(path), kv_cache_memory=16 << 20)
+    with tiny_llama_llm(tmp_path_factory.mktemp("tiny"), kv_cache_memory=16 << 20) as llm:
         yield llm
-        llm.shutdown()
 
 
 def _served(llm, **settings):
