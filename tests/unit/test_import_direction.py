@@ -59,24 +59,27 @@ ABOVE: dict[str, set[str]] = {
     "models": {"layers", "attention", "distributed", "cpu_kernels"},
     "loader": {"models", "layers", "distributed"},
     "memory": {"loader", "models"},  # parameter counts from the families' Architecture records
+    # capacity planning: memory figures, this machine's peaks by inferd's own kernels
+    "plan": {"memory", "loader", "models", "layers", "cpu_kernels"},
     "tokenizer": {"loader"},
     "profiling": {"layers", "cpu_kernels"},  # step timer, traces: instruments a model
     "spec_decode": set(),
     "engine": {"memory", "tokenizer", "loader", "models", "layers", "attention", "distributed",
-               "cpu_kernels", "profiling", "spec_decode", "structured"},
+               "cpu_kernels", "profiling", "spec_decode", "structured", "plan"},
     "structured": {"tokenizer", "loader"},
     "tools": {"structured", "tokenizer"},
     "llm": {"engine", "tokenizer", "loader", "tools"},
     # The engine only as an EngineClient (inferd/engine_client.py); request fields → grammar
     # specs and tool-call parsing are libraries it uses, not the engine.
     "server": {"structured", "tools"},
-    "bench": {"llm"},
+    "bench": {"llm", "plan"},
     # Ray Serve: the server's app over a RayEngineClient, engine clients in replicas. The
     # engines themselves come from factories that `commands` passes in.
     "ray_serve": {"server"},
     "inferd": {"llm"},  # the package root re-exports the offline API lazily (`_EXPORTS`)
     "commands": {"bench", "server", "llm", "engine", "memory", "loader", "tokenizer",
-                 "distributed", "cpu_kernels", "profiling", "spec_decode", "tools", "ray_serve"},
+                 "distributed", "cpu_kernels", "profiling", "spec_decode", "tools", "ray_serve",
+                 "plan"},
     "cli": {"commands"},
     "__main__": {"cli"},
 }  # fmt: skip
