@@ -77,6 +77,16 @@ class EngineStats:
     sleep_level: int = 0  # 0 awake, else the level of POST /sleep (engine/core/sleep_mode.py)
     # NOTE: fields are added last: tests and callers build EngineStats positionally.
     num_queue_timeouts: int = 0  # requests ended unscheduled past max_queue_time
+    # Disaggregated serving (engine/disaggregation/): the engine's role ("prefill", "decode";
+    # "" when it does both), the requests whose KV it handed on (prefill) or received
+    # (decode), the bytes that moved through the transfer tier (written by a prefill engine,
+    # read by a decode engine), the seconds spent moving them (a prefill engine's flush, a
+    # decode engine's reads), and the handed-on blocks a decode engine recomputed (late or lost).
+    engine_role: str = ""
+    kv_transfers: int = 0
+    kv_transfer_bytes: int = 0
+    kv_transfer_seconds: float = 0.0
+    kv_transfer_blocks_recomputed: int = 0
 
 
 class TokenizerLike(Protocol):

@@ -16,6 +16,7 @@ import logging
 from inferd.commands.engine_args import engine_config_from_args
 from inferd.commands.serve_app import model_app, serve_http, start_engine
 from inferd.commands.serve_args import add_arguments
+from inferd.commands.serve_disaggregation import disaggregates
 from inferd.commands.serve_features import (
     check_tool_flags,
     cors_settings,
@@ -33,6 +34,7 @@ log = logging.getLogger("inferd.serve")
 
 
 def run(args: argparse.Namespace) -> int:
+    split = disaggregates(args)  # --disaggregate: refused with what cannot go with it
     if serves_many(args):  # --model NAME=PATH ... or --models-dir (serve_models.py)
         return run_many(args)
     if uses_ray(args):  # the same server on Ray Serve, in front of engine replicas
@@ -55,7 +57,8 @@ def run(args: argparse.Namespace) -> int:
     cors = cors_settings(args)
     adapters = lora_modules(args)  # each adapter's config checked before the model loads
     runtime_lora = runtime_updating(args)
-    client, engine = start_engine(with_request_limits(engine_config_from_args(args), args), args)
+    client, engine = start_engine(with_request_limits(engine_config_from_args(args), args), args,
+                                  disaggregated=split)  # fmt: skip
     engine_started()
     app = model_app(args, client, engine, template, cors, adapters, runtime_lora)
     return serve_http(args, app, app.state.drain, client)

@@ -17,8 +17,9 @@ from inferd.commands.serve_startup import ServedModel, set_chat_template
 log = logging.getLogger("inferd.serve")
 
 
-def start_engine(config, args: argparse.Namespace):
-    """(the EngineClient the server uses, the served model): loads the model(s) now."""
+def start_engine(config, args: argparse.Namespace, disaggregated: bool = False):
+    """(the EngineClient the server uses, the served model): loads the model(s) now;
+    `disaggregated`: prefill and decode engines (serve_disaggregation.py)."""
     if not args.engine_core_process:
         if args.data_parallel_size > 1:
             raise ValueError("--data-parallel-size needs the engine core in its own process: "
@@ -30,9 +31,14 @@ def start_engine(config, args: argparse.Namespace):
         return AsyncEngine(engine, args.stall_timeout), ServedModel.of_engine(engine)
     from inferd.engine.frontend.async_core_client import AsyncCoreClient
 
-    client = AsyncCoreClient(config, args.data_parallel_size, args.data_parallel_routing,
-                             args.stall_timeout)  # fmt: skip
-    client.launch()
+    if disaggregated:
+        from inferd.commands.serve_disaggregation import disaggregated_client
+
+        client = disaggregated_client(config, args)
+    else:
+        client = AsyncCoreClient(config, args.data_parallel_size, args.data_parallel_routing,
+                                 args.stall_timeout)  # fmt: skip
+        client.launch()
     log.info("engine core processes: %s", ", ".join(map(str, client.pids)))
     model = ServedModel(client.tokenizer, client.model_config, client.checkpoint,
                         client.max_model_len, client.max_num_seqs)  # fmt: skip

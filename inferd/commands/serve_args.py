@@ -9,6 +9,7 @@ import os
 from inferd.commands.engine_args import add_engine_arguments, size_arg
 from inferd.commands.serve_api import add_api_arguments
 from inferd.commands.serve_batch import add_batch_arguments
+from inferd.commands.serve_disaggregation import add_disaggregation_arguments
 from inferd.commands.serve_features import add_feature_arguments
 from inferd.commands.serve_lora import add_lora_arguments
 from inferd.commands.serve_models import add_models_arguments
@@ -171,3 +172,4 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_api_arguments(parser)
     add_batch_arguments(parser)
     add_ray_arguments(parser)
+    add_disaggregation_arguments(parser)

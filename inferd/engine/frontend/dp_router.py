@@ -58,13 +58,30 @@ class Router:
         if self.policy == "round-robin":
             turn = next(self._turn)
             return live[turn % len(live)]
+        return self._by_prefix(prompt_token_ids, cache_salt, loads, live, least, lora)[0]
+
+    def choose_holding(self, prompt_token_ids: list[int], cache_salt: str | None,
+                       loads: list[int | None],
+                       lora: LoRARequest | None = None) -> tuple[int, int]:  # fmt: skip
+        """(the replica the prefix policy chooses, how many leading blocks of the prompt it
+        holds), hashed even with one live replica: disaggregated serving
+        (engine/disaggregation/) sends a prompt a decode engine holds whole past prefill."""
+        live = [i for i, n in enumerate(loads) if n is not None]
+        if not live:
+            raise NoReplica("every engine core replica is dead")
+        least = min(live, key=lambda i: (loads[i], i))
+        return self._by_prefix(prompt_token_ids, cache_salt, loads, live, least, lora)
+
+    def _by_prefix(self, prompt_token_ids: list[int], cache_salt: str | None,
+                   loads: list[int | None], live: list[int], least: int,
+                   lora: LoRARequest | None) -> tuple[int, int]:  # fmt: skip
         hashes = self.block_names(prompt_token_ids, cache_salt, lora)
         best, held = self._longest_holder(hashes, set(live))
-        chosen = least
+        chosen, kept = least, 0
         if best is not None and held and loads[best] - loads[least] <= self.slack:
-            chosen = best
+            chosen, kept = best, held
         self._remember(hashes, chosen)
-        return chosen
+        return chosen, kept
 
     def forget(self) -> None:
         """The replicas' prefix caches were emptied (a sleep): no replica holds any block."""

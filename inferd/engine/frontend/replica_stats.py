@@ -10,7 +10,8 @@ _SUMMED = ("num_running", "num_waiting", "num_preemptions", "prefix_cache_querie
            "prefix_cache_hits", "prompt_tokens", "generation_tokens", "steps", "num_queue_timeouts",
            "spec_decode_num_drafts", "spec_decode_num_draft_tokens",
            "spec_decode_num_accepted_tokens", "kv_blocks_saved", "kv_blocks_loaded",
-           "kv_saves_dropped", "kv_lookups_late")  # fmt: skip
+           "kv_saves_dropped", "kv_lookups_late", "kv_transfers", "kv_transfer_bytes",
+           "kv_transfer_seconds", "kv_transfer_blocks_recomputed")  # fmt: skip
 
 
 def merge_stats(stats: list[EngineStats]) -> EngineStats:
@@ -38,4 +39,5 @@ def merge_stats(stats: list[EngineStats]) -> EngineStats:
     merged["lora_requests"] = requests
     merged["kv_tiers"] = merge_tiers([s.kv_tiers for s in stats])
     merged["sleep_level"] = max(s.sleep_level for s in stats)  # replicas sleep together
+    merged["engine_role"] = "+".join(sorted({s.engine_role for s in stats if s.engine_role}))
     return EngineStats(**merged)  # NOTE: a field added to EngineStats needs its rule here
