@@ -26,6 +26,8 @@ MAX_LOGIT_BIAS = 100.0  # the OpenAI API's range for logit_bias values
 # Below this temperature, dividing the logits would overflow into a one-hot distribution anyway,
 # so the sampler takes the argmax (vLLM uses the same threshold).
 GREEDY_TEMPERATURE = 1e-5
+# The most candidates the infill sampler works on (its top_k's bound): it compares their texts.
+INFILL_MAX_CANDIDATES = 1024
 
 
 def _is_int(value: Any) -> bool:
@@ -107,6 +109,9 @@ class SamplingParams:
     # The reply must match a JSON schema / regex / choice / grammar (a dict is converted).
     structured_outputs: StructuredOutputsParams | None = None
     output_kind: RequestOutputKind = RequestOutputKind.CUMULATIVE
+    # llama.cpp's fill-in-the-middle filter after top_k / top_p / min_p
+    # (inferd/engine/sampling/infill_sampler.py): /infill's `samplers: [..., "infill"]`.
+    infill_sampler: bool = False
 
     def __post_init__(self) -> None:
         self.output_kind = RequestOutputKind(self.output_kind)
@@ -159,6 +164,8 @@ class SamplingParams:
         self.structured_outputs = self._normalize_structured_outputs(self.structured_outputs)
         if self.structured_outputs is not None:
             self._check_structured_combinations()
+        if self.infill_sampler:
+            self._check_infill_combinations()
 
     @staticmethod
     def _normalize_stop(stop: Any) -> list[str]:
@@ -224,6 +231,28 @@ class SamplingParams:
                     f"{name} cannot be combined with structured outputs "
                     f"({self.structured_outputs.field_name()}): the grammar decides which tokens "
                     "may come and when the reply ends",
+                )
+
+    def _check_infill_combinations(self) -> None:
+        """The infill sampler filters a bounded candidate set and may end the reply by choosing
+        an end-of-generation token: knobs that contradict either are refused."""
+        if not 0 < self.top_k <= INFILL_MAX_CANDIDATES:
+            raise InvalidRequest(
+                "top_k",
+                f"the infill sampler needs top_k in [1, {INFILL_MAX_CANDIDATES}] before it (it "
+                f"works on the top-k candidates, as llama.cpp's documents), got {self.top_k}",
+            )
+        for name, used in (
+            ("ignore_eos", self.ignore_eos),
+            ("min_tokens", self.min_tokens > 0),
+            ("allowed_token_ids", self.allowed_token_ids is not None),
+            ("structured_outputs", self.structured_outputs is not None),
+        ):
+            if used:
+                raise InvalidRequest(
+                    name,
+                    f"{name} cannot be combined with the infill sampler: it ends the reply by "
+                    "choosing an end-of-generation token when that is likely enough",
                 )
 
     @staticmethod

@@ -31,6 +31,7 @@ from inferd.engine.execution.setup import EngineSetup, describe_model, model_ide
 from inferd.engine.kv_tiers.connector import remove_memory_tier
 from inferd.engine.kv_tiers.open_tiers import check_tier_flags, open_connector
 from inferd.engine.sampling.grammar_mask import GrammarMasks
+from inferd.engine.sampling.infill_sampler import TokenPieces
 from inferd.engine.sampling.sampler import Sampler
 from inferd.engine.sampling.structured_outputs import (
     ConstraintStats,
@@ -97,7 +98,13 @@ class EngineCore:
         self.step_timer = StepTimer()
         self.trace = None  # a profiling.trace.TraceSession while a trace runs
         self._ended_trace: TraceFiles | None = None  # a trace that hit its step limit
-        sampler = Sampler(config.seed, setup.device, grammar=GrammarMasks(stats))
+        # The infill sampler reads token texts from the grammar engine's vocabulary; a model
+        # with FIM tokens builds it now, in the background (engine/sampling/infill_sampler.py).
+        pieces = TokenPieces(lambda: self.grammars.manager.info)
+        if getattr(self.tokenizer, "fim", None) is not None:
+            self.grammars.manager  # noqa: B018 - made here, on this thread, before the warm-up
+            pieces.warm()
+        sampler = Sampler(config.seed, setup.device, grammar=GrammarMasks(stats), pieces=pieces)
         self.executor = Executor(self.runner, sampler, self.eos_token_ids, self.step_timer)
         self._seq_ids = itertools.count()
         self._pending: list[CoreOutput] = []  # outputs of aborted requests, sent next step

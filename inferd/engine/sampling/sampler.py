@@ -15,6 +15,7 @@ documents which tokens each penalty counts):
  8. top_p: on the probabilities after top-k, keep the smallest most-likely-first set whose mass
     is >= top_p (at least one token; tokens tied with the last one kept stay too).
  9. min_p: drop the tokens whose probability (after 7-8) is < min_p × the largest one.
+    Rows with `infill_sampler` then go through llama.cpp's infill filter (infill_sampler.py).
 10. draw with the exponential race: argmax(p / E), E ~ Exp(1) independent per token. Rows whose
     request has a seed draw E from their own `generator`, everything else from the sampler's, so a
     seeded request gets the same tokens whatever else is in the batch.
@@ -60,6 +61,7 @@ from inferd.engine.sampling.filters import (
     take_rows,
 )
 from inferd.engine.sampling.grammar_mask import GrammarMasks
+from inferd.engine.sampling.infill_sampler import TokenPieces, infill_candidates
 from inferd.engine.sampling.logprobs import position_logprobs, prompt_logprobs
 from inferd.engine.sampling.penalties import apply_logit_processors
 from inferd.engine.sampling.sampling_row import SamplingRow
@@ -94,8 +96,10 @@ class Sampler:
         device: torch.device | str = "cpu",
         candidates: int = CANDIDATES,
         grammar: GrammarMasks | None = None,
+        pieces: TokenPieces | None = None,
     ):
         self.device = torch.device(device)
+        self.pieces = pieces  # token texts for the infill sampler (infill_sampler.py)
         self.generator = make_generator(seed, self.device)  # for rows without a seed
         self.candidates = candidates
         self.grammar = grammar or GrammarMasks()
@@ -153,9 +157,11 @@ class Sampler:
         temperature = torch.tensor([r.params.temperature for r in rows], device=x.device)
         x = x / temperature.unsqueeze(1)
         width = min(self.candidates, vocab)
-        plain, narrow, wide = [], [], []
+        plain, narrow, wide, infill = [], [], [], []
         for i, r in enumerate(rows):
-            if not filtered(r.params, vocab):
+            if r.params.infill_sampler:
+                infill.append(i)
+            elif not filtered(r.params, vocab):
                 plain.append(i)
             elif width < vocab and not width < r.params.top_k < vocab:
                 narrow.append(i)
@@ -172,6 +178,11 @@ class Sampler:
             wide += [narrow[j] for j in unfit]
         if wide:
             pools.append(self._wide(take_rows(x, wide), [rows[i] for i in wide], wide))
+        if infill:  # steps 7-9, then llama.cpp's infill filter (infill_sampler.py)
+            probs, ids, counts = infill_candidates(
+                take_rows(x, infill), [rows[i] for i in infill], width, self.pieces
+            )
+            pools.append(_Pool(infill, probs, ids, counts))
         states = self._noise(pools, rows)
         out = torch.empty(len(rows), dtype=torch.int64, device=x.device)
         for pool in pools:
