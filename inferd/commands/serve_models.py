@@ -2,8 +2,9 @@
 server, each loaded on its first request, in its own engine (core processes, KV pool) built
 exactly as a single-model server builds its one (serve.py), behind a dispatcher
 (server/multimodel/). `--max-loaded-models` bounds the engines alive at once (default 1: on a
-CPU each model takes the cores' memory bandwidth and its own KV pool); `--idle-unload` unloads
-a model idle that long. The engine flags apply to every model.
+CPU each model takes the cores' memory bandwidth and its own KV pool), `--max-loaded-memory`
+the memory they hold (serve_model_memory.py counts it); `--idle-unload` unloads a model idle
+that long. The engine flags apply to every model.
 
 A single `--model PATH` (or MODEL) serves one model exactly as before; the flags that name one
 model's things (a chat template, LoRA adapters, served names) are refused with several.
@@ -51,6 +52,16 @@ def add_models_arguments(parser: argparse.ArgumentParser) -> None:
         f"least recently used idle one (default {DEFAULT_MAX_LOADED})",
     )
     parser.add_argument(
+        "--max-loaded-memory",
+        type=_size,
+        default=None,
+        metavar="SIZE",
+        help="with several models: most memory the loaded models may hold together (weights, "
+        "KV pool and runtime of every engine process, estimated before a load and measured "
+        "after it), e.g. 8GiB; loading another unloads the least recently used idle ones until "
+        "it fits (default: no budget)",
+    )
+    parser.add_argument(
         "--idle-unload",
         type=float,
         default=None,
@@ -58,6 +69,12 @@ def add_models_arguments(parser: argparse.ArgumentParser) -> None:
         help="with several models: unload a model that had no request for this many seconds "
         "(default: never; it stays until another model needs its seat)",
     )
+
+
+def _size(text: str) -> int:
+    from inferd.commands.engine_args import size_arg
+
+    return size_arg(text)
 
 
 def _split(value: str) -> tuple[str | None, str]:
@@ -75,7 +92,7 @@ def serves_many(args: argparse.Namespace) -> bool:
     named = [v for v in values if _split(v)[0] is not None]
     many = bool(args.models_dir or named or len(values) > 1)
     if not many:
-        for flag in ("max_loaded_models", "idle_unload"):
+        for flag in ("max_loaded_models", "max_loaded_memory", "idle_unload"):
             if getattr(args, flag) is not None:
                 raise ValueError(f"--{flag.replace('_', '-')}: only with several models "
                                  "(--model NAME=PATH, --models-dir)")  # fmt: skip
@@ -169,15 +186,40 @@ def model_loader(args: argparse.Namespace):
     return load
 
 
-def build_server(args: argparse.Namespace, loader=None):
-    """(the dispatcher wrapped in the key check and CORS, its drain)."""
+def model_estimator(args: argparse.Namespace):
+    """(name, path) → the model's estimated memory (blocking): serve_model_memory.py."""
+    from inferd.commands.engine_args import engine_config_from_args
+    from inferd.commands.serve_model_memory import estimate_model
+
+    def estimate(name: str, path: str):
+        own = copy.copy(args)
+        own.model, own.model_pos = path, None
+        return estimate_model(engine_config_from_args(own), args.data_parallel_size)
+
+    return estimate
+
+
+def model_measure(args: argparse.Namespace):
+    from inferd.commands.serve_model_memory import measure_model
+
+    async def measure(app):
+        return await measure_model(app, args.data_parallel_size, args.tensor_parallel_size)
+
+    return measure
+
+
+def build_server(args: argparse.Namespace, loader=None, estimator=None):
+    """(the dispatcher wrapped in the key check and CORS, its drain). `loader`, `estimator`:
+    what loads a model's app and estimates its memory (tests pass small ones)."""
     from starlette.middleware.cors import CORSMiddleware
 
     from inferd.commands.serve_features import check_tool_flags, cors_settings
+    from inferd.commands.serve_model_stop import stop_engine
     from inferd.server.app import DEFAULT_MAX_REQUEST_BYTES
     from inferd.server.http.auth import APIKeyMiddleware
     from inferd.server.multimodel.dispatcher import Dispatcher, DispatchSettings
     from inferd.server.multimodel.drain import PoolDrain
+    from inferd.server.multimodel.memory import size_text
     from inferd.server.multimodel.metrics import ModelMetrics
     from inferd.server.multimodel.pool import ModelPool, ModelSlot
 
@@ -187,8 +229,11 @@ def build_server(args: argparse.Namespace, loader=None):
     specs = model_specs(args)
     metrics = ModelMetrics(list(specs))
     max_loaded = args.max_loaded_models or DEFAULT_MAX_LOADED
+    budget = args.max_loaded_memory
     pool = ModelPool({n: ModelSlot(n, p) for n, p in specs.items()}, loader or model_loader(args),
-                     max_loaded, args.idle_unload, metrics)  # fmt: skip
+                     max_loaded, args.idle_unload, metrics, budget,
+                     estimator or model_estimator(args), model_measure(args),
+                     stop_engine)  # fmt: skip
     settings = DispatchSettings(args.max_request_bytes or DEFAULT_MAX_REQUEST_BYTES,
                                 args.max_queue_time)  # fmt: skip
     app = Dispatcher(pool, metrics, settings)
@@ -199,9 +244,11 @@ def build_server(args: argparse.Namespace, loader=None):
     app = CORSMiddleware(app, allow_origins=cors.allowed_origins,
                          allow_methods=cors.allowed_methods, allow_headers=cors.allowed_headers,
                          allow_credentials=cors.allow_credentials)  # fmt: skip
-    log.info("serving %d models, at most %d loaded at once%s: %s", len(specs), max_loaded,
+    log.info("serving %d models, at most %d loaded at once%s, %s: %s", len(specs), max_loaded,
              " (--max-loaded-models)" if args.max_loaded_models else " (the default; "
-             "--max-loaded-models)", ", ".join(specs))  # fmt: skip
+             "--max-loaded-models)", f"holding at most {size_text(budget)} together "
+             "(--max-loaded-memory)" if budget else "no memory budget (--max-loaded-memory)",
+             ", ".join(specs))  # fmt: skip
     return app, PoolDrain(pool)
 
 

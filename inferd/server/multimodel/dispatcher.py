@@ -24,9 +24,10 @@ from starlette.responses import JSONResponse, Response
 from starlette.types import Receive, Scope, Send
 
 from inferd.server.http.errors import SERVER_ERROR, APIError
+from inferd.server.multimodel.keep_alive import only_unloads, take_keep_alive, unloaded_reply
 from inferd.server.multimodel.metrics import ModelMetrics
-from inferd.server.multimodel.pool import LOADED, ModelLoadError, ModelPool, memory_bytes
-from inferd.server.ollama.models import LATEST, OLLAMA_API_VERSION
+from inferd.server.multimodel.pool import LOADED, ModelLoadError, ModelPool, ModelTooLarge
+from inferd.server.ollama.models import FOREVER, LATEST, OLLAMA_API_VERSION, when
 from inferd.version import __version__
 
 log = logging.getLogger(__name__)
@@ -45,6 +46,17 @@ CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 class DispatchSettings:
     max_request_bytes: int
     max_queue_time_s: float | None = None  # bound on waiting for a model's load
+
+
+def _json(body: bytes) -> Any:
+    """The body's JSON value; None when it has none (the model's route answers a body that is
+    not JSON with its own 400)."""
+    if not body:
+        return None
+    try:
+        return json.loads(body)
+    except ValueError:
+        return None
 
 
 class Dispatcher:
@@ -74,11 +86,16 @@ class Dispatcher:
             if own is not None:
                 return await (await own(path))(scope, receive, send)
         body = await self._read_body(scope, receive) if method in ("POST", "PUT", "PATCH") else b""
-        name = self._model_of(scope, body)
+        fields = _json(body)
+        name = self._model_of(scope, fields)
+        keep_alive, body = take_keep_alive(path, fields, body)
         if self.pool.draining:
             raise APIError(503, "the server is shutting down", SERVER_ERROR,
                            code="shutting_down", headers={"Retry-After": "1"})  # fmt: skip
-        slot = await self._acquire(name)
+        if only_unloads(path, fields, keep_alive):  # `ollama stop`
+            await self.pool.expire(name)
+            return await unloaded_reply(path, fields["model"])(scope, receive, send)
+        slot = await self._acquire(name, keep_alive)
         replayed = False
 
         async def replay() -> dict:
@@ -93,9 +110,13 @@ class Dispatcher:
         finally:
             self.pool.release(slot)
 
-    async def _acquire(self, name: str):
+    async def _acquire(self, name: str, keep_alive_s: float | None):
         try:
-            return await asyncio.wait_for(self.pool.acquire(name), self.settings.max_queue_time_s)
+            return await asyncio.wait_for(self.pool.acquire(name, keep_alive_s),
+                                          self.settings.max_queue_time_s)  # fmt: skip
+        except ModelTooLarge as e:
+            raise APIError(500, str(e), SERVER_ERROR, param="model",
+                           code="model_too_large") from None  # fmt: skip
         except ModelLoadError as e:
             raise APIError(500, str(e), SERVER_ERROR, param="model",
                            code="model_load_failed") from None  # fmt: skip
@@ -121,16 +142,11 @@ class Dispatcher:
             if not message.get("more_body", False):
                 return b"".join(chunks)
 
-    def _model_of(self, scope: Scope, body: bytes) -> str:
+    def _model_of(self, scope: Scope, fields: Any) -> str:
         name = None
-        if body:
-            try:
-                fields = json.loads(body)
-            except ValueError:
-                fields = None  # not JSON: the model's route answers that with its own 400
-            if isinstance(fields, dict):
-                name = fields.get("model") or (fields.get("name") if scope["path"] == "/api/show"
-                                               else None)  # fmt: skip
+        if isinstance(fields, dict):
+            name = fields.get("model") or (fields.get("name") if scope["path"] == "/api/show"
+                                           else None)  # fmt: skip
         if not name:
             query = parse_qs(scope.get("query_string", b"").decode("latin-1"))
             name = (query.get("model") or [None])[0]
@@ -168,26 +184,42 @@ class Dispatcher:
         return {"/metrics": self._metrics, "/version": self._version,
                 "/api/version": self._ollama_version}.get(path)  # fmt: skip
 
-    async def _card(self, name: str) -> dict[str, Any]:
+    def _card(self, name: str) -> dict[str, Any]:
         slot = self.pool.slots[name]
         card = {"id": name, "object": "model", "created": self.created, "owned_by": "inferd",
                 "root": slot.path, "state": slot.state}  # fmt: skip
         if slot.state == LOADED:
             card["max_model_len"] = slot.app.state.inferd.info.max_model_len
-            card["memory_bytes"] = await memory_bytes(slot)
+            card["expires_at"] = self._expires_at(slot)
+        if slot.memory is not None:  # measured while loaded, else the estimate, once made
+            card["memory"] = slot.memory.to_dict()
+            if slot.state == LOADED:
+                card["memory_bytes"] = slot.memory.total
         if slot.error is not None:
             card["last_error"] = slot.error
         return card
 
+    def _budget(self) -> dict[str, Any]:
+        """What the limits allow and what the models hold now."""
+        seats = sum(s.state != "available" for s in self.pool.slots.values())
+        return {"max_loaded_models": self.pool.max_loaded, "models_held": seats,
+                "max_memory_bytes": self.pool.max_memory,
+                "memory_used_bytes": self.pool.memory_used()}  # fmt: skip
+
+    def _expires_at(self, slot) -> str:
+        """When `slot` unloads if no request comes, as Ollama's expires_at (RFC 3339)."""
+        at = self.pool.expires_at(slot)
+        return FOREVER if at is None else when(time.time() + at - time.monotonic())
+
     async def _models(self, path: str) -> Response:
         if path == "/v1/models":
-            cards = [await self._card(n) for n in self.pool.names()]
-            return JSONResponse({"object": "list", "data": cards})
+            cards = [self._card(n) for n in self.pool.names()]
+            return JSONResponse({"object": "list", "data": cards, "budget": self._budget()})
         name = path[len("/v1/models/") :]
         if name not in self.pool.slots:
             raise APIError(404, f"the model {name!r} does not exist", param="model",
                            code="model_not_found")  # fmt: skip
-        return JSONResponse(await self._card(name))
+        return JSONResponse(self._card(name))
 
     async def _tags(self, path: str) -> Response:
         return JSONResponse({"models": [self._ollama_entry(n, 0) for n in self.pool.names()]})
@@ -195,15 +227,17 @@ class Dispatcher:
     async def _ps(self, path: str) -> Response:
         models = []
         for slot in self.pool.loaded():
-            size = await memory_bytes(slot) or 0
+            memory = slot.memory
+            size = memory.total if memory else 0
             models.append(
                 {
                     **self._ollama_entry(slot.name, size),
-                    "size_vram": 0,
+                    "size_vram": size if memory and memory.on_gpu else 0,
+                    "expires_at": self._expires_at(slot),
                     "context_length": slot.app.state.inferd.info.max_model_len,
                 }
             )
-        return JSONResponse({"models": models})
+        return JSONResponse({"models": models, "budget": self._budget()})
 
     def _ollama_entry(self, name: str, size: int) -> dict[str, Any]:
         return {"name": name + LATEST, "model": name + LATEST, "size": size,
@@ -232,8 +266,7 @@ class Dispatcher:
         while True:
             message = await receive()
             if message["type"] == "lifespan.startup":
-                if self.pool.idle_unload_s is not None:
-                    self._idle_task = asyncio.ensure_future(self._unload_idle())
+                self._idle_task = asyncio.ensure_future(self._expire())
                 await send({"type": "lifespan.startup.complete"})
             elif message["type"] == "lifespan.shutdown":
                 if self._idle_task is not None:
@@ -242,11 +275,10 @@ class Dispatcher:
                 await send({"type": "lifespan.shutdown.complete"})
                 return
 
-    async def _unload_idle(self) -> None:
-        period = min(max(self.pool.idle_unload_s / 4, 0.05), 5.0)
+    async def _expire(self) -> None:
         while True:
-            await asyncio.sleep(period)
             try:
-                await self.pool.unload_idle()
+                await self.pool.run_expiry()
             except Exception:  # the sweep must outlive one failed unload
                 log.exception("unloading idle models")
+                await asyncio.sleep(1.0)

@@ -1,9 +1,12 @@
-"""Ollama's `keep_alive`: how long the model stays loaded after a request.
+"""Ollama's `keep_alive`: how long the model stays loaded after a request. Values are Ollama's:
+a number of seconds, or a Go duration string ("5m", "1h30m", "-1", "0s"); 0 unloads the model
+right after the request, a negative value keeps it loaded for good.
 
-This server loads its one model when it starts and keeps it until it stops, so a value that
-asks to keep the model (a duration, or a negative value: forever) is met, and one that asks to
-unload it (0) is a 400: nothing can unload the only model yet. Values are Ollama's: a number of
-seconds, or a Go duration string ("5m", "1h30m", "-1", "0s").
+A server of several models (`--model NAME=PATH ...`) honours it: its dispatcher reads it before
+the model's app sees the request (server/multimodel/keep_alive.py). A single-model server loads
+its one model when it starts and keeps it until it stops, so a value that asks to keep the
+model (a duration, or a negative value) is met, and one that asks to unload it (0) is a 400
+that says how to serve models that can unload.
 """
 
 from __future__ import annotations
@@ -39,10 +42,12 @@ def seconds(value: str | int | float) -> float:
 
 
 def check_keep_alive(value: str | int | float | None) -> None:
+    """A single-model server's check (see above)."""
     if value is None or seconds(value) != 0:
         return
     raise InvalidRequest(
         "keep_alive",
         "keep_alive: 0 asks to unload the model, which this server cannot do: it serves one "
-        "model, loaded until the server stops (any other keep_alive is met)",
+        "model, loaded until the server stops (any other keep_alive is met); to load and "
+        "unload models on request, start the server with --model NAME=PATH (one or more)",
     )

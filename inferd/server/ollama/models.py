@@ -26,7 +26,7 @@ LATEST = ":latest"
 # The Ollama API version whose routes and fields this server follows (clients compare it to
 # decide which fields they may send: think, format schemas, embed dimensions).
 OLLAMA_API_VERSION = "0.12.0"
-_FOREVER = "2318-01-01T00:00:00Z"  # expires_at of a model never unloaded (Ollama's keep_alive -1)
+FOREVER = "2318-01-01T00:00:00Z"  # expires_at of a model never unloaded (Ollama's keep_alive -1)
 
 
 class ShowBody(Body):
@@ -46,7 +46,7 @@ def _names(state: ServerState) -> list[str]:
     return [*state.model_names, *state.adapters]
 
 
-def _when(seconds: float) -> str:
+def when(seconds: float) -> str:
     return datetime.fromtimestamp(seconds, UTC).isoformat().replace("+00:00", "Z")
 
 
@@ -67,7 +67,7 @@ def _details(dtype: str) -> dict[str, Any]:
 
 def _entry(state: ServerState, name: str, size: int, dtype: str) -> dict[str, Any]:
     digest = hashlib.sha256(state.info.fingerprint.encode()).hexdigest()
-    return {"name": name + LATEST, "model": name + LATEST, "modified_at": _when(state.created),
+    return {"name": name + LATEST, "model": name + LATEST, "modified_at": when(state.created),
             "size": size, "digest": digest, "details": _details(dtype)}  # fmt: skip
 
 
@@ -82,7 +82,7 @@ async def tags(request: Request) -> dict[str, Any]:
 async def ps(request: Request) -> dict[str, Any]:
     state = get_state(request)
     size, on_gpu, dtype = await _memory(state)
-    loaded = {"expires_at": _FOREVER, "size_vram": on_gpu,
+    loaded = {"expires_at": FOREVER, "size_vram": on_gpu,
               "context_length": state.info.max_model_len}  # fmt: skip
     return {"models": [{**_entry(state, n, size, dtype), **loaded} for n in _names(state)]}
 
@@ -114,7 +114,7 @@ async def show(body: ShowBody, request: Request) -> dict[str, Any]:
         "details": _details(dtype),
         "model_info": info,
         "capabilities": capabilities(state),
-        "modified_at": _when(state.created),
+        "modified_at": when(state.created),
     }
 
 
