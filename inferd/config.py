@@ -51,6 +51,40 @@ class MoEConfig:
 
 
 @dataclass(frozen=True)
+class VisionConfig:
+    """A vision-language model's image side (inferd/models/vision_encoder.py and the family's
+    projector): a ViT encoder over square images cut into patches, whose features a projector
+    turns into `tokens_per_image` rows of the text model's embedding width. Each row replaces
+    one `image_token_id` placeholder of the prompt."""
+
+    kind: str  # "clip" (a class token, a norm before the layers) or "siglip"
+    hidden_size: int
+    intermediate_size: int
+    num_layers: int
+    num_heads: int
+    image_size: int  # pixels per side the encoder takes
+    patch_size: int
+    image_token_id: int  # the prompt's placeholder token, one per projected feature row
+    tokens_per_image: int  # placeholders (and projected rows) per image
+    num_channels: int = 3
+    layer_norm_eps: float = 1e-5
+    hidden_act: str = "quick_gelu"
+    # Which encoder output feeds the projector: hidden state `feature_layer` (HF's index into
+    # `hidden_states`: 0 the embeddings, -1 the last layer's output); "default" drops the class
+    # token, "full" keeps it.
+    feature_layer: int = -1
+    feature_select: str = "full"
+    post_norm: bool = False  # the encoder's final norm applies to the features (SigLIP's)
+    projector: str = "llava"  # "llava": linear, act, linear; "gemma3": avg-pool, norm, matrix
+    projector_act: str = "gelu"
+    projector_bias: bool = True
+
+    @property
+    def num_patches(self) -> int:
+        return (self.image_size // self.patch_size) ** 2
+
+
+@dataclass(frozen=True)
 class ModelConfig:
     architecture: str  # the Architecture record's name (inferd/models/registry.py): "llama", ...
     vocab_size: int
@@ -86,6 +120,7 @@ class ModelConfig:
     checkpoint_dtype: str = "float32"  # the precision the checkpoint was published in
     name: str = ""
     moe: MoEConfig | None = None  # Mixture-of-Experts MLPs (None: every MLP is dense)
+    vision: VisionConfig | None = None  # a vision-language model's image encoder (else None)
 
     def __post_init__(self) -> None:
         if not self.layer_types:

@@ -61,3 +61,7 @@ def check_config_matches_tensors(
             if name not in shapes:
                 raise ModelLoadError(f"{source}: the checkpoint has no {name} tensor")
             expect(name, shape)
+    for name, shape in record.model_tensors(config).items():
+        if name not in shapes:
+            raise ModelLoadError(f"{source}: the checkpoint has no {name} tensor")
+        expect(name, shape)

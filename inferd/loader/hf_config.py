@@ -174,6 +174,10 @@ def model_config_from_hf(
             f"{source}: unsupported architecture {archs or cfg.get('model_type')!r}; "
             f"inferd supports: {', '.join(supported_architectures())}"
         )
+    outer = r  # a vision-language checkpoint's whole file (its record's `hf_fields` read it)
+    if record.hf_text_config is not None:
+        cfg = cfg.get(record.hf_text_config)
+        r = ConfigReader(cfg, f"{source}: {record.hf_text_config}")
     if cfg.get("mlp_bias") or (record.hf_attention_bias and cfg.get("attention_bias")):
         raise ModelLoadError(
             f"{source}: checkpoints with MLP or output-projection biases are not supported"
@@ -219,7 +223,7 @@ def model_config_from_hf(
         name=name,
     )
     try:
-        fields.update(record.hf_fields(r))
+        fields.update(record.hf_fields(outer))
         explicit = _layer_types(r, n_layers)
         if explicit is not None:
             fields["layer_types"] = explicit

@@ -112,6 +112,12 @@ class Architecture:
     tool_call_format: str = "hermes"
     c_decoder: bool = True  # cpu_decoder.py computes its layers (dense gated MLPs only)
     tensor_parallel: bool = True  # its layers can be split over ranks (inferd/distributed/)
+    # A vision-language checkpoint's config.json key holding its text model's config (the
+    # shared fields are read there; `hf_fields` still sees the whole file); None: top level.
+    hf_text_config: str | None = None
+    # Tensors outside the decoder layers only this family has (a vision tower, a projector),
+    # with their shapes: the loader checks them as it checks the layers'.
+    model_tensors: Callable[[ModelConfig], dict[str, tuple[int, ...]]] = _no_tensors
 
     @property
     def norms_per_layer(self) -> int:

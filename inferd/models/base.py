@@ -81,15 +81,24 @@ class CausalLM(nn.Module):
         raise NotImplementedError
 
     def forward(
-        self, input_ids: torch.Tensor, positions: torch.Tensor, ctx: ForwardContext
+        self,
+        input_ids: torch.Tensor,
+        positions: torch.Tensor,
+        ctx: ForwardContext,
+        embeds: tuple[torch.Tensor, torch.Tensor] | None = None,
     ) -> torch.Tensor:
         """Flattened new tokens of a step → final hidden states [num_tokens, hidden].
+        `embeds` (index, rows): input embeddings that replace the token embeddings at those
+        indices of the step's tokens (a vision-language model's image features at the image's
+        placeholder tokens; engine/execution/runner.py gathers them).
 
         NOTE: the residual stream is float32 whatever the weights' dtype: matmuls run in the
         model dtype, but the running sum of layer outputs is not rounded to bf16 after every
         layer (HF rounds it; inferd is more precise there, and skips converting it back to
         float32 in every norm). In float32 runs this is exactly HF's computation."""
         h = self.model.embed_tokens(input_ids).float()
+        if embeds is not None:
+            h = h.index_copy(0, embeds[0], embeds[1].to(h.dtype))
         if self.cpu_decoder is not None and self.cpu_decoder.serves(ctx):
             h = self.cpu_decoder.run(h, positions, ctx)  # every step, whatever its rows
         else:
@@ -130,7 +139,7 @@ class CausalLM(nn.Module):
         if self.config.tie_word_embeddings:
             pending.discard("lm_head.weight")
         for name, weight in weights:
-            if name.endswith("rotary_emb.inv_freq"):
+            if name.endswith("rotary_emb.inv_freq") or self.skips_tensor(name):
                 continue
             if name == "lm_head.weight" and self.config.tie_word_embeddings:
                 continue  # some tied checkpoints still store a copy
@@ -166,6 +175,11 @@ class CausalLM(nn.Module):
             missing = ", ".join(sorted(pending)[:5])
             raise ModelLoadError(f"checkpoint lacks {len(pending)} tensors, e.g. {missing}")
         self.finalize()
+
+    def skips_tensor(self, name: str) -> bool:
+        """Whether the checkpoint tensor `name` is one the model does not use (a vision
+        tower's layers after the one its features come from)."""
+        return False
 
     def finalize(self) -> None:
         """After loading: each layer's method converts its weights to its format (blocks

@@ -18,7 +18,7 @@ from inferd.models.architecture import Architecture
 FAMILIES = (
     "llama", "mistral", "phi3", "qwen2", "qwen3", "gemma3",
     "qwen2_moe", "qwen3_moe", "olmoe", "mixtral", "gemma2", "granite", "olmo2",
-    "gpt_oss",
+    "gpt_oss", "llava",
 )  # fmt: skip
 
 

@@ -44,6 +44,9 @@ class SequenceStep:
     # of this row's hidden states it needs (engine/execution/pooler.py); None: a generating row.
     pooling: str | None = None
     adapter_slot: int = BASE_MODEL  # the LoRA slot its tokens run under (engine/scheduling/step.py)
+    # Input embeddings in place of some tokens' own (image features at their placeholders):
+    # (index among `token_ids` of the first, rows [n, hidden]) per run of such tokens.
+    embeds: tuple[tuple[int, torch.Tensor], ...] = ()
 
     @property
     def num_logits(self) -> int:

@@ -174,7 +174,11 @@ class ModelRunner:
         """Also returns, for steps with `all_logits`, the logits of all their new tokens.
         `timer` (the engine's StepTimer) learns where the forward begins; `pooled` receives,
         per index of a step with `pooling`, its part of the final hidden states."""
-        if self.graphs is not None and self.graphs.can_run(steps):
+        if (
+            self.graphs is not None
+            and self.graphs.can_run(steps)
+            and not any(s.embeds for s in steps)
+        ):
             if timer is not None:
                 timer.begin("forward")  # the graph copies its inputs itself
             return self.graphs.run(steps), {}
@@ -183,7 +187,13 @@ class ModelRunner:
         if timer is not None:
             timer.begin("forward")
         self._prepare_adapters(steps)
-        hidden = self.model(input_ids, batch.positions, ctx)
+        index, rows = _embeds_of(steps)
+        if index:  # image features at their placeholder tokens (SequenceStep.embeds)
+            embeds = (torch.tensor(index, dtype=torch.int64, device=self.device),
+                      torch.cat(rows).to(self.device))  # fmt: skip
+            hidden = self.model(input_ids, batch.positions, ctx, embeds)
+        else:
+            hidden = self.model(input_ids, batch.positions, ctx)
         last, offset, every = [], 0, {}
         for i, s in enumerate(steps):
             if s.all_logits:
@@ -284,6 +294,21 @@ class ModelRunner:
         for group, src, dst in copies:
             for cache in self.block_tensors(group):
                 cache[:, dst].copy_(cache[:, src])
+
+
+def _embeds_of(steps: list[SequenceStep]) -> tuple[list[int], list[torch.Tensor]]:
+    """(indices among the step's flattened tokens, row blocks in that order) of every
+    SequenceStep.embeds. NOTE: rows with embeds are prefill chunks, never verification rows,
+    so their tokens sit in the flattened batch as given."""
+    index: list[int] = []
+    rows: list[torch.Tensor] = []
+    offset = 0
+    for s in steps:
+        for start, block in s.embeds:
+            index.extend(range(offset + start, offset + start + block.shape[0]))
+            rows.append(block)
+        offset += len(s.token_ids)
+    return index, rows
 
 
 def _flat(steps: list[SequenceStep]) -> list[SequenceStep]:

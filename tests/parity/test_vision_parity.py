@@ -1,0 +1,104 @@
+"""Parity with HF transformers on a tiny random LLaVA checkpoint written by the test: prompt
+logits in float32 and greedy tokens with one and with two images, the image features put at
+their placeholder tokens (SequenceStep.embeds), the prompt prefilled in chunks that cut through
+an image (LLaVA's text model attends causally over image tokens, so a cut is exact)."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+from tiny_vision_models import hf_greedy_with_images, hf_pixels, make_tiny_llava, random_images
+
+from inferd.engine.execution.runner import ModelRunner, SequenceStep
+from inferd.loader import load_model, open_checkpoint
+
+
+@pytest.fixture(scope="module")
+def llava(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("llava")
+    hf = make_tiny_llava(folder)
+    model = load_model(open_checkpoint(folder), torch.float32, torch.device("cpu"))
+    return folder, hf, model
+
+
+def _prompt(image_token: int, tokens_per_image: int, images: int) -> list[int]:
+    text = [[17, 250, 33], [98, 5, 77, 120], [200, 41]]
+    out = [1]
+    for i in range(images):
+        out += text[i] + [image_token] * tokens_per_image
+    return out + text[-1]
+
+
+def _runs(prompt: list[int], image_token: int) -> list[tuple[int, int]]:
+    """(start, length) of each run of placeholder tokens."""
+    runs, i = [], 0
+    while i < len(prompt):
+        if prompt[i] == image_token:
+            j = i
+            while j < len(prompt) and prompt[j] == image_token:
+                j += 1
+            runs.append((i, j - i))
+            i = j
+        else:
+            i += 1
+    return runs
+
+
+def inferd_greedy(model, prompt, features, n, chunk: int, block_size: int = 4):
+    """Prefill in chunks of `chunk` tokens (each chunk given the image rows it covers), then
+    greedy decode, with shuffled block tables."""
+    image_token = model.config.vision.image_token_id
+    runner = ModelRunner(model, [64], block_size, torch.float32, torch.device("cpu"))
+    ids = list(range(1, 64))
+    random.Random(0).shuffle(ids)
+    tables = [ids[: (len(prompt) + n) // block_size + 1]]
+    runs = list(zip(_runs(prompt, image_token), features))
+    for start in range(0, len(prompt), chunk):
+        end = min(start + chunk, len(prompt))
+        embeds = []
+        for (at, length), rows in runs:
+            lo, hi = max(at, start), min(at + length, end)
+            if lo < hi:
+                embeds.append((lo - start, rows[lo - at : hi - at]))
+        logits = runner.execute([SequenceStep(prompt[start:end], start, tables,
+                                              needs_logits=end == len(prompt),
+                                              embeds=tuple(embeds))])  # fmt: skip
+    first, seq, tokens = logits[0].clone(), list(prompt), []
+    for _ in range(n):
+        token = int(logits[0].argmax())
+        tokens.append(token)
+        seq.append(token)
+        logits = runner.execute([SequenceStep([token], len(seq) - 1, tables)])
+    return first, tokens
+
+
+@pytest.mark.parametrize("images", [1, 2])
+def test_llava_matches_hf(llava, images):
+    folder, hf, model = llava
+    vision = model.config.vision
+    pics = random_images(images)
+    pixels = hf_pixels(folder, pics)
+    prompt = _prompt(vision.image_token_id, vision.tokens_per_image, images)
+    ref_logits, ref_tokens = hf_greedy_with_images(hf, prompt, pixels, 16)
+    with torch.no_grad():
+        features = model.encode_images(pixels)
+    assert features.shape == (images, vision.tokens_per_image, model.config.hidden_size)
+    for chunk in (len(prompt), 7):  # whole, then chunks cutting through every image
+        logits, tokens = inferd_greedy(model, prompt, list(features), 16, chunk)
+        torch.testing.assert_close(logits, ref_logits, rtol=1e-4, atol=1e-4)
+        assert tokens == ref_tokens
+
+
+def test_images_change_the_answer(llava):
+    # The parity above must see the images used: other pixels, other logits.
+    folder, _, model = llava
+    vision = model.config.vision
+    prompt = _prompt(vision.image_token_id, vision.tokens_per_image, 1)
+    with torch.no_grad():
+        a = model.encode_images(hf_pixels(folder, random_images(1, seed=0)))
+        b = model.encode_images(hf_pixels(folder, random_images(1, seed=1)))
+    la, _ = inferd_greedy(model, prompt, list(a), 0, len(prompt))
+    lb, _ = inferd_greedy(model, prompt, list(b), 0, len(prompt))
+    assert not torch.allclose(la, lb, atol=1e-3)
