@@ -30,6 +30,7 @@ BASE: dict[str, set[str]] = {
     "config": set(),
     "outputs": set(),
     "step_timing": set(),
+    "step_efficiency": {"step_timing"},  # MBU / MFU records: histograms of step_timing's kind
     "kv_tier_stats": set(),
     "engine_snapshot": set(),
     "block_hashes": set(),
@@ -46,6 +47,7 @@ BASE: dict[str, set[str]] = {
         "pooling_params",
         "errors",
         "step_timing",
+        "step_efficiency",
         "kv_tier_stats",
         "engine_snapshot",
     },
