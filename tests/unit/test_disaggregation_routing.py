@@ -140,3 +140,23 @@ def test_serve_flags_refuse_what_cannot_go_with_disaggregate():
     ]:
         with pytest.raises(ValueError, match=needle):
             disaggregates(_serve_args(*argv))
+
+
+def test_metrics_show_each_engines_role_and_transfers():
+    from inferd.server.metrics.prometheus import ServerMetrics
+
+    ledger = TransferLedger(engine_roles(1, 1))
+    ledger.handed_over(0, 0.5)
+    ledger.arrived(1, handed_blocks=4, cached_tokens=32, block_size=BS)
+    tiers = [TierStats("memory", bytes_written=1000), TierStats("memory", bytes_read=900)]
+    replicas = [ledger.annotate(i, _stats(t)) for i, t in enumerate(tiers)]
+    metrics = ServerMetrics("m", replica_stats=lambda: replicas)
+    text = metrics.render(merge_stats(replicas)).decode()
+    assert 'inferd:engine_role{engine="0",model_name="m",role="prefill"} 1.0' in text
+    assert 'inferd:engine_role{engine="1",model_name="m",role="decode"} 1.0' in text
+    assert 'inferd:kv_transfer_bytes_total{engine="0",model_name="m"} 1000.0' in text
+    assert 'inferd:kv_transfer_bytes_total{engine="1",model_name="m"} 900.0' in text
+    assert 'inferd:kv_transfer_blocks_recomputed_total{engine="1",model_name="m"} 2.0' in text
+    assert 'inferd:kv_transfer_seconds_total{engine="0",model_name="m"} 0.5' in text
+    colocated = ServerMetrics("m").render(_stats()).decode()
+    assert "engine_role" not in colocated and "kv_transfer" not in colocated

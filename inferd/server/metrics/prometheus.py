@@ -24,6 +24,7 @@ from prometheus_client import CONTENT_TYPE_LATEST as CONTENT_TYPE  # noqa: F401 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
 from inferd.outputs import RequestMetrics, RequestOutput, finish_reasons
+from inferd.server.metrics.disaggregation_metrics import DisaggregationMetrics
 from inferd.server.metrics.kv_tier_metrics import KVTierMetrics
 from inferd.server.metrics.step_metrics import StepTimingCollector
 from inferd.server.metrics.token_histogram import TokenHistogram
@@ -167,6 +168,7 @@ class ServerMetrics:
                                      [*per_engine, "lora_name"], registry=reg)  # fmt: skip
         self.per_engine = per_engine
         self.kv_tiers: KVTierMetrics | None = None  # registered once stats hold tiers
+        self.disaggregation: DisaggregationMetrics | None = None  # once stats carry a role
         self.model_name = model_name
         self.ttft = histogram("time_to_first_token_seconds", "Time to first token.", _LATENCY)
         self.itl = TokenHistogram(PREFIX + "inter_token_latency_seconds",
@@ -228,6 +230,11 @@ class ServerMetrics:
             if self.kv_tiers is None:
                 self.kv_tiers = KVTierMetrics(PREFIX, self.registry, self.per_engine)
             self.kv_tiers.update(labels, stats, self._advance)
+        if getattr(stats, "engine_role", ""):  # disaggregated serving: prefill or decode
+            if self.disaggregation is None:
+                self.disaggregation = DisaggregationMetrics(PREFIX, self.registry,
+                                                            self.per_engine)  # fmt: skip
+            self.disaggregation.update(labels, stats, self._advance)
 
     def _advance(self, counter, key: tuple[str, str], value: float) -> None:
         """Counters advance by what the engine's cumulative count grew since the last look."""
