@@ -3,7 +3,9 @@ shapes: different outputs) behind the dispatcher with --max-loaded-models 1, eac
 real loader (serve_app.py, the in-process engine to keep the test fast): alternating requests
 give each model's own greedy tokens (equal to the model run alone), loads and unloads are counted
 in /metrics, a file that does not load fails only its own requests, an unknown name is a 404,
-and two names for one file are refused at start."""
+and two names for one file are refused at start; --idle-unload unloads by itself (the engine
+stopped, not dead), the KV pool estimated before a load is the one the engine allocates, and
+--data-parallel-size 2 gives each model its own two core processes."""
 
 from __future__ import annotations
 
@@ -121,3 +123,58 @@ def test_the_flags_that_cannot_mean_anything_are_refused(files):
         build_server(parse("--model", f"a={one}", "--chat-template", "{{ x }}"))
     with pytest.raises(ValueError, match="--ray: not with several models"):
         build_server(parse("--model", f"a={one}", "--ray"))
+
+
+def card_of(http: TestClient, model: str) -> dict:
+    return http.get(f"/v1/models/{model}").json()
+
+
+def test_idle_unload_unloads_and_the_budget_counts_the_engines_own_kv_pool(files, monkeypatch):
+    """--idle-unload with a short value: the model unloads by itself (its engine stopped, not
+    dead); the KV pool estimated before the load is the one the engine allocates."""
+    import time
+
+    monkeypatch.setenv("INFERD_WEIGHT_CACHE", "0")
+    args = parse("--model", f"llama={files / 'llama.gguf'}", "--model",
+                 f"qwen2={files / 'qwen2.gguf'}", "--idle-unload", "0.3",
+                 "--max-loaded-memory", "64GiB", *ENGINE)  # fmt: skip
+    app, _ = build_server(args)
+    with TestClient(app) as http:
+        assert complete(http, "llama").status_code == 200
+        loaded = card_of(http, "llama")
+        assert loaded["state"] == "loaded" and loaded["memory"]["source"] == "measured"
+        deadline = time.monotonic() + 30
+        while card_of(http, "llama")["state"] != "available" and time.monotonic() < deadline:
+            time.sleep(0.05)
+        card = card_of(http, "llama")
+        assert card["state"] == "available" and "last_error" not in card
+        assert card["memory"]["source"] == "estimated"
+        assert card["memory"]["kv_pool_bytes"] == loaded["memory"]["kv_pool_bytes"]
+        budget = http.get("/v1/models").json()["budget"]
+        assert budget["memory_used_bytes"] == 0 and budget["max_memory_bytes"] == 64 << 30
+        metrics = http.get("/metrics").text
+    assert sample(metrics, "inferd:model_unloads_total", "llama") == 1
+
+
+@pytest.mark.slow  # four engine core processes start, one after the other (seconds each)
+def test_data_parallel_replicas_per_model(files, alone, monkeypatch):
+    """--data-parallel-size 2: each model its own two engine core processes; a request to each
+    model gets that model's tokens, and switching stops the other model's cores."""
+    monkeypatch.setenv("INFERD_WEIGHT_CACHE", "0")
+    engine = [f for f in ENGINE if f != "--no-engine-core-process"]
+    args = parse("--model", f"llama={files / 'llama.gguf'}", "--model",
+                 f"qwen2={files / 'qwen2.gguf'}", "--data-parallel-size", "2",
+                 "--max-loaded-models", "1", *engine)  # fmt: skip
+    app, _ = build_server(args)
+    with TestClient(app) as http:
+        cores = {}
+        for model in ("llama", "qwen2"):
+            r = complete(http, model)
+            assert r.status_code == 200, r.text
+            assert r.json()["choices"][0]["token_ids"] == alone[model]
+            slot = app.app.pool.slots[model]  # CORS → the dispatcher
+            cores[model] = [r.process for r in slot.app.state.inferd.client.replicas]
+            assert len(cores[model]) == 2
+            assert card_of(http, model)["memory"]["processes"] == 2
+        assert not any(core.alive for core in cores["llama"])  # unloaded for qwen2's seat
+        assert "last_error" not in card_of(http, "llama")
