@@ -21,6 +21,7 @@ from inferd.kv_tier_stats import TierStats
 from inferd.outputs import RequestOutput
 from inferd.pooling_params import PoolerConfig, PoolingParams
 from inferd.sampling_params import SamplingParams
+from inferd.step_efficiency import StepEfficiency
 from inferd.step_timing import StepTiming
 
 # A prompt as the engine takes it: text, token ids, or {"prompt": text or None,
@@ -87,6 +88,9 @@ class EngineStats:
     kv_transfer_bytes: int = 0
     kv_transfer_seconds: float = 0.0
     kv_transfer_blocks_recomputed: int = 0
+    # Bytes read, FLOPs, MBU and MFU of the steps (inferd/step_efficiency.py); None from
+    # engines that do not count them.
+    step_efficiency: StepEfficiency | None = None
 
 
 class TokenizerLike(Protocol):

@@ -21,6 +21,7 @@ from inferd.memory_trim import malloc_trim
 from inferd.outputs import EmbeddingRequestOutput, RequestOutput
 from inferd.pooling_params import PoolingParams
 from inferd.sampling_params import SamplingParams
+from inferd.step_efficiency import StepEfficiency
 from inferd.step_timing import StepTiming
 from inferd.tools.templates import prepare_messages
 
@@ -115,6 +116,11 @@ class LLM:
     def step_timing(self) -> StepTiming:
         """Cumulative time per step phase (`.minus(earlier)` for a span of work)."""
         return self.engine.step_timing()
+
+    def step_efficiency(self) -> StepEfficiency | None:
+        """Cumulative bytes read, FLOPs, MBU and MFU of the steps (`.minus(earlier)` for a
+        span); None when the engine does not count them (docs/profiling.md)."""
+        return self.engine.step_efficiency()
 
     def kv_cache_bytes(self) -> int:
         """Bytes of the KV pool this process allocated."""

@@ -71,10 +71,11 @@ class StepTimer:
         if self.ranges is not None:
             self.ranges.switch(phase)
 
-    def finish(self, num_tokens: int, prefill: bool) -> None:
-        """Record the step: `num_tokens` computed, `prefill` when any were prompt tokens."""
+    def finish(self, num_tokens: int, prefill: bool) -> float | None:
+        """Record the step: `num_tokens` computed, `prefill` when any were prompt tokens.
+        Returns its seconds; None when no step was in progress (it was cancelled)."""
         if self._phase is None:
-            return
+            return None
         now = perf_counter()
         self._spent[self._phase] += now - self._mark
         self._phase = None
@@ -86,6 +87,7 @@ class StepTimer:
         self._steps[kind].observe(now - self._started)
         self._tokens[kind].observe(num_tokens)
         self.last = {**self._spent, "step": now - self._started}
+        return now - self._started
 
     def cancel(self) -> None:
         """Drop the step in progress (it scheduled nothing, or failed)."""

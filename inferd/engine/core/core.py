@@ -26,6 +26,7 @@ from dataclasses import replace
 from inferd.config import EngineConfig
 from inferd.engine.core.core_output import CoreOutput, CoreRequest
 from inferd.engine.core.sleep_mode import SleepMode
+from inferd.engine.core.step_efficiency_meter import engine_meter
 from inferd.engine.execution.executor import Executor
 from inferd.engine.execution.setup import EngineSetup, describe_model, model_identity, set_up_engine
 from inferd.engine.kv_tiers.connector import remove_memory_tier
@@ -49,6 +50,7 @@ from inferd.outputs import RequestMetrics
 from inferd.profiling.step_timer import StepTimer
 from inferd.sampling_params import SamplingParams
 from inferd.spec_decode import SpeculativeConfig
+from inferd.step_efficiency import StepEfficiency
 from inferd.step_timing import StepTiming
 from inferd.version import __version__
 
@@ -96,6 +98,8 @@ class EngineCore:
                                    config.scheduling_policy, config.max_queue_time)  # fmt: skip
         # The phases of every step (inferd/step_timing.py); a trace, while one runs.
         self.step_timer = StepTimer()
+        # Each step's bytes read and FLOPs, MBU and MFU (inferd/step_efficiency.py).
+        self.efficiency = engine_meter(setup, config)
         self.trace = None  # a profiling.trace.TraceSession while a trace runs
         self._ended_trace: TraceFiles | None = None  # a trace that hit its step limit
         # The infill sampler reads token texts from the grammar engine's vocabulary; a model
@@ -196,7 +200,9 @@ class EngineCore:
             timer.cancel()
             log.exception("step failed")
             outputs += self.scheduler.fail_step(record, e)
-        timer.finish(record.num_tokens, prefill)
+        seconds = timer.finish(record.num_tokens, prefill)
+        if seconds is not None:
+            self.efficiency.observe(record.rows, seconds, prefill)
         if self.trace is not None and self.trace.count_step():
             log.warning("the trace reached %d steps: stopping it", self.trace.max_steps)
             self._ended_trace = self.stop_profile()
@@ -223,7 +229,8 @@ class EngineCore:
 
     def stats(self) -> EngineStats:
         stats = replace(self.scheduler.stats(), step_timing=self.step_timer.snapshot(),
-                        sleep_level=self.sleep_mode.level)  # fmt: skip
+                        sleep_level=self.sleep_mode.level,
+                        step_efficiency=self.efficiency.snapshot())  # fmt: skip
         if self.connector is None:
             return stats
         c = self.connector.counters
@@ -257,6 +264,10 @@ class EngineCore:
     def step_timing(self) -> StepTiming:
         """Cumulative phase timings of every step so far (inferd/step_timing.py)."""
         return self.step_timer.snapshot()
+
+    def step_efficiency(self) -> StepEfficiency:
+        """Bytes read, FLOPs, MBU and MFU of every step so far (inferd/step_efficiency.py)."""
+        return self.efficiency.snapshot()
 
     # ---- profiling (inferd/profiling/, docs/profiling.md) ------------------------------------
     def start_profile(self, directory: str) -> None:

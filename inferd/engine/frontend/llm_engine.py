@@ -29,6 +29,7 @@ from inferd.errors import EngineDeadError, InvalidRequest, ModelAsleep
 from inferd.outputs import EmbeddingRequestOutput, RequestOutput
 from inferd.pooling_params import PoolingParams
 from inferd.sampling_params import SamplingParams
+from inferd.step_efficiency import StepEfficiency
 from inferd.step_timing import StepTiming
 
 __all__ = ["EngineStats", "LLMEngine"]
@@ -133,6 +134,9 @@ class LLMEngine:
 
     def step_timing(self) -> StepTiming:
         return self.core.step_timing()
+
+    def step_efficiency(self) -> StepEfficiency | None:
+        return self.core.step_efficiency()
 
     def start_profile(self, directory: str) -> None:
         self.core.start_profile(directory)

@@ -21,6 +21,7 @@ from inferd.engine.transport import ipc
 from inferd.engine.transport.core_process import CoreProcess
 from inferd.engine_client import EngineStats, TraceFiles
 from inferd.errors import EngineDeadError
+from inferd.step_efficiency import StepEfficiency
 from inferd.step_timing import StepTiming
 
 STEP_WAIT_S = 0.5  # step() returns [] after this long without news (a caller may be stopped)
@@ -98,6 +99,9 @@ class ProcessCore:
 
     def step_timing(self) -> StepTiming | None:
         return self._stats.step_timing
+
+    def step_efficiency(self) -> StepEfficiency | None:
+        return self._stats.step_efficiency
 
     def start_profile(self, directory: str) -> None:
         self._call("start_profile", directory)

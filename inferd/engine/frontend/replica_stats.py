@@ -24,6 +24,10 @@ def merge_stats(stats: list[EngineStats]) -> EngineStats:
     for other in timings[1:]:
         timing = timing.plus(other)
     merged["step_timing"] = timing
+    counted = [s.step_efficiency for s in stats if s.step_efficiency is not None]
+    merged["step_efficiency"] = counted[0] if counted else None
+    for other in counted[1:]:
+        merged["step_efficiency"] = merged["step_efficiency"].plus(other)
     width = max(len(s.spec_decode_num_accepted_tokens_per_pos) for s in stats)
     merged["spec_decode_num_accepted_tokens_per_pos"] = tuple(
         sum(s.spec_decode_num_accepted_tokens_per_pos[j]
