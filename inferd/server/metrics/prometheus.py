@@ -25,6 +25,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, gene
 
 from inferd.outputs import RequestMetrics, RequestOutput, finish_reasons
 from inferd.server.metrics.disaggregation_metrics import DisaggregationMetrics
+from inferd.server.metrics.efficiency_metrics import EfficiencyCollector
 from inferd.server.metrics.kv_tier_metrics import KVTierMetrics
 from inferd.server.metrics.step_metrics import StepTimingCollector
 from inferd.server.metrics.token_histogram import TokenHistogram
@@ -199,6 +200,8 @@ class ServerMetrics:
         )
         self.steps = StepTimingCollector(PREFIX, model_name)
         reg.register(self.steps)
+        self.efficiency = EfficiencyCollector(PREFIX, model_name)  # MBU / MFU per step
+        reg.register(self.efficiency)
         self._last_counts: dict[tuple[str, str], int] = {}
         # request id → (tokens generated, time of the last one) at its previous output
         self._progress: dict[str, tuple[int, float]] = {}
@@ -207,6 +210,7 @@ class ServerMetrics:
         """The engine's stats (all replicas' when the client reports them one by one)."""
         replicas = self.replica_stats() if self.replica_stats is not None else [stats]
         self.steps.timings = [getattr(s, "step_timing", None) for s in replicas]
+        self.efficiency.records = [getattr(s, "step_efficiency", None) for s in replicas]
         for engine, s in enumerate(replicas):
             self._update_engine(str(engine), s)
 
