@@ -8,12 +8,10 @@ Measured once per machine (a few seconds) and kept as JSON in inferd's cache fol
 the CPU model, its feature flags and the core count, so a different machine (or a VM resized to
 other cores) measures again. `machine_peaks(refresh=True)` measures anew.
 
-How: bandwidth is the sum of a buffer eight times the largest last-level cache found on
-CPUs of this kind (256 MiB), read by every thread, median of several passes; matrix throughput is
-a product of 64 rows by a 2048 x 2048 matrix, float32/bfloat16/float16 by PyTorch's `F.linear`
-(what the engine runs for dense weights) and each GGUF block format by inferd's block kernel
-(`BlockWeight`, what the default mode runs for a GGUF file's blocks), with random weights.
-Wall-clock time with every thread: the peak a step could reach, on a machine to itself.
+How: bandwidth is the sum of a buffer eight times the last-level cache of this CPU (256 MiB),
+read by every thread, the fastest of several passes; matrix throughput is kernel_rates.py's
+(inferd's own block kernel for each GGUF format, PyTorch's `F.linear` for dense dtypes, at 1 to
+256 rows), one thread's times the threads.
 """
 
 from __future__ import annotations
@@ -22,6 +20,7 @@ import dataclasses
 import hashlib
 import json
 import logging
+import math
 import os
 import statistics
 import time
@@ -33,19 +32,9 @@ import inferd.cpu_info as cpu_info
 
 log = logging.getLogger(__name__)
 
-CACHE_VERSION = 1  # bump when the way of measuring changes: older entries are measured again
+CACHE_VERSION = 2  # bump when the way of measuring changes: older entries are measured again
 BANDWIDTH_BUFFER_BYTES = 256 << 20
-GEMM_ROWS, GEMM_SIZE = 64, 2048  # M x K @ K x N: compute-bound for every format here
-DENSE_FORMATS = ("float32", "bfloat16", "float16")
-# GGUF block formats the block kernel runs: (ggml type, byte offsets of the fp16 scales in a
-# block of the file's layout), so that random blocks hold finite scales.
-BLOCK_FORMATS: dict[str, tuple[int, tuple[int, ...]]] = {
-    "q8_0": (8, (0,)),
-    "q4_0": (2, (0,)),
-    "q4_k": (12, (0, 2)),
-    "q5_k": (13, (0, 2)),
-    "q6_k": (14, (208,)),
-}
+SAMPLE_S = 0.01  # a timed sample lasts several of the scheduler's time slices
 
 
 @dataclass(frozen=True)
@@ -59,6 +48,23 @@ class MachinePeaks:
     flops_s: dict[str, float]  # matrix throughput by weight format ("float32", "q4_k", ...)
     measured_at: str = ""  # UTC time of the measurement ("" for a published profile)
     threads: int = 0  # threads the measurement ran with (0: not measured here)
+    # format → {rows (as a string: JSON keys) → matrix throughput at that many rows}
+    flops_s_by_rows: dict[str, dict[str, float]] = dataclasses.field(default_factory=dict)
+
+    def flops_at(self, weight_format: str, rows: int) -> float:
+        """Matrix throughput of `weight_format` for a product of `rows` rows: the measured
+        curve, interpolated in log(rows) and flat beyond its ends; the peak without a curve."""
+        curve = self.flops_s_by_rows.get(weight_format.lower())
+        if not curve:
+            return self.flops_for(weight_format)
+        points = sorted((int(r), v) for r, v in curve.items())
+        if rows <= points[0][0]:
+            return points[0][1]
+        for (r0, v0), (r1, v1) in zip(points, points[1:], strict=False):
+            if rows <= r1:
+                t = (math.log(rows) - math.log(r0)) / (math.log(r1) - math.log(r0))
+                return v0 + t * (v1 - v0)
+        return points[-1][1]
 
     def flops_for(self, weight_format: str) -> float:
         """The matrix throughput of `weight_format`; a format not measured falls back to the
@@ -99,74 +105,59 @@ def describe_this_machine() -> str:
     return f"this machine: {cpu_info.cpu_model()}, {cores} cores, {' '.join(shown) or 'no SIMD'}"
 
 
-def _median_rate(work: float, fn: Callable[[], object], seconds: float, least: int = 3) -> float:
-    """`work` per second of `fn`, median over runs filling about `seconds` (at least `least`)."""
-    fn()  # warm: first touch, caches, thread pools
-    times: list[float] = []
-    start = time.perf_counter()
-    while len(times) < least or (time.perf_counter() - start < seconds and len(times) < 200):
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-    return work / statistics.median(times)
+def _best_rate(work: float, fn: Callable[[], object], seconds: float, least: int = 3) -> float:
+    """`work` per second of `fn` at its best: samples of enough calls to last SAMPLE_S each,
+    the fastest sample over about `seconds` (at least `least` samples).
+
+    The fastest, and a sample's time the lesser of its wall-clock time and the process's CPU
+    time over the threads: on a machine to itself these agree with the median wall-clock time,
+    and where other processes share the cores (a thread descheduled for a time slice stalls
+    its peers at the next barrier) they still measure the machine, not its load of the moment.
+    A peak is a ceiling: the roofline divides by it."""
+    import torch
+
+    threads = max(torch.get_num_threads(), 1)
+    t0 = time.perf_counter()
+    fn()  # warm: first touch, caches, thread pools; and how long one call takes
+    calls = max(1, min(1000, int(SAMPLE_S / max(time.perf_counter() - t0, 1e-6))))
+    best = math.inf
+    start, samples = time.perf_counter(), 0
+    while samples < least or (time.perf_counter() - start < seconds and samples < 100):
+        t0, c0 = time.perf_counter(), time.process_time()
+        for _ in range(calls):
+            fn()
+        wall, cpu = time.perf_counter() - t0, time.process_time() - c0
+        best = min(best, (min(wall, cpu / threads) if cpu > 0 else wall) / calls)
+        samples += 1
+    return work / best
 
 
 def measure_bandwidth(seconds: float) -> float:
     import torch
 
     buffer = torch.ones(BANDWIDTH_BUFFER_BYTES // 4, dtype=torch.float32)
-    return _median_rate(BANDWIDTH_BUFFER_BYTES, buffer.sum, seconds, least=5)
-
-
-def _dense_flops(dtype_name: str, seconds: float) -> float:
-    import torch
-    import torch.nn.functional as F
-
-    dtype = getattr(torch, dtype_name)
-    x = torch.randn(GEMM_ROWS, GEMM_SIZE).to(dtype)
-    w = (torch.randn(GEMM_SIZE, GEMM_SIZE) * 0.02).to(dtype)
-    return _median_rate(2.0 * GEMM_ROWS * GEMM_SIZE * GEMM_SIZE, lambda: F.linear(x, w), seconds)
-
-
-def random_block_weight(weight_format: str, rows: int, cols: int):
-    """A BlockWeight of `weight_format` with random integers and finite scales."""
-    import numpy as np
-
-    from inferd.layers.gguf_blocks import BlockWeight
-    from inferd.loader import gguf_quants as gq
-
-    ggml_type = BLOCK_FORMATS[weight_format][0]
-    per_block, nbytes = gq.BLOCK_LAYOUT[ggml_type]
-    count = rows * cols // per_block
-    raw = np.random.default_rng(0).integers(0, 256, (count, nbytes), dtype=np.uint8)
-    scale = np.frombuffer(np.float16(0.01).tobytes(), dtype=np.uint8)
-    for at in BLOCK_FORMATS[weight_format][1]:
-        raw[:, at : at + 2] = scale
-    return BlockWeight(*gq.unpack(raw, ggml_type, (rows, cols)))
-
-
-def _block_flops(weight_format: str, seconds: float) -> float:
-    import torch
-
-    w = random_block_weight(weight_format, GEMM_SIZE, GEMM_SIZE)
-    x = torch.randn(GEMM_ROWS, GEMM_SIZE)
-    return _median_rate(2.0 * GEMM_ROWS * GEMM_SIZE * GEMM_SIZE, lambda: w(x), seconds)
+    return _best_rate(BANDWIDTH_BUFFER_BYTES, buffer.sum, seconds, least=5)
 
 
 def measure_machine_peaks(seconds: float = 2.0) -> MachinePeaks:
-    """Measure this machine now (about `seconds`, spread over the figures)."""
+    """Measure this machine now (about `seconds` of measuring, plus a subprocess's start)."""
     import torch
 
-    from inferd.cpu_kernels import kernels_available
     from inferd.memory.measure import local_device_memory
+    from inferd.plan.kernel_rates import single_thread_rates
 
-    formats = list(DENSE_FORMATS) + (list(BLOCK_FORMATS) if kernels_available() else [])
-    share = seconds / (2 + len(formats))  # the bandwidth gets two shares: it matters most
-    bandwidth = measure_bandwidth(2 * share)
-    flops: dict[str, float] = {}
-    for name in formats:
-        rate = _dense_flops(name, share) if name in DENSE_FORMATS else _block_flops(name, share)
-        flops[name] = rate
+    threads = max(torch.get_num_threads(), 1)
+    bandwidth = measure_bandwidth(seconds / 4)
+    # NOTE: one thread's rates, times the threads: CPU time of one thread is what a shared
+    # machine still measures repeatably (the kernels split rows evenly over threads, so a
+    # compute-bound product scales with them); the memory ceiling is `bandwidth`, measured
+    # with every thread.
+    rates = single_thread_rates(seconds * 3 / 4)
+    curves = {fmt: {rows: rate * threads for rows, rate in curve.items()}
+              for fmt, curve in rates["by_rows"].items()}  # fmt: skip
+    flops = {fmt: rate * threads for fmt, rate in rates["peak"].items()}
+    for fmt, curve in curves.items():
+        flops[fmt] = max(flops.get(fmt, 0.0), *curve.values())
     return MachinePeaks(
         name=describe_this_machine(),
         cores=os.cpu_count() or 1,
@@ -174,7 +165,8 @@ def measure_machine_peaks(seconds: float = 2.0) -> MachinePeaks:
         memory_bandwidth_bytes_s=bandwidth,
         flops_s=flops,
         measured_at=time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
-        threads=torch.get_num_threads(),
+        threads=threads,
+        flops_s_by_rows=curves,
     )
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 
+from inferd.plan import kernel_rates
 from inferd.plan import machine_peaks as mp
 
 PEAKS = mp.MachinePeaks(
@@ -44,10 +45,10 @@ def test_a_damaged_cache_entry_is_measured_again(tmp_path, monkeypatch):
     assert mp.machine_peaks() == PEAKS and calls == [1]
 
 
-@pytest.mark.parametrize("fmt", sorted(mp.BLOCK_FORMATS))
+@pytest.mark.parametrize("fmt", sorted(kernel_rates.BLOCK_FORMATS))
 def test_random_block_weights_have_finite_values(fmt):
     import torch
 
     pytest.importorskip("inferd.cpu_kernels").kernel_library()
-    w = mp.random_block_weight(fmt, 32, 256)
+    w = kernel_rates.random_block_weight(fmt, 32, 256)
     assert torch.isfinite(w.dequantized()).all()
