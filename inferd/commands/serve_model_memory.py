@@ -40,8 +40,8 @@ def estimate_model(config, data_parallel_size: int) -> ModelMemory:
     defaults = ENGINE_DEFAULTS[kind]
     max_num_seqs = config.max_num_seqs or defaults["max_num_seqs"]
     batched = config.max_num_batched_tokens or defaults["max_num_batched_tokens"]
-    weights, runtime = _weights_and_runtime(config, checkpoint, kind, dtype, scheme.blocks,
-                                            kv_dtype, max_num_seqs, batched)  # fmt: skip
+    weights, runtime = _weights_and_runtime(config, checkpoint, kind, dtype, scheme, kv_dtype,
+                                            max_num_seqs, batched)  # fmt: skip
     if config.kv_cache_memory is None and kind == "cuda":
         # NOTE: the engine gives its KV pool whatever --gpu-memory-utilization leaves
         # (engine/scheduling/kv_budget.py), so its whole share of the device is its figure.
@@ -58,11 +58,27 @@ def estimate_model(config, data_parallel_size: int) -> ModelMemory:
                        processes, measured=False, on_gpu=kind == "cuda")  # fmt: skip
 
 
-def _weights_and_runtime(config, checkpoint, kind: str, dtype, blocks: bool, kv_dtype,
+def _attention(config, kind: str, scheme, kv_dtype) -> str:
+    """How the engine's attention backend holds a step's scores, as the estimate names it:
+    "fused" where no score matrix is made (Triton on a GPU; the C kernels for every row on a
+    CPU, which model_setup.py picks for GGUF blocks and --deterministic), else "torch"."""
+    import torch
+
+    if kind == "cuda":
+        return "torch" if config.attention_backend == "torch" else "fused"
+    if config.attention_backend not in ("auto", "cpu"):
+        return "torch"
+    from inferd.cpu_kernels import kernels_available
+
+    every_row = (scheme.blocks and kv_dtype != torch.float8_e4m3fn) or scheme.deterministic
+    return "fused" if every_row and kernels_available() else "torch"
+
+
+def _weights_and_runtime(config, checkpoint, kind: str, dtype, scheme, kv_dtype,
                          max_num_seqs: int, batched: int) -> tuple[int, int]:  # fmt: skip
     """(weights, activations + runtime overhead) of one process, as `inferd memory` estimates
-    them (the dashboard's prediction makes the same call); where its estimate does not cover the
-    settings, the checkpoint's size on disk and the overhead alone."""
+    them for the engine's attention backend; where its estimate does not cover the settings,
+    the checkpoint's size on disk and the overhead alone."""
     from inferd.memory.activations import runtime_overhead
     from inferd.memory.estimate import estimate_memory
     from inferd.memory.weights import checkpoint_weights
@@ -71,7 +87,7 @@ def _weights_and_runtime(config, checkpoint, kind: str, dtype, blocks: bool, kv_
     if config.quantization in ("int8", "int4", "fp8"):
         name = config.quantization
     elif config.dtype == "auto" and config.quantization in (None, "gguf"):
-        name, block_kernels = "auto", blocks
+        name, block_kernels = "auto", scheme.blocks
     mc = checkpoint.config
     max_len = min(config.max_model_len or mc.max_position_embeddings, mc.max_position_embeddings)
     try:
@@ -79,6 +95,7 @@ def _weights_and_runtime(config, checkpoint, kind: str, dtype, blocks: bool, kv_
                               max_model_len=max_len, concurrency=max_num_seqs,
                               max_num_batched_tokens=batched,
                               tensor_parallel_size=config.tensor_parallel_size, device=kind,
+                              attention_backend=_attention(config, kind, scheme, kv_dtype),
                               checkpoint=checkpoint_weights(checkpoint),
                               block_kernels=block_kernels)  # fmt: skip
     except ValueError:
@@ -99,8 +116,8 @@ async def measure_model(
     app, data_parallel_size: int, tensor_parallel_size: int
 ) -> ModelMemory | None:
     """What the loaded model's engine reports it holds (one replica's rank 0, times the
-    processes: each holds the same), the runtime part from the engine's own prediction; None
-    when its client cannot tell."""
+    processes: each holds the same), the runtime part from the engine's own prediction (the
+    pool keeps the estimate's when it made one); None when its client cannot tell."""
     from inferd.engine_client import SnapshotClient
     from inferd.memory.activations import runtime_overhead
 

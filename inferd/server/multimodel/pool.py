@@ -25,7 +25,7 @@ import asyncio
 import logging
 import time
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from inferd.server.multimodel.memory import ModelMemory, size_text
@@ -231,6 +231,9 @@ class ModelPool:
                 slot.measured = await self.measure(app)
             except Exception:  # the engine died meanwhile: its watch unloads it
                 log.exception("measuring the model %s", slot.name)
+            if slot.measured is not None and slot.estimate is not None:
+                # nothing measures the runtime part apart: one estimate for it, before and after
+                slot.measured = replace(slot.measured, runtime=slot.estimate.runtime)
         slot.state = LOADED
         self._watch_engine(slot)
         log.info("loaded the model %s in %.1f s%s", slot.name, seconds,
