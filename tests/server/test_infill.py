@@ -149,7 +149,7 @@ def test_sampler_chains_inferd_can_and_cannot_reproduce():
     def check(chain, **kw):
         check_samplers(chain, SamplingParams(**kw), samples=True)
 
-    check(["top_k", "top_p"], top_k=40, top_p=0.9)  # llama.vim's, less "infill"
+    check(["top_k", "top_p", "infill"], top_k=40, top_p=0.9)  # llama.vim's
     check(
         [
             "penalties",
@@ -169,7 +169,7 @@ def test_sampler_chains_inferd_can_and_cannot_reproduce():
     check(["top_p", "temperature"], top_p=0.9)  # temperature 1 does nothing: any place
     check_samplers([], SamplingParams(temperature=0.0), samples=False)  # n_predict 0
     refusals = [
-        (["top_k", "top_p", "infill"], {}, "infill"),
+        (["infill", "top_k"], {"top_k": 40}, "before 'top_k'"),  # infill filters last
         (["nucleus"], {}, "unknown sampler"),
         (["top_k"], {"top_k": 40, "top_p": 0.9}, "leaves out 'top_p'"),
         ([], {"temperature": 0.0}, "leaves out 'temperature'"),
@@ -209,8 +209,8 @@ def test_llama_vim_and_llama_vscode_bodies_through_the_server(served):
     whole = served.post("/infill", json={**warm, "response_fields": []}).json()
     assert whole["content"] == "" and whole["tokens_predicted"] == 0
     assert whole["stop_type"] == "limit" and whole["tokens_cached"] > 0
-    for field, value, words in (("id_slot", 1, "no slots"), ("n_cmpl", 3, "one completion"),
-                                ("samplers", ["top_k", "top_p", "infill"], "infill")):  # fmt: skip
+    for field, value, words in (("id_slot", 1, "no slots"), ("n_cmpl", 0, ">= 1"),
+                                ("samplers", ["top_p", "top_k"], "before 'top_k'")):  # fmt: skip
         r = served.post("/infill", json={**body, field: value})
         assert r.status_code == 400 and r.json()["error"]["param"] == field, r.text
         assert words in r.json()["error"]["message"]

@@ -4,6 +4,7 @@ and a seeded row's tokens alone and in a batch. No model; milliseconds."""
 
 from __future__ import annotations
 
+import msgspec
 import pytest
 import torch
 
@@ -121,7 +122,7 @@ def test_a_seeded_row_gets_the_same_tokens_alone_and_in_a_batch():
 
     def run(neighbours: int) -> list[int]:
         sampler, gen, out = Sampler(seed=7, pieces=TokenPieces(FakeInfo)), make_generator(11), []
-        for step in range(30):
+        for step in range(16):
             g = torch.Generator().manual_seed(step)
             mine = torch.randn(1, 40, generator=g) * 1.5
             noise = torch.randn(neighbours, 40, generator=g) * 3
@@ -152,3 +153,17 @@ def test_what_the_infill_sampler_cannot_be_combined_with(changes, param):
     with pytest.raises(InvalidRequest) as e:
         SamplingParams(**{"top_k": 40, "infill_sampler": True, **changes})
     assert e.value.param == param, str(e.value)
+
+
+def test_the_field_crosses_to_the_engine_core_process():
+    from inferd.engine.core.core_output import CoreRequest
+    from inferd.engine.transport import ipc
+
+    params = SamplingParams(top_k=40, top_p=0.9, infill_sampler=True)
+    add = ipc.Add(CoreRequest("r", [1, 2], params, 8, 0.0))
+    assert ipc.decode_to_core(ipc.encode(add)).request.params.infill_sampler is True
+    # A front end that does not know the field (an older one) sends none: off.
+    raw = msgspec.msgpack.decode(ipc.encode(add))
+    del raw["request"]["params"]["infill_sampler"]
+    older = ipc.decode_to_core(msgspec.msgpack.encode(raw))
+    assert older.request.params.infill_sampler is False and older.request.params.top_k == 40

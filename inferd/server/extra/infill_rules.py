@@ -18,9 +18,9 @@ is honoured when it means the same thing as that order at the request's values:
 - a parameter set away from its neutral value whose sampler the chain leaves out is refused:
   llama.cpp would drop it, and dropping a field the client sent is not honouring it.
 
-`infill` is refused: llama.cpp's FIM sampler merges candidates whose text is a prefix of
-another's and moves all mass to end-of-generation when those are likely enough, which needs the
-tokens' strings inside the engine's sampler; inferd's sampler has no such filter.
+`infill` (llama.cpp's fill-in-the-middle filter, engine/sampling/infill_sampler.py) runs after
+top_k, top_p and min_p in inferd's order, so it must come after those the request sets; the
+filter itself needs top_k (SamplingParams refuses it without).
 """
 
 from __future__ import annotations
@@ -31,11 +31,11 @@ from inferd.errors import InvalidRequest
 from inferd.sampling_params import SamplingParams
 
 # inferd's fixed order (sampler.py); the rank of each llama.cpp name that maps onto a stage.
-_RANK = {"penalties": 0, "temperature": 1, "top_k": 2, "top_p": 3, "min_p": 4}
+_RANK = {"penalties": 0, "temperature": 1, "top_k": 2, "top_p": 3, "min_p": 4, "infill": 5}
 # llama.cpp samplers that pass everything through at their default parameters, which inferd
 # keeps (it declares none of the fields that set them).
 _NO_OP = ("dry", "xtc", "typ_p", "top_n_sigma")
-KNOWN = (*_RANK, *_NO_OP, "infill")
+KNOWN = (*_RANK, *_NO_OP)
 
 
 def _active(params: SamplingParams) -> dict[str, str]:
@@ -66,13 +66,6 @@ def check_samplers(samplers: list[str] | None, params: SamplingParams, samples: 
     if samplers is None:
         return  # no chain given: inferd's own order, as on every other route
     for name in samplers:
-        if name == "infill":
-            raise InvalidRequest(
-                "samplers",
-                'samplers: "infill" (llama.cpp\'s fill-in-the-middle sampler) is not supported: '
-                "inferd's sampler has no filter that merges candidates by their text and favours "
-                'end-of-generation; leave it out (e.g. ["top_k", "top_p"])',
-            )
         if name not in KNOWN:
             raise InvalidRequest(
                 "samplers", f"samplers: unknown sampler {name!r}; known: {', '.join(KNOWN)}"
@@ -80,6 +73,8 @@ def check_samplers(samplers: list[str] | None, params: SamplingParams, samples: 
     if not samples:
         return
     active = _active(params)
+    if "infill" in samplers:
+        active["infill"] = "the infill sampler"
     for stage, value in active.items():
         if stage not in samplers:
             raise InvalidRequest(
@@ -96,8 +91,9 @@ def check_samplers(samplers: list[str] | None, params: SamplingParams, samples: 
                 raise InvalidRequest(
                     "samplers",
                     f"samplers applies {first!r} before {later!r}; inferd's order is fixed "
-                    f"(penalties, temperature, top_k, top_p, min_p) and at {active[first]} and "
-                    f"{active[later]} the two orders sample differently: list them in that order",
+                    f"(penalties, temperature, top_k, top_p, min_p, infill) and at "
+                    f"{active[first]} and {active[later]} the two orders sample differently: "
+                    "list them in that order",
                 )
 
 
