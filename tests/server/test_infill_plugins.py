@@ -218,3 +218,25 @@ def test_n_cmpl_samples_several_completions_of_one_prompt(served):
         assert [e["stop"] for e in mine].count(True) == 1 and mine[-1]["stop"]
         assert "".join(e["content"] for e in mine) == a["content"]
         assert mine[-1]["tokens_predicted"] == 6
+
+
+@pytest.mark.slow
+def test_through_a_server_with_its_engine_core_process(tmp_path, monkeypatch):
+    """`inferd serve` as users run it (the engine core in its own process): the infill flag
+    crosses with the request's params, the core reads token texts from its own vocabulary."""
+    import httpx
+    from server_helpers import start_server
+    from tiny_models import make_tiny_checkpoint
+
+    folder = make_tiny_checkpoint("llama", tmp_path, fim=True)
+    monkeypatch.setenv("INFERD_WEIGHT_CACHE", "0")
+    server = start_server("--model", str(folder), "--max-model-len", "256")
+    try:
+        with httpx.Client(base_url=server.url, timeout=120) as http:
+            body = {**LLAMA_VIM_FIM, **UNTIMED, "response_fields": [], "n_indent": 0, "seed": 5}
+            whole = http.post("/infill", json=body).json()
+            assert whole["stop_type"] == "eos" and whole["tokens_predicted"] == 1, whole
+            answers = http.post("/infill", json={**LLAMA_VSCODE_FIM, **UNTIMED}).json()
+            assert [a["index"] for a in answers] == [0, 1, 2], answers
+    finally:
+        server.stop()
