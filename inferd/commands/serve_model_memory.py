@@ -4,8 +4,8 @@ what the figure counts), for `--max-loaded-memory`.
 Before a load, `estimate_model` reads the checkpoint's config and tensor headers (nothing is
 loaded) and works out what the model's engine will allocate with the server's flags, with the
 engine's own functions: the weight scheme and KV dtype (model_setup.py), the KV pool as
-`plan_kv_pool` plans it from the KV budget (`--kv-cache-memory`, the CPU default, or on a GPU
-what `--gpu-memory-utilization` leaves once the weights are in), and `inferd memory`'s estimate
+`plan_kv_pool` plans it from the KV budget (`--kv-cache-memory`, or the CPU default), and
+`inferd memory`'s estimate
 of the weights, the largest step's activations and the runtime overhead. After a load,
 `measure_model` asks the engine what it holds (its snapshot: weights and KV pool).
 """
@@ -42,18 +42,14 @@ def estimate_model(config, data_parallel_size: int) -> ModelMemory:
     batched = config.max_num_batched_tokens or defaults["max_num_batched_tokens"]
     weights, runtime = _weights_and_runtime(config, checkpoint, kind, dtype, scheme, kv_dtype,
                                             max_num_seqs, batched)  # fmt: skip
-    if config.kv_cache_memory is None and kind == "cuda":
-        # NOTE: the engine gives its KV pool whatever --gpu-memory-utilization leaves
-        # (engine/scheduling/kv_budget.py), so its whole share of the device is its figure.
-        from inferd.memory.measure import local_device_memory
-
-        share = int(config.gpu_memory_utilization * local_device_memory("cuda"))
-        kv_pool = max(share - weights - runtime, 0)
-    else:
-        budget = config.kv_cache_memory or defaults["kv_cache_memory"]
-        plan = plan_kv_pool(tp_shard(mc, tp), budget, config.block_size, kv_element(kv_dtype),
-                            max_num_seqs, batched)  # fmt: skip
-        kv_pool = plan.total_bytes
+    # NOTE: on a GPU the server refuses a budget without --kv-cache-memory (serve_models.py):
+    # the engine would give its pool whatever --gpu-memory-utilization leaves.
+    budget = config.kv_cache_memory or defaults.get("kv_cache_memory")
+    if budget is None:
+        raise ValueError("the KV pool's size is known before a load only with --kv-cache-memory")
+    plan = plan_kv_pool(tp_shard(mc, tp), budget, config.block_size, kv_element(kv_dtype),
+                        max_num_seqs, batched)  # fmt: skip
+    kv_pool = plan.total_bytes
     return ModelMemory(weights * processes, kv_pool * processes, runtime * processes,
                        processes, measured=False, on_gpu=kind == "cuda")  # fmt: skip
 

@@ -157,6 +157,14 @@ def check_many(args: argparse.Namespace) -> None:
         raise ValueError(f"--max-loaded-models must be at least 1, got {args.max_loaded_models}")
     if args.idle_unload is not None and not args.idle_unload > 0:
         raise ValueError(f"--idle-unload must be a number of seconds > 0, got {args.idle_unload}")
+    if args.max_loaded_memory is not None and args.kv_cache_memory is None:
+        from inferd.platform import resolve_device
+
+        if resolve_device(args.device).type == "cuda":
+            raise ValueError("--max-loaded-memory on a GPU needs --kv-cache-memory: without it "
+                             "each model's engine sizes its KV pool to fill "
+                             "--gpu-memory-utilization of the device, so no budget could hold "
+                             "two models")  # fmt: skip
     from inferd.distributed.launch import launched_by_torchrun
 
     if launched_by_torchrun():  # its ranks would have to build every model in step

@@ -123,6 +123,21 @@ def test_the_flags_that_cannot_mean_anything_are_refused(files):
         build_server(parse("--model", f"a={one}", "--chat-template", "{{ x }}"))
     with pytest.raises(ValueError, match="--ray: not with several models"):
         build_server(parse("--model", f"a={one}", "--ray"))
+    with pytest.raises(ValueError, match="--max-loaded-memory: only with several models"):
+        serves_many(parse("--model", one, "--max-loaded-memory", "1GiB"))
+
+
+def test_a_memory_budget_on_a_gpu_needs_the_kv_pool_size(files, monkeypatch):
+    import torch
+
+    import inferd.platform
+
+    monkeypatch.setattr(inferd.platform, "resolve_device", lambda name: torch.device("cuda"))
+    one = str(files / "llama.gguf")
+    with pytest.raises(ValueError, match="--max-loaded-memory on a GPU needs --kv-cache-memory"):
+        build_server(parse("--model", f"a={one}", "--max-loaded-memory", "8GiB"))
+    build_server(parse("--model", f"a={one}", "--max-loaded-memory", "8GiB",
+                       "--kv-cache-memory", "1GiB"), loader=lambda n, p: None)  # fmt: skip
 
 
 def card_of(http: TestClient, model: str) -> dict:
