@@ -163,29 +163,30 @@ def infill_candidates(
     width = min(width, vocab)
     vals, ids = x.topk(width, dim=-1)
     keep, fits = keep_mask(x, vals, ids, [r.params for r in rows])
-    kept_rows: list[list[tuple[int, float]]] = []
+    # NOTE: the rest is per row in plain Python: one copy of the windows to the host, not a
+    # device synchronisation per row.
+    window = {i: (v, t, k) for i, (v, t, k) in enumerate(zip(vals.cpu(), ids.cpu(), keep.cpu()))}
     wide = [i for i, ok in enumerate(fits.tolist()) if not ok]
     if wide:  # ties past the window: the whole row, sorted (as the sampler's wide rows)
-        w_vals, w_ids = take_rows(x, wide).sort(dim=-1, descending=True)
-        w_keep, _ = keep_mask(take_rows(x, wide), w_vals, w_ids, [rows[i].params for i in wide])
+        part = take_rows(x, wide)
+        w_vals, w_ids = part.sort(dim=-1, descending=True)
+        w_keep, _ = keep_mask(part, w_vals, w_ids, [rows[i].params for i in wide])
+        for i, v, t, k in zip(wide, w_vals.cpu(), w_ids.cpu(), w_keep.cpu(), strict=True):
+            window[i] = (v, t, k)
     merge = pieces.piece if pieces is not None and pieces.available() else None
+    kept_rows: list[list[tuple[int, float]]] = []
     for i, row in enumerate(rows):
-        if i in wide:
-            k = wide.index(i)
-            row_vals, row_ids, row_keep = w_vals[k], w_ids[k], w_keep[k]
-        else:
-            row_vals, row_ids, row_keep = vals[i], ids[i], keep[i]
-        logits = row_vals[row_keep]
-        probs = torch.softmax(logits, dim=0).tolist()  # NOTE: this row's values only
+        row_vals, row_ids, row_keep = window[i]
+        probs = torch.softmax(row_vals[row_keep], dim=0).tolist()  # NOTE: this row's alone
         candidates = list(zip(row_ids[row_keep].tolist(), probs, strict=True))
         eog = frozenset(row.eos_token_ids) | frozenset(row.params.stop_token_ids)
-        end = row.eos_token_ids[0] if row.eos_token_ids else next(iter(row.params.stop_token_ids),
-                                                                   None)  # fmt: skip
+        stops = row.params.stop_token_ids
+        end = row.eos_token_ids[0] if row.eos_token_ids else (stops[0] if stops else None)
         kept_rows.append(sorted(infill_filter(candidates, eog, merge, end)))
     counts = [len(k) for k in kept_rows]
-    out_probs = torch.zeros((len(rows), max(counts)), dtype=torch.float32, device=x.device)
-    out_ids = torch.zeros((len(rows), max(counts)), dtype=torch.int64, device=x.device)
+    out_probs = torch.zeros((len(rows), max(counts)), dtype=torch.float32)
+    out_ids = torch.zeros((len(rows), max(counts)), dtype=torch.int64)
     for i, kept in enumerate(kept_rows):
         out_ids[i, : counts[i]] = torch.tensor([t for t, _ in kept], dtype=torch.int64)
         out_probs[i, : counts[i]] = torch.tensor([p for _, p in kept], dtype=torch.float32)
-    return out_probs, out_ids, counts
+    return out_probs.to(x.device), out_ids.to(x.device), counts
