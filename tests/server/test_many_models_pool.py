@@ -317,3 +317,26 @@ def test_single_model_keep_alive_refuses_only_unloading_values():
     with pytest.raises(Exception, match=r"--model NAME=PATH"):
         check_keep_alive(0)
     assert seconds("1h30m") == 5400 and seconds("-1m") == -60 and seconds(" 2.5 ") == 2.5
+
+
+def test_the_ollama_client_reads_ps_and_stop():
+    ollama = pytest.importorskip("ollama")
+    import httpx
+
+    fakes = Fakes({"a": 10 * MiB, "b": 10 * MiB})
+    args = parse("--model", "a=/m/a.gguf", "--model", "b=/m/b.gguf", "--max-loaded-memory",
+                 "1GiB", "--max-loaded-models", "2")  # fmt: skip
+    app, _ = build_server(args, loader=lambda n, p: fake_app(n), estimator=fakes.estimator)
+
+    async def run():
+        client = ollama.AsyncClient(host="http://testserver",
+                                    transport=httpx.ASGITransport(app))  # fmt: skip
+        await client.generate(model="a", keep_alive="10m")  # preload
+        (model,) = (await client.ps()).models
+        assert model.name == "a:latest" and model.size == 10 * MiB
+        left = (model.expires_at - datetime.now(UTC)).total_seconds()
+        assert 540 < left <= 600
+        stopped = await client.generate(model="a", keep_alive=0)  # what `ollama stop a` sends
+        assert stopped.done_reason == "unload" and (await client.ps()).models == []
+
+    asyncio.run(run())

@@ -5,9 +5,11 @@ A request's model is its JSON body's `model` (Ollama's /api/show also says `name
 `:latest` tag is dropped), else the query's `?model=`; a route that names none (GET /tokenizer_info,
 /dashboard, a body without `model`) goes to the one model loaded, or to the one model served,
 else gets a 400 asking for `model`. The body is read here (bounded by --max-request-bytes) and
-replayed to the model's app, whose own routes then parse it as in a single-model server.
-Waiting for the model's load (or for a seat to load it in) is bounded by --max-queue-time: a
-503 with Retry-After, as a request that waited too long in an engine's queue gets.
+replayed to the model's app, whose own routes then parse it as in a single-model server
+(less an Ollama request's `keep_alive`, which is the pool's: keep_alive.py). Waiting for the
+model's load (or for room to load it in) is bounded by --max-queue-time: a 503 with Retry-After,
+as a request that waited too long in an engine's queue gets. /v1/models and /api/ps carry each
+model's memory and the limits' use (`budget`).
 """
 
 from __future__ import annotations
@@ -26,7 +28,13 @@ from starlette.types import Receive, Scope, Send
 from inferd.server.http.errors import SERVER_ERROR, APIError
 from inferd.server.multimodel.keep_alive import only_unloads, take_keep_alive, unloaded_reply
 from inferd.server.multimodel.metrics import ModelMetrics
-from inferd.server.multimodel.pool import LOADED, ModelLoadError, ModelPool, ModelTooLarge
+from inferd.server.multimodel.pool import (
+    AVAILABLE,
+    LOADED,
+    ModelLoadError,
+    ModelPool,
+    ModelTooLarge,
+)
 from inferd.server.ollama.models import FOREVER, LATEST, OLLAMA_API_VERSION, when
 from inferd.version import __version__
 
@@ -201,7 +209,7 @@ class Dispatcher:
 
     def _budget(self) -> dict[str, Any]:
         """What the limits allow and what the models hold now."""
-        seats = sum(s.state != "available" for s in self.pool.slots.values())
+        seats = sum(s.state != AVAILABLE for s in self.pool.slots.values())
         return {"max_loaded_models": self.pool.max_loaded, "models_held": seats,
                 "max_memory_bytes": self.pool.max_memory,
                 "memory_used_bytes": self.pool.memory_used()}  # fmt: skip
