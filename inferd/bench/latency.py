@@ -22,7 +22,7 @@ from inferd.bench.metrics import (
     count_mismatches,
     summarize,
 )
-from inferd.bench.systems import System, begin_measured, step_breakdown
+from inferd.bench.systems import System, begin_measured, measured_efficiency, step_breakdown
 from inferd.bench.workload import BenchRequest, WorkloadSpec, make_requests
 
 
@@ -98,6 +98,7 @@ def run_latency(
             iteration_output_throughput=float(np.median(output[i])),
             notes=count_mismatches(timings[i], wanted),
             step_phases=phases[i],
+            step_efficiency=measured_efficiency(system),
             timings=timings[i],
         )
         for i, system in enumerate(systems)

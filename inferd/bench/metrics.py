@@ -19,6 +19,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from inferd.bench.efficiency import efficiency_dict
+
 DEFAULT_PERCENTILES: tuple[float, ...] = (50.0, 90.0, 99.0)
 
 
@@ -192,6 +194,9 @@ class SystemResult:
     # inferd: mean time per step phase over the measured part, per kind of step
     # (inferd/step_timing.py PhaseBreakdown); empty for peers.
     step_phases: list = field(default_factory=list)
+    # inferd: bytes read, FLOPs, MBU and MFU over the same steps (inferd/step_efficiency.py
+    # StepEfficiency); None for peers.
+    step_efficiency: object | None = None
     # The measured requests, for plots of their distributions (bench/plots.py); not in to_dict.
     timings: list[RequestTiming] = field(default_factory=list)
 
@@ -206,6 +211,7 @@ class SystemResult:
             "info": self.info,
             "notes": self.notes,
             "step_phases": [b.to_dict() for b in self.step_phases],
+            "step_efficiency": efficiency_dict(self.step_efficiency),
         }
 
 

@@ -12,6 +12,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from inferd.bench.efficiency import TABLE_ROWS, efficiency_lines
 from inferd.bench.metrics import Stats, SystemResult
 from inferd.bench.startup import StartupResult
 
@@ -88,6 +89,7 @@ def _rows() -> list[tuple[str, Callable[[SystemResult], float | None], str | Non
         *_stat_rows("TPOT", "tpot"),
         *_stat_rows("ITL", "itl"),
         *_stat_rows("E2EL", "e2el"),
+        *((label, get, None) for label, get in TABLE_ROWS),  # inferd's steps against the peaks
         ("Load time (s)", lambda r: r.load_seconds, None),
     ]
 
@@ -126,7 +128,7 @@ def print_results(
         console.print(f"  {r.system}: {escape(details)}")
         for note in r.notes:
             console.print(f"  [bold red]{r.system}: {escape(note)}[/]")
-        for line in phase_lines(r):
+        for line in phase_lines(r) + efficiency_lines(r):
             console.print(f"  {escape(line)}")
     for line in skipped:
         console.print(f"  [yellow]{escape(line)}[/]")

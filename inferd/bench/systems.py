@@ -45,6 +45,12 @@ def step_breakdown(system: System) -> list:
     return end() if end is not None else []
 
 
+def measured_efficiency(system: System):
+    """The system's bytes read, FLOPs, MBU and MFU over the measured part (a StepEfficiency,
+    inferd/step_efficiency.py), after `step_breakdown`; None for systems that do not count."""
+    return getattr(system, "measured_efficiency", None)
+
+
 def warm_up(system: System, vocab_id: int) -> None:
     """One tiny untimed request, so first-call costs (allocator growth, lazy kernels) are not
     charged to whichever request happens to run first."""
@@ -68,6 +74,7 @@ class InferdSystem:
         # Step phases of this system's own measured `generate` calls: one engine may serve two
         # systems (bench/constrained.py), whose steps must not be mixed.
         self._measuring, self._spent = False, None
+        self._counted = self.measured_efficiency = None  # the same span's bytes and FLOPs
 
         t0 = time.perf_counter()
         self.llm = LLM(**{f.name: getattr(config, f.name) for f in fields(config)})
@@ -107,10 +114,14 @@ class InferdSystem:
         params = [self.sampling_params(r) for r in requests]
         prompts = [self.prompt(r) for r in requests]
         before = self.llm.step_timing() if self._measuring else None
+        counted = self.llm.step_efficiency() if self._measuring else None
         outs = self.llm.generate(prompts, params, use_tqdm=False)
         if before is not None:
             spent = self.llm.step_timing().minus(before)
             self._spent = spent if self._spent is None else self._spent.plus(spent)
+        if counted is not None:
+            span = self.llm.step_efficiency().minus(counted)
+            self._counted = span if self._counted is None else self._counted.plus(span)
         timings = []
         for out in outs:
             m = out.metrics
@@ -132,6 +143,7 @@ class InferdSystem:
 
     def begin_measured(self) -> None:
         self._measuring, self._spent = True, None
+        self._counted = self.measured_efficiency = None
         if self.profile_dir:
             self.llm.start_profile(self.profile_dir)
 
@@ -141,6 +153,7 @@ class InferdSystem:
         if self.profile_dir:
             self.trace = self.llm.stop_profile()
         spent, self._measuring = self._spent, False
+        self.measured_efficiency = self._counted
         if spent is None:
             return []
         return [b for b in (spent.breakdown("decode"), spent.breakdown("prefill")) if b]

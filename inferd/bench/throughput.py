@@ -20,7 +20,13 @@ from inferd.bench.metrics import (
     compute_metrics,
     count_mismatches,
 )
-from inferd.bench.systems import System, begin_measured, step_breakdown, warm_up
+from inferd.bench.systems import (
+    System,
+    begin_measured,
+    measured_efficiency,
+    step_breakdown,
+    warm_up,
+)
 from inferd.bench.workload import BenchRequest, WorkloadSpec, make_requests
 
 
@@ -67,6 +73,7 @@ def run_throughput(
             info=dict(system.info),
             notes=count_mismatches(timings[i], wanted),
             step_phases=phases[i],
+            step_efficiency=measured_efficiency(system),
             timings=timings[i],
         )
         for i, system in enumerate(systems)

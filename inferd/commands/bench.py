@@ -197,6 +197,7 @@ def _run_local(args: argparse.Namespace) -> int:
     from rich.markup import escape
 
     from inferd.bench import latency, report, throughput
+    from inferd.bench.efficiency import ensure_peaks
     from inferd.bench.peers import parse_peers
     from inferd.bench.plots import plot_bench, pyplot
     from inferd.bench.systems import InferdSystem
@@ -233,6 +234,7 @@ def _run_local(args: argparse.Namespace) -> int:
                          "and free runs share one engine)")  # fmt: skip
     inferd = InferdSystem(engine_config_from_args(args), temperature=args.temperature,
                           profile_dir=args.profile)  # fmt: skip
+    ensure_peaks(inferd.info["device"], lambda line: console.print(f"[dim]{escape(line)}[/]"))
     vocab = workload_vocab(inferd.tokenizer)
     if args.mode == "latency":
         warm, batches = latency.latency_batches(

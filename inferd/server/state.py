@@ -13,7 +13,7 @@ from fastapi import Request
 from inferd.engine_client import EngineClient, ModelInfo, TokenizerLike
 from inferd.errors import InvalidRequest
 from inferd.lora_request import LoRARequest
-from inferd.server.generation.serving import RequestGroup
+from inferd.server.generation.serving import BACKGROUND, RequestGroup
 from inferd.server.http.admission import Admission, text_bytes
 from inferd.server.http.api_settings import APISettings
 from inferd.server.http.errors import APIError, ErrorLog
@@ -105,7 +105,8 @@ class ServerState:
         async def tokenize(function: Any, *args: Any) -> Any:
             return await self.tokenize(function, *args, nbytes=nbytes)
 
-        return RequestGroup(self.client, reservation, tokenize, param)
+        return RequestGroup(self.client, reservation, tokenize, param,
+                            background=request.scope.get(BACKGROUND, False))  # fmt: skip
 
     def check_timeline(self, wanted: bool) -> bool:
         """Whether to return the request's timeline; refused (400) unless the server allows it:

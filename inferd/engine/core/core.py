@@ -143,7 +143,8 @@ class EngineCore:
         metrics.num_prompt_tokens = len(ids)
         req = Request(r.request_id, ids, params, metrics, r.max_tokens, forked=params.n == 1,
                       cache_salt=r.cache_salt, pooling=r.pooling,
-                      lora=r.lora_request, priority=r.priority)  # fmt: skip
+                      lora=r.lora_request, priority=r.priority,
+                      background=r.background)  # fmt: skip
         samples = [Sequence(next(self._seq_ids), req, i, list(ids), len(ids))
                    for i in range(params.n)]  # fmt: skip
         req.sequences, req.forks = samples[:1], samples[1:]

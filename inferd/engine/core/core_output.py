@@ -37,6 +37,8 @@ class CoreRequest:
     pooling: PoolingParams | None = None
     lora_request: LoRARequest | None = None  # the adapter it runs under; None: the base model
     priority: int = 0  # lower first, under --scheduling-policy priority (Request.priority)
+    # NOTE: last, with a default: the record is also built positionally.
+    background: bool = False  # the background lane (Request.background)
 
 
 @dataclass

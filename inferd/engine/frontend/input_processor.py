@@ -109,7 +109,8 @@ class InputProcessor:
         arrival, lora = arrival_time or time.monotonic(), self.lora_of(prompt)
         return CoreRequest(request_id, ids, _for_core(params, vocab), max_tokens, arrival,
                            _cache_salt(prompt), lora_request=lora,
-                           priority=self.priority_of(prompt)), text  # fmt: skip
+                           priority=self.priority_of(prompt),
+                           background=_background(prompt)), text  # fmt: skip
 
     def _prompt_ids(self, prompt: PromptInput) -> tuple[str | None, list[int]]:
         """The prompt's text and token ids, checked: not empty, every id in the vocabulary."""
@@ -140,7 +141,8 @@ class InputProcessor:
         # request; an embedding request samples nothing, so they are never applied.
         return CoreRequest(request_id, ids, SamplingParams(), 0,
                            arrival_time or time.monotonic(), _cache_salt(prompt), resolved,
-                           self.lora_of(prompt), self.priority_of(prompt))  # fmt: skip
+                           self.lora_of(prompt), self.priority_of(prompt),
+                           _background(prompt))  # fmt: skip
 
     def lora_of(self, prompt: PromptInput) -> LoRARequest | None:
         """The prompt's adapter (a dict's "lora_request"), its config checked now so that a bad
@@ -172,6 +174,15 @@ class InputProcessor:
                 "or LLM(scheduling_policy='priority'))",
             )
         return value
+
+
+def _background(prompt: PromptInput) -> bool:
+    """Whether the prompt runs in the background lane (a dict's "background": what a batch's
+    lines are, engine/scheduling/background_lane.py)."""
+    value = prompt.get("background", False) if isinstance(prompt, dict) else False
+    if not isinstance(value, bool):
+        raise InvalidRequest("background", f"background must be true or false, got {value!r}")
+    return value
 
 
 def _cache_salt(prompt: PromptInput) -> str | None:

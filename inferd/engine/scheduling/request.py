@@ -117,6 +117,10 @@ class Request:
     # and may preempt a running request of a higher value (engine/scheduling/waiting_queue.py);
     # 0 under fcfs, where the front end refuses any other value.
     priority: int = 0
+    # The background lane (a batch's line, server/batches/): its prompt is prefilled only in
+    # the room interactive requests leave, a few tokens a step (engine/scheduling/
+    # background_lane.py); its tokens are those it gets alone.
+    background: bool = False
 
     @property
     def finished(self) -> bool:

@@ -5,10 +5,12 @@ Every step hands out at most `max_num_batched_tokens` tokens:
 
 1. running sequences first, decodes (one token each) before unfinished prefills, oldest first;
 2. then waiting sequences in the queue's order (engine/scheduling/waiting_queue.py: arrival, or
-   priority then arrival; the queue head is never skipped), each starting after its longest
-   cached prefix and taking what is left of the budget, so a prompt longer than the budget is
-   prefilled in chunks over several steps. Under the priority policy a head that finds no seat
-   or no blocks preempts the running sequence of the lowest priority, if it is strictly lower.
+   priority then arrival; the queue head is never skipped, but for the background lane's
+   requests, which also compute their prompts last, a few tokens a step: background_lane.py),
+   each starting after its longest cached prefix and taking what is left of the budget, so a
+   prompt longer than the budget is prefilled in chunks over several steps. Under the priority
+   policy a head that finds no seat or no blocks preempts the running sequence of the lowest
+   priority, if it is strictly lower.
 
 With `max_queue_time`, a request that has waited that long since its arrival at the server
 without ever being scheduled ends before the step ("queue_timeout", its blocks and place
@@ -48,6 +50,11 @@ from typing import TYPE_CHECKING
 
 from inferd.engine.core.core_output import CoreOutput, SampleDelta, request_news
 from inferd.engine.scheduling.adapter_slots import AdapterSlots
+from inferd.engine.scheduling.background_lane import (
+    background_prefill_budget,
+    may_admit_background,
+    split_prefills,
+)
 from inferd.engine.scheduling.kv_cache import KVCacheManager
 from inferd.engine.scheduling.record_builder import build_record
 from inferd.engine.scheduling.request import (
@@ -247,33 +254,16 @@ class Scheduler:
         decodes = [s for s in self.running if s.num_tokens - s.num_computed == 1]
         prefills = [s for s in self.running if s.num_tokens - s.num_computed > 1]
         drafts_of = self._plan_drafts(decodes, prefills, budget)
-        for seq in decodes + prefills:
-            if budget == 0:
-                break
-            if seq.status is not SequenceStatus.RUNNING:
-                continue  # preempted earlier in this loop
-            n = min(seq.num_tokens - seq.num_computed, budget)
-            drafts = drafts_of.get(seq.seq_id, [])
-            n += len(drafts)
-            while not self.kv.allocate(seq, n):
-                if drafts:  # no blocks for the drafts: decode plainly before preempting anyone
-                    n, drafts = n - len(drafts), []
-                    continue
-                taken = {id(s) for s, _, _ in chosen}
-                victims = [s for s in self.running if id(s) not in taken and s is not seq]
-                victim = running_victim(seq, victims, self.waiting.policy)
-                self._preempt(victim)
-                preempted.append(victim)
-                if victim is seq:
-                    break
-            else:
-                chosen.append((seq, n, drafts))
-                budget -= n
+        # NOTE: background prompts go after the waiting queue (engine/scheduling/
+        # background_lane.py): they take only what interactive prompts leave of the step.
+        prefills, background = split_prefills(prefills)
+        budget -= self._schedule_running(decodes + prefills, budget, drafts_of, chosen, preempted)
 
         stalled = bool(preempted)  # running sequences lacked blocks: admit no one this step
         if self.connector is not None and not stalled:
             self._look_ahead()
         skipped = 0  # waiting sequences passed over: their adapter has no slot yet
+        lane_open = True  # background sequences may be admitted (background_lane.py)
         while not stalled and len(self.waiting) > skipped and budget > 0:
             seq = self.waiting[skipped]
             if len(self.running) >= self.max_num_seqs:
@@ -296,6 +286,12 @@ class Scheduler:
                     prefix, loaded = self._with_loaded_blocks(seq, prefix)
                 start = prefix[0]
             n = min(seq.num_tokens - start, budget)
+            if seq.request.background:  # the lane's rule 3, within its budget (rule 1)
+                lane_open = lane_open and may_admit_background(self.waiting, self.running, chosen)
+                if not lane_open:
+                    skipped += 1  # NOTE: it keeps its place, holding nothing
+                    continue
+                n = min(n, background_prefill_budget(chosen, budget))
             if not self.kv.allocate(seq, n, prefix):
                 if loaded is not None:
                     self.kv.drop_loaded(loaded.blocks)
@@ -318,7 +314,39 @@ class Scheduler:
             self.running.append(seq)
             chosen.append((seq, n, []))
             budget -= n
+        lane = background_prefill_budget(chosen, budget)  # rules 1 and 2
+        if background and lane:
+            self._schedule_running(background, lane, {}, chosen, preempted)
         return self._record(chosen, preempted)
+
+    def _schedule_running(self, seqs: list[Sequence], budget: int, drafts_of: dict,
+                          chosen: list, preempted: list[Sequence]) -> int:  # fmt: skip
+        """Running sequences in order, each taking what it has left within `budget`; one that
+        lacks blocks preempts another (or itself). Returns the tokens taken."""
+        left = budget
+        for seq in seqs:
+            if left == 0:
+                break
+            if seq.status is not SequenceStatus.RUNNING:
+                continue  # preempted earlier in this loop
+            n = min(seq.num_tokens - seq.num_computed, left)
+            drafts = drafts_of.get(seq.seq_id, [])
+            n += len(drafts)
+            while not self.kv.allocate(seq, n):
+                if drafts:  # no blocks for the drafts: decode plainly before preempting anyone
+                    n, drafts = n - len(drafts), []
+                    continue
+                taken = {id(s) for s, _, _ in chosen}
+                victims = [s for s in self.running if id(s) not in taken and s is not seq]
+                victim = running_victim(seq, victims, self.waiting.policy)
+                self._preempt(victim)
+                preempted.append(victim)
+                if victim is seq:
+                    break
+            else:
+                chosen.append((seq, n, drafts))
+                left -= n
+        return budget - left
 
     def _make_room(self, head: Sequence, chosen: list, preempted: list[Sequence]) -> bool:
         """Under the priority policy: preempt the running sequence of the lowest priority below

@@ -3,6 +3,10 @@ route. The line passes every middleware and the route exactly as a client's requ
 API key, the body limit, admission, the route's validation), so a batch line is accepted or
 refused as the live route would; what comes back is the status and the JSON answer.
 
+The line's engine requests run in the background lane (the scope's BACKGROUND key, which no
+HTTP client can set; engine/scheduling/background_lane.py): their prompts are computed only in
+the room interactive requests leave, a few tokens a step.
+
 `gone` is the client's disconnect: set, the route sees `http.disconnect` and abandons the line
 (server/generation/serving.py aborts its engine requests), which is how a batch is cancelled.
 """
@@ -14,6 +18,8 @@ import json
 from typing import Any
 
 from starlette.types import ASGIApp, Message
+
+from inferd.server.generation.serving import BACKGROUND
 
 
 async def call_app(app: ASGIApp, path: str, body: bytes, headers: list[tuple[bytes, bytes]],
@@ -37,6 +43,7 @@ async def call_app(app: ASGIApp, path: str, body: bytes, headers: list[tuple[byt
         "client": ("batch", 0),  # what the access log names as the caller
         "server": ("inferd", 0),
         "state": {},
+        BACKGROUND: True,
     }
     sent = False
     status, chunks = 500, []

@@ -2,10 +2,12 @@
 `--batch-concurrency` lines in flight over every batch of the server (one semaphore), then the
 output file (the answers with status 2xx) and the error file (the rest), in input order.
 
-A line is sent only when no request waits in the server's queue (admission's count of requests
-not yet prefilled): a batch line's prefill then never shares a step with an interactive
-request's, which would double that request's time to first token; at most one batch line is
-thus being prefilled at a time, and a busy server starts none until it has room.
+A line's engine requests run in the engine's background lane (in_process.py): its prompt is
+computed only in steps that compute no interactive prompt, a few tokens a step, so that an
+interactive request never waits long behind it (engine/scheduling/background_lane.py has the
+rules and why). A line is moreover sent only when no request waits in the server's queue
+(admission's count of requests not yet prefilled): the queue's room is left to interactive
+clients, and a busy server starts no line until it has room.
 
 A line the server is too busy for (503: its queue is full, or the line waited past
 --max-queue-time) is not failed but sent again after the Retry-After the server named: a batch

@@ -31,6 +31,10 @@ if TYPE_CHECKING:
 
 _CLOSED = object()  # wakes a reader blocked on the queue after an abort
 CLIENT_GONE = 499  # nginx's code for "client closed request": nobody reads it, logs do
+# An ASGI scope key that only an in-process caller can set (no HTTP client can): true, the
+# request's engine requests run in the background lane (engine/scheduling/background_lane.py).
+# A batch's lines set it (server/batches/in_process.py).
+BACKGROUND = "inferd.background"
 
 
 class RequestGroup:
@@ -42,8 +46,10 @@ class RequestGroup:
         reservation: Reservation | None = None,
         tokenize: Callable[..., Awaitable[Any]] | None = None,
         param: str = "prompt",
+        background: bool = False,  # its engine requests run in the background lane
     ):
         self.client = client
+        self.background = background
         self.queue: asyncio.Queue = asyncio.Queue()
         self.request_ids: list[str] = []
         self._open: set[str] = set()
@@ -68,6 +74,8 @@ class RequestGroup:
             counts = [len(p["prompt_token_ids"]) if isinstance(p, dict) else 1 for p in prompts]
             self.reservation.tokenized(counts, self.param)
             self.reservation.bind(ids)
+        if self.background:
+            prompts = [{**p, "background": True} if isinstance(p, dict) else p for p in prompts]
         pairs = zip(ids, prompts, strict=True)
         adds = [self.client.add_request(rid, p, params, self.queue, arrival) for rid, p in pairs]
         try:
