@@ -10,6 +10,7 @@
       memory     what the process holds now, next to `inferd memory`'s prediction
       kv_tiers   per KV tier (RAM, disk) what it did since start; kv_connector: the blocks
                  that left the pool for the tiers or came back (both empty without tiers)
+      efficiency bytes read and FLOPs per kind of step, against the machine's peaks (MBU, MFU)
 
 Built on the engine's thread, between steps, only when someone asks
 (inferd/engine/core/dashboard_view.py); a server reaches it through `SnapshotClient` in
@@ -20,6 +21,7 @@ dataclasses), so it crosses a process boundary or becomes JSON unchanged (`to_di
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
+from typing import Any
 
 # One character per block of a KV group, at the block's index (block 0 is the null block).
 BLOCK_NULL = "-"  # the null block: padding for table entries, never handed out
@@ -145,6 +147,10 @@ class EngineSnapshot:
     kv_tiers: list[dict[str, str | int | float]] = field(default_factory=list)
     # The connector's counts: blocks_saved, saves_dropped, blocks_loaded, lookups_late.
     kv_connector: dict[str, int] = field(default_factory=dict)
+    # The steps against the machine's limits (inferd/step_efficiency.py) as plain numbers:
+    # "kinds" → per kind cumulative steps, seconds, weight_bytes, kv_bytes, flops,
+    # rated_seconds, memory_seconds, compute_seconds; "peaks" (None: not measured); "last".
+    efficiency: dict[str, Any] = field(default_factory=dict)
 
     def to_dict(self) -> dict:
         return asdict(self)

@@ -175,6 +175,9 @@ def test_a_whole_snapshot_of_an_engine_is_plain_data(tiny_gemma):
         assert m.predicted is not None and m.predicted.kv_pool == m.kv_pool
         assert m.predicted.weights > 0 and m.predicted.activations > 0
         assert snap.kv_tiers == [] and snap.kv_connector == {}  # no tiers: the panel hides
+        counted = snap.efficiency["kinds"]  # bytes and FLOPs, whether or not peaks are known
+        assert counted["decode"]["steps"] == counted["prefill"]["steps"] == 1
+        assert counted["decode"]["weight_bytes"] > 0 and counted["prefill"]["flops"] > 0
         assert_plain(snap.to_dict())
         json.dumps(snap.to_dict(), allow_nan=False)
     finally:

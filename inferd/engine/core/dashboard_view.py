@@ -90,6 +90,7 @@ class SnapshotBuilder:
             last_step=dict(engine.step_timer.last),
             memory=self._memory(engine, now),
             **kv_tiers(engine),
+            efficiency=efficiency_view(engine),
         )
 
     def _memory(self, engine: EngineCore, now: float) -> MemorySnapshot:
@@ -101,6 +102,23 @@ class SnapshotBuilder:
             self._weights = weight_bytes(setup.runner.model)
         return memory_snapshot(setup.device, self._weights or 0, setup.kv_plan.total_bytes,
                                self._prediction)  # fmt: skip
+
+
+def efficiency_view(engine: EngineCore) -> dict:
+    """The snapshot's `efficiency`: the meter's counts as plain numbers (the page differences
+    two snapshots for the recent MBU and MFU; inferd/step_efficiency.py)."""
+    meter = getattr(engine, "efficiency", None)  # an LLMEngine whose core is remote has none
+    if meter is None:
+        return {}
+    record = meter.snapshot()
+    kinds = {kind: {name: getattr(k, name) for name in EFFICIENCY_FIELDS}
+             for kind, k in record.kinds.items()}  # fmt: skip
+    peaks = None if record.peaks is None else asdict(record.peaks)
+    return {"kinds": kinds, "peaks": peaks, "last": record.last}
+
+
+EFFICIENCY_FIELDS = ("steps", "seconds", "weight_bytes", "kv_bytes", "flops", "rated_seconds",
+                     "memory_seconds", "compute_seconds")  # fmt: skip
 
 
 def kv_tiers(engine: EngineCore) -> dict:

@@ -63,6 +63,7 @@ class LLMEngine:
     grammars = property(lambda self: self.core.grammars)
     speculation = property(lambda self: self.core.speculation)
     step_timer = property(lambda self: self.core.step_timer)
+    efficiency = property(lambda self: self.core.efficiency)  # the steps' EfficiencyMeter
     trace = property(lambda self: self.core.trace)
     dead = property(lambda self: self.core.dead)
     # NOTE: only an in-process core has one (its KV tiers); with core_process=True reading it

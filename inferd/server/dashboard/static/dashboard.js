@@ -37,7 +37,7 @@
     const c = data.counters;
     history.push({ t: data.monotonic_s, gen: c.generation_tokens, prompt: c.prompt_tokens,
                    hits: c.prefix_cache_hits, queries: c.prefix_cache_queries,
-                   steps: data.steps }); // prettier-ignore
+                   steps: data.steps, efficiency: (data.efficiency || {}).kinds }); // prettier-ignore
     while (history.length && history[0].t < data.monotonic_s - HISTORY_S) history.shift();
     for (const r of data.recent) {
       latencies.set(r.request_id, { at: r.finished_at, ttft: r.ttft_s, tpot: r.tpot_s });
@@ -50,6 +50,7 @@
     throughput(data);
     latency(data);
     phases(data);
+    efficiency(data);
     memory(data.memory);
     kvTiers(data);
     updates += 1;
@@ -249,6 +250,59 @@
         `${kind}: ${w.steps} steps, ${(w.tokens / w.steps).toFixed(1)} tokens a step, ` +
         `forward ${((100 * w.phase.forward) / w.seconds).toFixed(1)}%, outside the model ` +
         `${(100 - (100 * w.phase.forward) / w.seconds).toFixed(1)}%`))); // prettier-ignore
+  }
+
+  // MBU and MFU of the recent steps: the engine's cumulative counts differenced over the last
+  // PHASE_WINDOW_S seconds (since start when no step ran in them); time-weighted like /metrics.
+  function efficiency(data) {
+    const e = data.efficiency || {};
+    const panel = document.getElementById("efficiency-panel");
+    panel.hidden = !e.kinds;
+    if (!e.kinds) return;
+    const now = history[history.length - 1];
+    const since = (then) => ["decode", "prefill"].map((kind) => {
+      const a = now.efficiency[kind], b = then && then.efficiency ? then.efficiency[kind] : null;
+      const d = Object.fromEntries(Object.keys(a).map((f) => [f, a[f] - (b ? b[f] : 0)]));
+      return [kind, d];
+    }); // prettier-ignore
+    let kinds = since(history.find((h) => h.t >= now.t - PHASE_WINDOW_S) || history[0]);
+    let span = "over the last " + PHASE_WINDOW_S + " s";
+    if (!kinds.some(([, d]) => d.steps > 0)) {
+      kinds = since(null);
+      span = "since start";
+    }
+    kinds = kinds.filter(([, d]) => d.steps > 0);
+    const rate = (v, unit) => {
+      const [scale, prefix] = [[1e12, "T"], [1e9, "G"], [1e6, "M"], [1e3, "k"], [1, ""]].find(([s]) => v >= s) || [1, ""];
+      return (v / scale).toPrecision(3) + " " + prefix + unit;
+    }; // prettier-ignore
+    const rated = kinds.filter(([, d]) => d.rated_seconds > 0);
+    Charts.stacked(document.getElementById("efficiency-chart"), {
+      bars: rated.flatMap(([kind, d]) => [
+        { label: kind + " MBU", parts: [{ name: "memory bandwidth", value: d.memory_seconds / d.rated_seconds, colour: "#2563eb" }] },
+        { label: kind + " MFU", parts: [{ name: "matrix throughput", value: d.compute_seconds / d.rated_seconds, colour: "#f59e0b" }] },
+      ]), // prettier-ignore
+      format: (v) => (100 * v).toFixed(1) + "%",
+      limit: 1,
+      limitLabel: "the measured peak",
+    });
+    const lines = kinds.map(([kind, d]) => {
+      let text = `${kind}: ${rate((d.weight_bytes + d.kv_bytes) / d.seconds, "B/s")} read, ` +
+                 `${rate(d.flops / d.seconds, "FLOP/s")}`; // prettier-ignore
+      if (d.rated_seconds > 0) {
+        const bound = d.memory_seconds >= d.compute_seconds ? "memory-bound" : "compute-bound";
+        text += `, MBU ${((100 * d.memory_seconds) / d.rated_seconds).toFixed(1)}%, ` +
+                `MFU ${((100 * d.compute_seconds) / d.rated_seconds).toFixed(1)}% (${bound})`; // prettier-ignore
+      }
+      return el("span", { class: "phase-line" }, text);
+    });
+    const peaks = e.peaks
+      ? `peaks: ${e.peaks.machine}, read bandwidth ${rate(e.peaks.memory_bandwidth_bytes_s, "B/s")}`
+      : "MBU and MFU unknown: this machine's peaks are not measured yet (inferd plan or " +
+        "inferd bench measures them once)"; // prettier-ignore
+    document.getElementById("efficiency-summary").replaceChildren(
+      el("span", {}, kinds.length ? `${span}: ` : "no step has run yet"), ...lines,
+      el("span", { class: "phase-line", id: "efficiency-peaks" }, peaks)); // prettier-ignore
   }
 
   function memory(m) {
