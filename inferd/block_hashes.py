@@ -8,6 +8,10 @@ Block i's hash covers tokens [0, (i + 1) * block_size): two prompts share cached
 as far as their hash lists agree. The first block's parent is a root (the engine's model identity,
 so blocks of different weights never match), mixed with the request's `cache_salt` if it has one
 and its LoRA adapter if it runs under one (`prompt_root`).
+
+A block holding an image's placeholder tokens also covers the image: its name mixes in the
+image's content hash and where the image starts (`image_keys`), so two prompts with equal
+tokens and different images never share a block, and the same image at the same place does.
 """
 
 from __future__ import annotations
@@ -17,10 +21,18 @@ from array import array
 from collections.abc import Sequence
 
 
-def block_hash(parent: bytes, token_ids: Sequence[int]) -> bytes:
+def block_hash(parent: bytes, token_ids: Sequence[int], extra: bytes = b"") -> bytes:
     """Chained hash of one full block: equal hashes mean equal token prefixes (sha256, so an
-    accidental collision, which would silently mix two prompts' caches, is not a concern)."""
-    return hashlib.sha256(parent + array("q", token_ids).tobytes()).digest()
+    accidental collision, which would silently mix two prompts' caches, is not a concern).
+    `extra`: what else the block's keys and values depend on (`image_keys`)."""
+    return hashlib.sha256(parent + array("q", token_ids).tobytes() + extra).digest()
+
+
+def image_keys(images: Sequence, start: int, end: int) -> bytes:
+    """The images (records with `offset`, `length`, `content_hash`: inferd/multimodal/
+    image_input.py) whose placeholders overlap tokens [start, end): their hashes and offsets."""
+    return b"".join(b"image\0" + i.content_hash + i.offset.to_bytes(8, "little")
+                    for i in images if i.offset < end and start < i.offset + i.length)  # fmt: skip
 
 
 def salted_root(root: bytes, salt: str | None) -> bytes:
@@ -46,11 +58,13 @@ def prompt_root(root: bytes, salt: str | None, lora) -> bytes:
 
 
 def prompt_block_hashes(token_ids: Sequence[int], block_size: int, root: bytes,
-                        salt: str | None = None, lora=None) -> list[bytes]:  # fmt: skip
+                        salt: str | None = None, lora=None,
+                        images: Sequence = ()) -> list[bytes]:  # fmt: skip
     """The chained hashes of every full block of `token_ids`, for a request with this
-    `cache_salt` and adapter."""
+    `cache_salt`, adapter and images."""
     parent, hashes = prompt_root(root, salt, lora), []
     for start in range(0, len(token_ids) - block_size + 1, block_size):
-        parent = block_hash(parent, token_ids[start : start + block_size])
+        end = start + block_size
+        parent = block_hash(parent, token_ids[start:end], image_keys(images, start, end))
         hashes.append(parent)
     return hashes

@@ -202,6 +202,7 @@ class EngineConfig:
     max_stop_strings: int = 16
     max_stop_string_length: int = 512  # characters
     max_logprobs: int = 20  # largest logprobs / prompt_logprobs (vLLM's --max-logprobs)
+    limit_mm_per_prompt: int = 4  # most images in one prompt (vision-language models)
     # A streaming request's output after its first token, then every this many tokens, and
     # when it ends (vLLM's --stream-interval): fewer events, less CPU per token in the front end.
     stream_interval: int = 1

@@ -109,6 +109,9 @@ def add_feature_arguments(parser: argparse.ArgumentParser) -> None:
     )
     limits.add_argument("--max-stop-string-length", type=_positive_int, default=512,
                         help="longest stop string, in characters (default 512)")  # fmt: skip
+    limits.add_argument("--limit-mm-per-prompt", type=_positive_int, default=4,
+                        help="most images in one prompt, for vision-language models "
+                        "(default 4)")  # fmt: skip
 
 
 def with_request_limits(config, args: argparse.Namespace):
@@ -119,6 +122,7 @@ def with_request_limits(config, args: argparse.Namespace):
         max_n=args.max_n,
         max_stop_strings=args.max_stop_strings,
         max_stop_string_length=args.max_stop_string_length,
+        limit_mm_per_prompt=args.limit_mm_per_prompt,
     )
 
 

@@ -73,9 +73,8 @@ class LlavaForCausalLM(VisionLanguageModel, LlamaForCausalLM):
 
 def vision_config(r, projector: str = "llava") -> VisionConfig:
     """config.json's `vision_config` (a CLIP tower) and the top-level LLaVA keys."""
-    from inferd.loader.hf_config import ConfigReader
-
-    v = ConfigReader(r.cfg.get("vision_config") or {}, f"{r.source}: vision_config")
+    # (the loader's ConfigReader, over the nested object: models do not import the loader)
+    v = type(r)(r.cfg.get("vision_config") or {}, f"{r.source}: vision_config")
     kind = {"clip_vision_model": "clip", "siglip_vision_model": "siglip"}.get(
         v.str("model_type", "clip_vision_model")
     )

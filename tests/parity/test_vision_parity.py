@@ -13,6 +13,8 @@ from tiny_vision_models import hf_greedy_with_images, hf_pixels, make_tiny_llava
 
 from inferd.engine.execution.runner import ModelRunner, SequenceStep
 from inferd.loader import load_model, open_checkpoint
+from inferd.multimodal.image_input import pixel_values
+from inferd.multimodal.image_processor import ImagePreprocessor
 
 
 @pytest.fixture(scope="module")
@@ -102,3 +104,12 @@ def test_images_change_the_answer(llava):
     la, _ = inferd_greedy(model, prompt, list(a), 0, len(prompt))
     lb, _ = inferd_greedy(model, prompt, list(b), 0, len(prompt))
     assert not torch.allclose(la, lb, atol=1e-3)
+
+
+def test_preprocessing_matches_hfs_pil_processor(llava):
+    # inferd's own resize, crop (front end) and normalisation (core) against HF's pixels
+    folder, _, model = llava
+    pre = ImagePreprocessor.from_folder(model.config, folder)
+    pics = random_images(4)  # wide, tall, square, larger
+    ours = torch.stack([pixel_values(pre.prepare(p, "image", 0)) for p in pics])
+    assert torch.equal(ours, hf_pixels(folder, pics))

@@ -66,8 +66,9 @@ ABOVE: dict[str, set[str]] = {
     "tokenizer": {"loader"},
     "profiling": {"layers", "cpu_kernels"},  # step timer, traces: instruments a model
     "spec_decode": set(),
+    "multimodal": set(),  # images in: decoding, preprocessing, the record sent to the core
     "engine": {"memory", "tokenizer", "loader", "models", "layers", "attention", "distributed",
-               "cpu_kernels", "profiling", "spec_decode", "structured", "plan"},
+               "cpu_kernels", "profiling", "spec_decode", "structured", "plan", "multimodal"},
     "structured": {"tokenizer", "loader"},
     "tools": {"structured", "tokenizer"},
     "llm": {"engine", "tokenizer", "loader", "tools"},

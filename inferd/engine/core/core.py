@@ -148,6 +148,7 @@ class EngineCore:
         samples = [Sequence(next(self._seq_ids), req, i, list(ids), len(ids))
                    for i in range(params.n)]  # fmt: skip
         req.sequences, req.forks = samples[:1], samples[1:]
+        req.images = list(r.images)
         if params.structured_outputs is not None:
             req.grammar = self.grammars.submit(params.structured_outputs)
         return req

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING
 
 from inferd.engine.scheduling.step import TokenLogprobs
 from inferd.lora_request import LoRARequest
+from inferd.multimodal.image_input import ImageInput
 from inferd.pooling_params import PoolingParams
 from inferd.sampling_params import SamplingParams
 
@@ -39,6 +40,8 @@ class CoreRequest:
     priority: int = 0  # lower first, under --scheduling-policy priority (Request.priority)
     # NOTE: last, with a default: the record is also built positionally.
     background: bool = False  # the background lane (Request.background)
+    # Its prompt's images, preprocessed (inferd/multimodal/image_input.py); last, with a default.
+    images: list[ImageInput] = field(default_factory=list)
 
 
 @dataclass

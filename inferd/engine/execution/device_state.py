@@ -15,13 +15,14 @@ a seeded request draws the same tokens after recomputing; its next row brings ne
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
 from inferd.engine.execution.pooler import PoolingState
 from inferd.engine.sampling.sampler import make_generator
 from inferd.engine.scheduling.step import BASE_MODEL, StepRecord
+from inferd.multimodal.image_input import ImageInput
 from inferd.sampling_params import SamplingParams
 
 
@@ -67,6 +68,7 @@ class DeviceSequence:
     seed: int | None
     generator: torch.Generator | None = None  # made on first use, from `seed`
     pooling: PoolingState | None = None  # an embedding request's pooling so far
+    images: list[ImageInput] = field(default_factory=list)  # its prompt's (NewSequence.images)
 
     @property
     def num_prompt_tokens(self) -> int:
@@ -103,13 +105,14 @@ class DeviceSequences:
         for seq_id in record.finished_seq_ids:
             self.sequences.pop(seq_id, None)
         for new in record.new_sequences:
-            prompt = new.prompt_token_ids
+            prompt, images = new.prompt_token_ids, new.images
             if new.fork_of is not None:  # NOTE: shared, never written: prompts do not change
                 prompt = self.sequences[new.fork_of].prompt_token_ids
+                images = self.sequences[new.fork_of].images
             pooling = None if new.pooling is None else PoolingState(new.pooling)
             tables = [[] for _ in range(self.num_groups)]
             self.sequences[new.seq_id] = DeviceSequence(
-                prompt, [], tables, new.params, new.seed, pooling=pooling
+                prompt, [], tables, new.params, new.seed, pooling=pooling, images=images
             )
         for row in record.rows:
             seq = self.sequences[row.seq_id]

@@ -24,6 +24,7 @@ from inferd.attention.backend import (
 )
 from inferd.attention.torch_backend import TorchAttentionBackend
 from inferd.engine.execution.device_state import DeviceSequences, SequenceStep
+from inferd.engine.execution.image_encoder import EncoderCache, attach_images
 from inferd.engine.execution.lora_cache import AdapterCache
 from inferd.engine.execution.pooler import chunk_part
 from inferd.engine.scheduling.step import BASE_MODEL, StepRecord
@@ -61,6 +62,8 @@ class ModelRunner:
         self.allocate_kv_pool(lazy_zero)
         self.sequences = DeviceSequences(len(self.groups))
         self.adapter_cache = AdapterCache(1)  # parsed adapters, when LoRA is enabled
+        # A vision-language model's encodings by image content hash (image_encoder.py).
+        self.encoder_cache = EncoderCache(model) if cfg.vision is not None else None
 
     @torch.inference_mode()
     def execute_step(
@@ -78,6 +81,7 @@ class ModelRunner:
         rows = self.sequences.forward_rows(record)
         if not rows:
             return self._no_logits(), {}, rows, {}
+        attach_images(self.encoder_cache, record, rows, self.sequences)
         pooled: dict[int, torch.Tensor] = {}
         logits, every = self.execute_with_prompt_logits(rows, timer, pooled)
         return logits, every, rows, pooled

@@ -54,6 +54,7 @@ from inferd.errors import (
     RequestFailed,
     RequestsRunning,
 )
+from inferd.multimodal.image_processor import image_preprocessor
 from inferd.outputs import RequestOutput
 from inferd.pooling_params import PoolingParams
 from inferd.sampling_params import SamplingParams
@@ -174,7 +175,8 @@ class AsyncCoreClient:
         self.max_num_seqs = first.max_num_seqs
         self.max_num_batched_tokens = first.max_num_batched_tokens
         limits = InputLimits.of(self.config, self.model_config.vocab_size, self.max_model_len)
-        self.inputs = InputProcessor(self._tokenizer, limits, self._model_info.pooling)
+        images = image_preprocessor(self.model_config, self.config)
+        self.inputs = InputProcessor(self._tokenizer, limits, self._model_info.pooling, images)
         self.outputs = OutputProcessor(self._tokenizer, self.config.stream_interval)
         self.router = Router(self.routing, first.block_size, first.hash_root,
                              sum(r.num_blocks for r in readies),

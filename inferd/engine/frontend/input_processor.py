@@ -14,6 +14,7 @@ from inferd.engine_client import PromptInput
 from inferd.errors import ContextTooLong, InvalidRequest
 from inferd.loader.lora_adapter import read_adapter_config
 from inferd.lora_request import LoRARequest
+from inferd.multimodal.image_processor import ImagePreprocessor
 from inferd.pooling_params import PoolerConfig, PoolingParams
 from inferd.sampling_params import MAX_LOGPROBS, MAX_STOP_STRING_LENGTH, SamplingParams
 
@@ -40,9 +41,12 @@ class InputLimits:
 
 
 class InputProcessor:
-    def __init__(self, tokenizer, limits: InputLimits, pooler: PoolerConfig | None = None):
-        """`pooler`: how the model makes embeddings (ModelInfo.pooling); None: it makes none."""
+    def __init__(self, tokenizer, limits: InputLimits, pooler: PoolerConfig | None = None,
+                 images: ImagePreprocessor | None = None):  # fmt: skip
+        """`pooler`: how the model makes embeddings (ModelInfo.pooling); None: it makes none.
+        `images`: a vision-language model's preprocessing; None: the model reads text only."""
         self.tokenizer, self.limits, self.pooler = tokenizer, limits, pooler
+        self.images = images
         self.vocab_size, self.max_model_len = limits.vocab_size, limits.max_model_len
 
     def tokenize_prompt(self, prompt: PromptInput) -> tuple[str | None, list[int]]:
@@ -72,6 +76,10 @@ class InputProcessor:
         """(the checked request, its prompt text if known); raises InvalidRequest (or
         ContextTooLong). PoolingParams make an embedding request."""
         text, ids = self._prompt_ids(prompt)
+        ids, images = self.images_of(prompt, ids)
+        if images and not isinstance(params, SamplingParams):
+            raise InvalidRequest("multi_modal_data", "images are for generation only: an "
+                                 "embedding request takes text")  # fmt: skip
         if isinstance(params, PoolingParams):
             return self._pooling_request(request_id, prompt, ids, params, arrival_time), text
         if not isinstance(params, SamplingParams):
@@ -110,7 +118,7 @@ class InputProcessor:
         return CoreRequest(request_id, ids, _for_core(params, vocab), max_tokens, arrival,
                            _cache_salt(prompt), lora_request=lora,
                            priority=self.priority_of(prompt),
-                           background=_background(prompt)), text  # fmt: skip
+                           background=_background(prompt), images=images), text  # fmt: skip
 
     def _prompt_ids(self, prompt: PromptInput) -> tuple[str | None, list[int]]:
         """The prompt's text and token ids, checked: not empty, every id in the vocabulary."""
@@ -143,6 +151,25 @@ class InputProcessor:
                            arrival_time or time.monotonic(), _cache_salt(prompt), resolved,
                            self.lora_of(prompt), self.priority_of(prompt),
                            _background(prompt))  # fmt: skip
+
+    def images_of(self, prompt: PromptInput, ids: list[int]) -> tuple[list[int], list]:
+        """(the prompt's ids with image placeholders expanded, its ImageInput records) from a
+        dict's "multi_modal_data" {"image": one image or a list} (vLLM's spelling; an image is
+        bytes or a PIL image)."""
+        data = prompt.get("multi_modal_data") if isinstance(prompt, dict) else None
+        if data is None:
+            if self.images is None:
+                return ids, []
+            return self.images.expand(ids, [], "multi_modal_data.image")
+        if not isinstance(data, dict) or set(data) - {"image"}:
+            raise InvalidRequest("multi_modal_data", "multi_modal_data must be a dict with an "
+                                 "'image' entry (other modalities are not supported)")  # fmt: skip
+        if self.images is None:
+            raise InvalidRequest("multi_modal_data.image", "this model reads text only: it "
+                                 "takes no images")  # fmt: skip
+        images = data.get("image")
+        images = list(images) if isinstance(images, list | tuple) else [images]
+        return self.images.expand(ids, images, "multi_modal_data.image")
 
     def lora_of(self, prompt: PromptInput) -> LoRARequest | None:
         """The prompt's adapter (a dict's "lora_request"), its config checked now so that a bad

@@ -26,6 +26,7 @@ from inferd.engine.kv_tiers.open_tiers import wants_tiers
 from inferd.engine.sampling.structured_outputs import GrammarCompilation
 from inferd.engine_client import EngineStats, PromptInput, TraceFiles
 from inferd.errors import EngineDeadError, InvalidRequest, ModelAsleep
+from inferd.multimodal.image_processor import image_preprocessor
 from inferd.outputs import EmbeddingRequestOutput, RequestOutput
 from inferd.pooling_params import PoolingParams
 from inferd.sampling_params import SamplingParams
@@ -51,7 +52,8 @@ class LLMEngine:
         self.model_config, self.tokenizer = core.model_config, core.tokenizer
         self.max_model_len, self.model_info = core.max_model_len, core.model_info
         limits = InputLimits.of(config, self.model_config.vocab_size, self.max_model_len)
-        self.inputs = InputProcessor(self.tokenizer, limits, self.model_info.pooling)
+        images = image_preprocessor(self.model_config, config)
+        self.inputs = InputProcessor(self.tokenizer, limits, self.model_info.pooling, images)
         self.outputs = OutputProcessor(self.tokenizer, config.stream_interval)
         self.sleep_level = 0  # as the core's last answer to sleep / wake_up said
 

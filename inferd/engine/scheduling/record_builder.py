@@ -28,7 +28,9 @@ def _introduce(seq: Sequence, num_groups: int, fork_of: int | None = None) -> Ne
     seq.sent, seq.num_sent_tokens = True, seq.num_prompt_tokens
     seq.sent_tables = [[] for _ in range(num_groups)]
     prompt = [] if fork_of is not None else list(seq.token_ids[: seq.num_prompt_tokens])
-    return NewSequence(seq.seq_id, prompt, req.params, req.seed_of(seq), fork_of, req.pooling)
+    images = [] if fork_of is not None else req.images
+    return NewSequence(seq.seq_id, prompt, req.params, req.seed_of(seq), fork_of, req.pooling,
+                       images)  # fmt: skip
 
 
 def build_record(

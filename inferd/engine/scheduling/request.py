@@ -27,7 +27,7 @@ import enum
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from inferd.block_hashes import block_hash, prompt_root
+from inferd.block_hashes import block_hash, image_keys, prompt_root
 from inferd.lora_request import LoRARequest
 
 if TYPE_CHECKING:
@@ -121,6 +121,9 @@ class Request:
     # the room interactive requests leave, a few tokens a step (engine/scheduling/
     # background_lane.py); its tokens are those it gets alone.
     background: bool = False
+    # The prompt's images (ImageInput records, inferd/multimodal/image_input.py): their
+    # placeholders' blocks are named with their content hashes (`update_block_hashes`).
+    images: list = field(default_factory=list)
 
     @property
     def finished(self) -> bool:
@@ -153,9 +156,9 @@ def update_block_hashes(seq: Sequence, block_size: int, root: bytes) -> None:
         else:
             # NOTE: the adapter is part of the root: no block is shared across adapters.
             parent = prompt_root(root, seq.request.cache_salt, seq.request.lora)
-        seq.block_hashes.append(
-            block_hash(parent, seq.token_ids[i * block_size : (i + 1) * block_size])
-        )
+        start, end = i * block_size, (i + 1) * block_size
+        extra = image_keys(seq.request.images, start, end) if seq.request.images else b""
+        seq.block_hashes.append(block_hash(parent, seq.token_ids[start:end], extra))
 
 
 def check_token_stops(seq: Sequence, token: int, eos_ids: tuple[int, ...],

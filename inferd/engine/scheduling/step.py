@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 
 from inferd.engine.scheduling.kv_cache import NULL_BLOCK
 from inferd.lora_request import LoRARequest
+from inferd.multimodal.image_input import ImageInput
 from inferd.outputs import Logprob, PositionLogprobs
 from inferd.pooling_params import PoolingParams
 from inferd.sampling_params import SamplingParams
@@ -92,6 +93,9 @@ class NewSequence:
     # An embedding request (resolved params): its rows never need logits; the step that
     # computes its last prompt token returns its embedding (`ModelRunnerOutput.embeddings`).
     pooling: PoolingParams | None = None
+    # The prompt's images (inferd/multimodal/image_input.py), sent once like the prompt; the
+    # device side encodes each when a row first computes its placeholders.
+    images: list[ImageInput] = field(default_factory=list)
 
 
 @dataclass
