@@ -13,7 +13,8 @@ runs as (chat_pipeline.py).
                                                 models that reason (harmony: gpt-oss), whose
                                                 reasoning cannot be turned off (false: 400)
     options                                   → ollama/options.py
-    keep_alive                                → checked (keep_alive.py)
+    keep_alive                                → checked (keep_alive.py); with several models
+                                                the dispatcher's (multimodel/keep_alive.py)
     generate: system, prompt                  → a system and a user message; raw: the prompt
                                                 as it is, no template
 

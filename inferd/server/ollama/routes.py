@@ -6,8 +6,9 @@ A request is translated into a chat request (ollama/request.py) and runs as ever
 /v1/chat/completions. /api/generate renders its prompt with the model's chat template, unless
 `raw: true` (then the prompt is the model's input as it is). A request with no prompt (or no
 messages) only asks for the model to be loaded: it is, so the answer is done at once with
-`done_reason: "load"`, as Ollama's. Streamed tool calls come whole, on a line before the last,
-as Ollama sends them.
+`done_reason: "load"`, as Ollama's (with several models the dispatcher loads it first, or
+unloads it for `keep_alive: 0`: server/multimodel/keep_alive.py). Streamed tool calls come
+whole, on a line before the last, as Ollama sends them.
 """
 
 from __future__ import annotations
