@@ -39,8 +39,9 @@ def test_likely_end_of_generation_keeps_only_eog_tokens():
 def test_prefixes_merge_into_the_likelier_token():
     # llama.cpp's documented example: "hel" 0.5, "hell" 0.2, "hello" 0.1, "dummy" 0.1 (+ a
     # little EOS) → "hel" 0.8, "dummy" 0.1 before the thresholds; "dummy" is then below 0.2.
+    # The draw among those left follows their own probabilities ("hel" 0.5, EOS 0.001).
     kept = infill_filter([(1, 0.5), (2, 0.2), (3, 0.1), (4, 0.1), (EOS, 0.001)], {EOS}, piece, EOS)
-    assert as_dict(kept) == {1: round(0.8 / 0.801, 6), EOS: round(0.001 / 0.801, 6)}
+    assert as_dict(kept) == {1: round(0.5 / 0.501, 6), EOS: round(0.001 / 0.501, 6)}
     # The longer token is likelier: the prefix gives its mass to it ("xy" 0.75, "dummy" 0.25,
     # which the second threshold, 1/3 with two texts left, then drops).
     kept = infill_filter([(5, 0.3), (6, 0.45), (4, 0.25)], set(), piece, EOS)
@@ -50,13 +51,16 @@ def test_prefixes_merge_into_the_likelier_token():
     assert as_dict(kept) == {5: 0.3, 6: 0.45, 4: 0.25}
     # A token without text (special: 7) is a prefix of nothing: it does not swallow "x", "xy".
     kept = infill_filter([(7, 0.5), (5, 0.25), (6, 0.25)], set(), piece, EOS)
-    assert as_dict(kept) == {7: 0.5, 5: 0.5}
+    assert as_dict(kept) == {7: round(0.5 / 0.75, 6), 5: round(0.25 / 0.75, 6)}
 
 
 def test_merges_follow_the_order_of_likelihood():
     # "he" 0.3 takes "hel" 0.25 (0.55), then "hell" 0.2 and "hello" 0.15: everything into "he".
     kept = infill_filter([(8, 0.3), (1, 0.25), (2, 0.2), (3, 0.15), (4, 0.1)], set(), piece, EOS)
-    assert as_dict(kept) == {8: round(0.9 / 0.9, 6)}
+    assert as_dict(kept) == {8: 1.0}
+    # Without the merges "he", "hel" and "hell" pass 0.2, then 1/4 of their 0.75.
+    kept = infill_filter([(8, 0.3), (1, 0.25), (2, 0.2), (3, 0.15), (4, 0.1)], set(), None, EOS)
+    assert set(as_dict(kept)) == {8, 1, 2}
     # Likeliest first: "hell" 0.5 takes "hello" 0.1 (0.6), then "hel" 0.4 goes into the
     # likelier "hell" and, having left, merges nothing more.
     kept = infill_filter([(1, 0.4), (2, 0.5), (3, 0.1)], set(), piece, EOS)

@@ -18,8 +18,10 @@ What it does to the candidates (their probabilities renormalised over the kept s
    merged. A token's text is its bytes, from the grammar engine's vocabulary (TokenPieces).
 3. Non-EOG candidates below probability 0.2 are dropped. If no non-EOG candidate is left, the
    generation ends: the row's end token (its first EOS id) is the only candidate.
-4. Renormalised, the non-EOG candidates below 1 / (non-EOG left + 1) are dropped, and the rest
-   renormalised again.
+4. Renormalised, the non-EOG candidates below 1 / (non-EOG left + 1) are dropped.
+5. The draw among the candidates left follows their own probabilities, renormalised: the
+   merged sums decide only which stay (llama.cpp's last sampler, `dist`, computes the
+   probabilities again from the logits, which the merges leave as they were).
 
 The work is per row and on at most `INFILL_MAX_CANDIDATES` candidates (SamplingParams requires a
 top_k that small: without one every token of the vocabulary would be a candidate), in plain
@@ -97,11 +99,13 @@ def infill_filter(
     piece: Callable[[int], bytes] | None,
     end_token: int | None,
 ) -> list[tuple[int, float]]:
-    """The module's steps 1-4 on (token id, probability) pairs; returns the kept pairs with
-    their probabilities summing to 1. `piece`: a token's text (None: no merging)."""
+    """The module's steps 1-5 on (token id, probability) pairs; returns the kept pairs, each
+    with its own probability renormalised over the kept ones (step 5). `piece`: a token's text
+    (None: no merging)."""
     ordered = sorted(candidates, key=lambda c: (-c[1], c[0]))
     ids = [t for t, _ in ordered]
     probs = [p for _, p in ordered]
+    own = dict(ordered)
     is_eog = [t in eog for t in ids]
     eog_mass = sum(p for p, e in zip(probs, is_eog, strict=True) if e)
     if EOG_WEIGHT * eog_mass * len(ids) > sum(probs) - eog_mass:
@@ -117,7 +121,7 @@ def infill_filter(
         return [(end_token, 1.0)] if end_token is not None else [(ids[0], 1.0)]
     total = sum(p for _, p, _ in kept)
     floor = 1.0 / (texts_left + 1)
-    return _normalised([(t, p) for t, p, e in kept if e or p / total >= floor])
+    return _normalised([(t, own[t]) for t, p, e in kept if e or p / total >= floor])
 
 
 def _merge_prefixes(texts: list[bytes], probs: list[float], alive: list[bool]) -> None:
