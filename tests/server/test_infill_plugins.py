@@ -208,8 +208,9 @@ def test_n_cmpl_samples_several_completions_of_one_prompt(served):
     assert [a["index"] for a in alias] == [0, 1]
     one = served.post("/infill", json={**body, "n_cmpl": 1}).json()
     assert isinstance(one, dict) and one["content"] == answers[0]["content"]
-    bad = served.post("/infill", json={**body, "n_cmpl": 0})
-    assert bad.status_code == 400 and bad.json()["error"]["param"] == "n_cmpl", bad.text
+    for count in (0, 1000):  # 1000: past the engine's limit on samples (128)
+        bad = served.post("/infill", json={**body, "n_cmpl": count})
+        assert bad.status_code == 400 and bad.json()["error"]["param"] == "n_cmpl", bad.text
     # Streamed: pieces and one last event per completion, told apart by their index.
     streamed = served.post("/infill", json={**body, "stream": True})
     events = [json.loads(x[6:]) for x in streamed.text.splitlines() if x.startswith("data:")]

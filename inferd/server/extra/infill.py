@@ -164,7 +164,12 @@ async def infill(body: InfillRequest, request: Request) -> Response:
 
     prompts = salted(await group.tokenize(build), body.cache_salt)
     prompts = state.with_adapter(prompts, body.model)
-    await group.submit(new_id("infill"), prompts, params, arrival)
+    try:
+        await group.submit(new_id("infill"), prompts, params, arrival)
+    except InvalidRequest as e:
+        if e.param == "n" and "n_cmpl" in body.model_fields_set:  # the engine's limit on n
+            raise InvalidRequest("n_cmpl", e.message.replace("n must", "n_cmpl must", 1)) from e
+        raise
     run = _Run(group, body, model, arrival, params.n)
     if body.stream:
         return sse_response(guarded(group, request, run.events(), _failed))
