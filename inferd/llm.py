@@ -18,6 +18,7 @@ from inferd.errors import InvalidRequest
 from inferd.loader.catalog import with_engine_defaults
 from inferd.lora_request import LoRARequest
 from inferd.memory_trim import malloc_trim
+from inferd.multimodal.image_parts import split_images
 from inferd.outputs import EmbeddingRequestOutput, RequestOutput
 from inferd.pooling_params import PoolingParams
 from inferd.sampling_params import SamplingParams
@@ -211,6 +212,8 @@ class LLM:
         extra = {} if tools is None else {"tools": tools}
         prompts = []
         for conv in conversations:
+            # image parts (data: URLs, PIL images) → {"type": "image"} for the template
+            conv, images = split_images(conv)
             text, ids = tok.chat_prompt(
                 prepare_messages(conv) if tools is not None else conv,
                 add_generation_prompt,
@@ -220,7 +223,8 @@ class LLM:
                 chat_template=template,
                 **extra,
             )
-            prompts.append({"prompt": text, "prompt_token_ids": ids})
+            prompt = {"prompt": text, "prompt_token_ids": ids}
+            prompts.append({**prompt, "multi_modal_data": {"image": images}} if images else prompt)
         return self.generate(prompts, sampling_params, use_tqdm)
 
     def _run(self, ids: list[str], use_tqdm: bool) -> list:

@@ -19,6 +19,14 @@ import torch
 from tiny_models import train_tokenizer
 
 IMAGE_TOKEN = "<image>"
+# A chat template that walks content parts and writes <image> for an image part, as the
+# llava-hf checkpoints' templates do (tiny_models' own template takes strings only).
+CHAT_TEMPLATE = (
+    "{% for m in messages %}<|{{ m['role'] }}|>"
+    "{% if m['content'] is string %}{{ m['content'] }}{% else %}{% for p in m['content'] %}"
+    "{% if p['type'] == 'image' %}<image>{% else %}{{ p['text'] }}{% endif %}{% endfor %}"
+    "{% endif %}</s>{% endfor %}{% if add_generation_prompt %}<|assistant|>{% endif %}"
+)
 IMAGE_SIZE, PATCH = 16, 4  # 16 patches: 16 placeholder tokens per LLaVA image
 
 
@@ -30,6 +38,9 @@ def _tokenizer_with_image_token(folder: Path) -> int:
     tok = Tokenizer.from_file(str(folder / "tokenizer.json"))
     tok.add_special_tokens([IMAGE_TOKEN])
     tok.save(str(folder / "tokenizer.json"))
+    config = json.loads((folder / "tokenizer_config.json").read_text())
+    config["chat_template"] = CHAT_TEMPLATE
+    (folder / "tokenizer_config.json").write_text(json.dumps(config))
     return tok.token_to_id(IMAGE_TOKEN)
 
 

@@ -54,6 +54,9 @@ def text_of_parts(parts: list[Any], where: str = "content") -> str:
     texts = []
     for j, part in enumerate(parts):
         kind = part.get("type") if isinstance(part, dict) else None
+        if kind == "image":
+            raise ValueError(f"{where}[{j}]: this model's chat template takes text only: it has "
+                             "no place for an image")  # fmt: skip
         if kind != "text" or not isinstance(part.get("text"), str):
             raise ValueError(
                 f"{where}[{j}]: content parts of type {kind!r} are not supported (only 'text' "

@@ -5,6 +5,7 @@ for another; and in the default mode a request's tokens are the same alone and i
 
 from __future__ import annotations
 
+import base64
 import io
 
 import pytest
@@ -55,6 +56,18 @@ def test_generate_with_images_matches_hf_and_caches(tiny_llava):
         assert list(out.outputs[0].token_ids) == ref
     cache = llm.engine.runner.encoder_cache
     assert cache.encodes == 2  # `one` came twice (as PIL and as PNG bytes): encoded once
+
+    # LLM.chat: an image part (a data: URL) where the template writes <image>
+    url = "data:image/png;base64," + base64.b64encode(_png(two)).decode()
+    content = [
+        {"type": "text", "text": "The quick"},
+        {"type": "image_url", "image_url": {"url": url}},
+    ]
+    chat = llm.chat([{"role": "user", "content": content}], GREEDY, use_tqdm=False)[0]
+    ids = list(chat.prompt_token_ids)
+    assert ids.count(llm.engine.model_config.vision.image_token_id) == 16
+    _, ref = hf_greedy_with_images(hf, ids, hf_pixels(folder, [two]), 8)
+    assert list(chat.outputs[0].token_ids) == ref
 
     # The same image again: its blocks come from the prefix cache; another image: none of
     # the blocks from where the image starts.

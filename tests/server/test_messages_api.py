@@ -172,7 +172,7 @@ ROWS = {  # field → [(value, extra body, check(response json, fake) or the ref
         (
             [{"role": "user", "content": [{"type": "image", "source": {}}]}],
             {},
-            "messages[0].content[0].type",
+            "messages[0].content[0].source",  # base64 sources only (test_image_parts.py)
         ),
         ([{"role": "system", "content": "x"}], {}, "messages[0]"),
     ],

@@ -71,10 +71,10 @@ ABOVE: dict[str, set[str]] = {
                "cpu_kernels", "profiling", "spec_decode", "structured", "plan", "multimodal"},
     "structured": {"tokenizer", "loader"},
     "tools": {"structured", "tokenizer"},
-    "llm": {"engine", "tokenizer", "loader", "tools"},
+    "llm": {"engine", "tokenizer", "loader", "tools", "multimodal"},
     # The engine only as an EngineClient (inferd/engine_client.py); request fields → grammar
     # specs and tool-call parsing are libraries it uses, not the engine.
-    "server": {"structured", "tools"},
+    "server": {"structured", "tools", "multimodal"},
     "bench": {"llm", "plan"},
     # Ray Serve: the server's app over a RayEngineClient, engine clients in replicas. The
     # engines themselves come from factories that `commands` passes in.

@@ -32,6 +32,7 @@ from inferd.server.openai.tool_calls import checked_tools
 # The chat request's field → this API's, for errors raised on the way (chat_pipeline.renamed).
 CHAT_NAMES = {"max_completion_tokens": "max_tokens", "stop": "stop_sequences", "prompt": "messages"}
 _TEXT_KEYS = {"type", "text", "cache_control", "citations"}
+_IMAGE_KEYS = {"type", "source", "cache_control"}
 _THINKING_KEYS = {"type", "thinking", "signature", "cache_control"}
 _TOOL_USE_KEYS = {"type", "id", "name", "input", "cache_control"}
 _RESULT_KEYS = {"type", "tool_use_id", "content", "is_error", "cache_control"}
@@ -109,6 +110,21 @@ def _text_of(content: Any, where: str) -> str:
     return "\n".join(texts)
 
 
+def _image_part(block: dict[str, Any], at: str) -> dict[str, Any]:
+    """An image block ({type: image, source: {type: base64, media_type, data}}) as the chat
+    API's image_url part with a data: URL (decoded by the chat pipeline: 400s name it)."""
+    _refuse_keys(block, _IMAGE_KEYS, at)
+    source = block.get("source")
+    if not isinstance(source, dict) or source.get("type") != "base64":
+        kind = source.get("type") if isinstance(source, dict) else None
+        raise InvalidRequest(f"{at}.source", f"{at}.source: image sources of type {kind!r} "
+                             "are not read (base64 only: this server fetches no URLs)")  # fmt: skip
+    media, data = source.get("media_type"), source.get("data")
+    if not isinstance(media, str) or not isinstance(data, str):
+        raise InvalidRequest(f"{at}.source", f"{at}.source needs media_type and data strings")
+    return {"type": "image_url", "image_url": {"url": f"data:{media};base64,{data}"}}
+
+
 def _message(message: dict[str, Any], i: int) -> list[dict[str, Any]]:
     """One Anthropic message as chat messages (tool results become tool messages)."""
     where = f"messages[{i}]"
@@ -116,10 +132,14 @@ def _message(message: dict[str, Any], i: int) -> list[dict[str, Any]]:
     if role not in ("user", "assistant") or set(message) - {"role", "content"}:
         raise InvalidRequest(where, f"{where} must be {{role: user|assistant, content}}")
     texts, calls, results, thinking = [], [], [], []
+    parts: list[dict[str, Any]] = []  # text and images in order, when there are images
     for j, block in enumerate(_blocks(message.get("content"), f"{where}.content")):
         at, kind = f"{where}.content[{j}]", block.get("type")
         if kind == "text":
             texts.append(_text_of([block], f"{where}.content"))
+            parts.append({"type": "text", "text": texts[-1]})
+        elif kind == "image" and role == "user":
+            parts.append(_image_part(block, at))
         elif kind == "tool_use" and role == "assistant":
             _refuse_keys(block, _TOOL_USE_KEYS, at)
             if not isinstance(block.get("id"), str) or not isinstance(block.get("input"), dict):
@@ -145,11 +165,12 @@ def _message(message: dict[str, Any], i: int) -> list[dict[str, Any]]:
                 f"{at}.type",
                 f"{at}.type: content blocks of type {kind!r} are not "
                 f"supported in a {role} message (text, thinking and tool_use from the "
-                "assistant, tool_result from the user)",
+                "assistant, tool_result and image from the user)",
             )
     out = results
-    if texts or calls or thinking or not results:
-        chat: dict[str, Any] = {"role": role, "content": "\n".join(texts)}
+    images = len(parts) > len(texts)
+    if texts or calls or thinking or images or not results:
+        chat: dict[str, Any] = {"role": role, "content": parts if images else "\n".join(texts)}
         if thinking:
             chat["reasoning_content"] = "\n".join(thinking)
         if calls:

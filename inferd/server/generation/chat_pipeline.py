@@ -20,6 +20,7 @@ from typing import Any
 from fastapi import Request
 
 from inferd.errors import InvalidRequest
+from inferd.multimodal.image_parts import split_images
 from inferd.outputs import PositionLogprobs, RequestOutput
 from inferd.sampling_params import SamplingParams
 from inferd.server.generation.context_window import ContextWindow
@@ -60,7 +61,8 @@ async def start_chat(
     plan = plan_tools(body, state.tools)
     params = chat_params(body, plan.spec, special_tokens=plan.special_tokens)
     refuse_streamed_prompt_logprobs(body.stream, params.prompt_logprobs)
-    messages = body.template_messages()
+    # image parts decoded (400s naming the part), then `{"type": "image"}` for the template
+    messages, images = split_images(body.template_messages(images=True))
     # 400/503 before rendering: the messages' text bounds the prompt's tokens from below.
     keep = params.truncate_prompt_tokens
     group = state.admit(request, [all_text(messages)], params.n, "messages", keep=keep)
@@ -71,6 +73,8 @@ async def start_chat(
     [prompt] = salted(truncated([prompt], keep, state.info.max_model_len), body.cache_salt)
     [prompt] = prioritized([prompt], body.priority)
     [prompt] = state.with_adapter([prompt], body.model)
+    if images:  # the engine expands each placeholder the template wrote (multimodal/)
+        prompt = {**prompt, "multi_modal_data": {"image": images}}
     if context is not None:
         context.bound(params, len(prompt["prompt_token_ids"]))
     try:
@@ -79,6 +83,8 @@ async def start_chat(
         if e.param == "logprobs" and body.top_logprobs is not None:  # the chat route's name
             message = e.message.replace("logprobs", "top_logprobs", 1)
             raise InvalidRequest("top_logprobs", message) from e
+        if (e.param or "").startswith("multi_modal_data"):  # the images came from messages
+            raise InvalidRequest("messages", e.message) from e
         raise
     return ChatRun(body, plan, group, params, prompt)
 

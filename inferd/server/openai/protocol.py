@@ -158,14 +158,17 @@ class ChatMessage(Body):
     role: str
     content: str | list[ContentPart] | None = None
 
-    def to_template(self, where: str = "messages") -> dict[str, Any]:
+    def to_template(self, where: str = "messages", images: bool = False) -> dict[str, Any]:
         """The message as templates take it. Text parts stay a list: the tokenizer joins them
-        for templates that want a string (inferd/tokenizer/content_format.py). Other parts
-        (images, audio, files) are a 400 naming the part and its type."""
+        for templates that want a string (inferd/tokenizer/content_format.py). `images`:
+        `image_url` parts stay too (the chat pipeline decodes them: multimodal/image_parts.py).
+        Other parts (audio, files) are a 400 naming the part and its type."""
         message = self.model_dump(exclude_none=True)
         if isinstance(self.content, list):
             for j, part in enumerate(self.content):
                 at = f"{where}.content[{j}]"
+                if images and part.type == "image_url":
+                    continue
                 if part.type != "text":
                     raise InvalidRequest(
                         f"{at}.type",
@@ -199,7 +202,9 @@ class ChatTemplateFields(Body):
     split_special_tokens: bool = True
     tools: list[dict[str, Any]] | None = None
 
-    def template_messages(self) -> list[dict[str, Any]]:
+    def template_messages(self, images: bool = False) -> list[dict[str, Any]]:
+        """The messages as templates take them; `images`: with their `image_url` parts (the
+        routes that generate read them; /tokenize refuses them)."""
         if not self.messages:
             raise InvalidRequest("messages", "messages must contain at least one message")
         if self.continue_final_message and self.add_generation_prompt:
@@ -208,7 +213,7 @@ class ChatTemplateFields(Body):
                 "continue_final_message cannot be combined with add_generation_prompt: "
                 "set add_generation_prompt to false to continue the final message",
             )
-        return [m.to_template(f"messages[{i}]") for i, m in enumerate(self.messages)]
+        return [m.to_template(f"messages[{i}]", images) for i, m in enumerate(self.messages)]
 
 
 class ChatCompletionRequest(ChatTemplateFields, OpenAIFields):

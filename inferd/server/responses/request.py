@@ -136,6 +136,28 @@ def _text(value: Any, where: str) -> str:
     return "\n".join(texts)
 
 
+def _with_images(value: Any, where: str) -> str | list[dict[str, Any]]:
+    """A user message's content: as `_text`, or, when it holds `input_image` parts, the chat
+    API's text and image_url parts in order (the chat pipeline decodes the images)."""
+    has_image = isinstance(value, list) and any(
+        isinstance(p, dict) and p.get("type") == "input_image" for p in value
+    )
+    if not has_image:
+        return _text(value, where)
+    parts: list[dict[str, Any]] = []
+    for j, part in enumerate(value):
+        at = f"{where}[{j}]"
+        if isinstance(part, dict) and part.get("type") == "input_image":
+            _refuse_keys(part, {"type", "image_url", "detail"}, at)
+            if not isinstance(part.get("image_url"), str):
+                raise InvalidRequest(f"{at}.image_url", f"{at}.image_url must be a data: URL "
+                                     "(file ids are not supported)")  # fmt: skip
+            parts.append({"type": "image_url", "image_url": {"url": part["image_url"]}})
+        else:
+            parts.append({"type": "text", "text": _text([part], where)})
+    return parts
+
+
 def input_messages(value: str | list[dict[str, Any]]) -> list[dict[str, Any]]:
     """The chat messages of `input` (400 naming the item at fault)."""
     if isinstance(value, str):
@@ -153,7 +175,9 @@ def input_messages(value: str | list[dict[str, Any]]) -> list[dict[str, Any]]:
                     f"{where}.role must be user, assistant, system or developer, got {role!r}",
                 )
             role = "system" if role == "developer" else role
-            text = _text(item.get("content"), f"{where}.content")
+            content = item.get("content")
+            text = (_with_images(content, f"{where}.content") if role == "user"
+                    else _text(content, f"{where}.content"))  # fmt: skip
             last = messages[-1] if messages else None
             if role == "assistant" and last is not None and _reasoning_only(last):
                 last["content"] = text  # the answer after its reasoning: one turn
