@@ -9,7 +9,9 @@ e.g. `-- --scheduling-policy priority` or `-- --batch-concurrency 4`. The intera
 sends one streamed /v1/completions at a time (a fresh prompt each, so no prefix-cache hit; 4
 tokens), with a short pause between, as a person at a prompt would; the batch's lines are
 /v1/completions of 16 tokens each. During the batch the client keeps sending until the batch
-ends (at least --samples requests).
+ends (at least --samples requests). The alone phase runs both before and after the batch (each
+--samples requests) and its figures pool the two: on a machine shared with other work the load
+drifts over a run's minutes, and a ratio against one side only would measure the drift.
 """
 
 from __future__ import annotations
@@ -88,6 +90,10 @@ def main() -> int:
                 i += 1
             time.sleep(args.pause)
         took = time.perf_counter() - start
+        after = []
+        for i in range(args.samples):
+            after.append(ttft(client, model, prompt(i, "after")))
+            time.sleep(args.pause)
         for file_id in (upload.id, batch.output_file_id, batch.error_file_id):
             if file_id:
                 client.files.delete(file_id)
@@ -101,7 +107,9 @@ def main() -> int:
         f"batch: {args.lines} lines, status {batch.status}, completed {counts.completed}, "
         f"failed {counts.failed}, {took:.1f} s"
     )
-    for name, values in (("alone", alone), ("during batch", during)):
+    before, alone = alone, alone + after
+    for name, values in (("alone before", before), ("alone after", after), ("alone", alone),
+                         ("during batch", during)):  # fmt: skip
         print(
             f"TTFT {name:>12}: n={len(values):3d}  p50 {1000 * statistics.median(values):7.1f} "
             f"ms  p99 {1000 * percentile(values, 0.99):7.1f} ms"
