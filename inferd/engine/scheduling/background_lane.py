@@ -37,8 +37,9 @@ if TYPE_CHECKING:
 
     from inferd.engine.scheduling.request import Sequence
 
-# Measured on the embedded Gemma 3 270M (2-core AMD EPYC): 8 prompt tokens add about as much to a
-# step as a decode row does; docs/server.md "Batches" has the resulting TTFT figures.
+# Chosen, not tuned: a fifth of a typical 40-token interactive prompt, so that the step such a
+# request may wait for adds a fraction of its own prefill, while a batch line's prompt still
+# takes only a few steps. docs/server.md "Batches" has the TTFT figures it gives.
 BACKGROUND_PREFILL_TOKENS = 8
 
 
