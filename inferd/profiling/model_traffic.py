@@ -26,6 +26,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass
+from itertools import repeat
 
 import torch
 from torch import nn
@@ -182,13 +183,23 @@ class ModelTraffic:
         tokens = logits = 0
         attended = [0] * len(self.kv_groups)  # keys the step's queries attend, per group
         kv_tokens = [0] * len(self.kv_groups)  # KV tokens read, per group
+        decode_ends = []  # one-token rows: their query attends what they read (the common case)
         for start, n, need in rows:
             tokens += n
             logits += need
-            end = start + n
+            if n == 1:
+                decode_ends.append(start + 1)
+                continue
             for g, group in enumerate(self.kv_groups):
                 attended[g] += keys_attended(start, n, group.window)
+                end = start + n
                 kv_tokens[g] += end if group.window is None else min(end, group.window)
+        if decode_ends:  # NOTE: summed per group in C (map/sum): a 256-row step stays cheap
+            for g, group in enumerate(self.kv_groups):
+                w = group.window
+                read = sum(decode_ends) if w is None else sum(map(min, decode_ends, repeat(w)))
+                attended[g] += read
+                kv_tokens[g] += read
         flops: dict[str, float] = {}
         for fmt, macs in self.layer_macs.items():
             _add(flops, fmt, 2.0 * tokens * macs)

@@ -109,16 +109,24 @@ def test_experts_read_at_most_the_tokens_choices():
     assert extra([(0, 3, 1)]) == (4 * 4 * expert_weights, 2 * 6 * expert_weights)
 
 
-def test_gguf_blocks_are_counted_in_their_own_format():
-    from inferd.plan.machine_peaks import random_block_weight
+def random_blocks(ggml_type: int, scales_at: tuple[int, ...], rows: int, cols: int):
+    """A BlockWeight of a GGUF type: random bytes, finite fp16 scales."""
+    import numpy as np
 
+    from inferd.loader import gguf_quants as gq
+
+    per_block, nbytes = gq.BLOCK_LAYOUT[ggml_type]
+    raw = np.random.default_rng(0).integers(0, 256, (rows * cols // per_block, nbytes), np.uint8)
+    for at in scales_at:
+        raw[:, at : at + 2] = np.frombuffer(np.float16(0.01).tobytes(), dtype=np.uint8)
+    return BlockWeight(*gq.unpack(raw, ggml_type, (rows, cols)))
+
+
+def test_gguf_blocks_are_counted_in_their_own_format():
+    q4_k, q8_0 = random_blocks(12, (0, 2), 32, 256), random_blocks(8, (0,), 32, 256)
     layer = Linear(256, 64, scheme=F32)
     method = layer.quant_method = BlockMethod()
-    parts = [
-        *random_block_weight("q4_k", 32, 256).parts,
-        *random_block_weight("q8_0", 32, 256).parts,
-    ]
-    method.install(layer, BlockWeight(parts=parts))
+    method.install(layer, BlockWeight(parts=[*q4_k.parts, *q8_0.parts]))
     found = matrices(layer, 64, 256)
     assert [m.fmt for m in found] == ["q4_k", "q8_0"]
     assert [m.macs for m in found] == [32 * 256, 32 * 256]
