@@ -106,6 +106,10 @@ def test_both_pages_under_a_16_request_load(browser, served, screenshots):
         segments = dashboard.js(f"[...{row}.querySelectorAll('.seg')].map(s => s.className)")
         assert segments[:3] == ["seg seg-queued", "seg seg-prefill", "seg seg-decode"]
         assert "TTFT" in dashboard.js(f"{row}.textContent")
+        # the steps against the machine's limits: rates always, MBU / MFU once peaks are known
+        efficiency = dashboard.page.text_content("#efficiency-summary")
+        assert "decode:" in efficiency and "B/s read" in efficiency, efficiency
+        assert "MBU" in efficiency  # a figure, or why it is unknown
         assert dashboard.errors == [] and chat.errors == []
     finally:
         dashboard.close()
