@@ -77,3 +77,18 @@ def test_engines_that_count_nothing_render_no_series():
     metrics = ServerMetrics("m")
     text = metrics.render(EngineStats(0, 0, 0.0, 0, 0, 0, 0, 0, 0)).decode()
     assert "step_flops" not in text and "step_mbu" not in text
+
+
+def test_the_counts_cross_the_process_boundary_and_replicas_add_up():
+    from inferd.engine.frontend.replica_stats import merge_stats
+    from inferd.engine.transport import ipc
+
+    meter = EfficiencyMeter(traffic(), lambda: PEAKS)
+    meter.observe([decode_row(5)], 1e-6, prefill=False)
+    stats = stats_of(meter)
+    back = ipc.decode_from_core(ipc.encode(ipc.Outputs([], stats=stats))).stats
+    assert back.step_efficiency == stats.step_efficiency
+    merged = merge_stats([stats, back]).step_efficiency.kinds["decode"]
+    one = stats.step_efficiency.kinds["decode"]
+    assert (merged.steps, merged.weight_bytes) == (2, 2 * one.weight_bytes)
+    assert merged.mean_mbu == pytest.approx(one.mean_mbu)
