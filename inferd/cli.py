@@ -25,6 +25,7 @@ COMMANDS = {
     "chat": "Chat with a model in the terminal",
     "serve": "Run the OpenAI-compatible HTTP server",
     "memory": "Estimate (or measure) what a model costs in memory",
+    "plan": "Plan capacity: speed, concurrency at SLOs, parallelism, power, cost; --check it",
     "bench": "Benchmark throughput, latency and start-up",
     "doctor": "Print what a bug report needs: CPU features, compiler, kernels, torch, threads",
     "pull": "Fetch a model by name into the cache (e.g. smollm2-135m-instruct, a chat model)",
