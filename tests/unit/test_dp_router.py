@@ -141,7 +141,8 @@ def test_merged_stats_add_up_every_field():
     expected = {f.name: getattr(a, f.name) + getattr(b, f.name)
                 for f in dataclasses.fields(EngineStats)
                 if f.name not in ("kv_cache_usage", "step_timing", "lora_resident", "lora_requests",
-                                  "spec_decode_num_accepted_tokens_per_pos")}  # fmt: skip
+                                  "spec_decode_num_accepted_tokens_per_pos",
+                                  "step_efficiency")}  # fmt: skip
     assert {k: getattr(merged, k) for k in expected} == expected
     assert merged.kv_cache_usage == 0.75 and merged.spec_decode_num_accepted_tokens_per_pos == (
         4,
