@@ -113,3 +113,55 @@ def test_preprocessing_matches_hfs_pil_processor(llava):
     pics = random_images(4)  # wide, tall, square, larger
     ours = torch.stack([pixel_values(pre.prepare(p, "image", 0)) for p in pics])
     assert torch.equal(ours, hf_pixels(folder, pics))
+
+
+def test_gemma3_image_features_match_hf(tmp_path):
+    # Gemma 3's image side alone (the family is not registered yet: docs/vision.md): SigLIP
+    # with its final norm, the avg-pool projector; and the SigLIP processor's pixels.
+    import transformers
+    from transformers.models.siglip.image_processing_pil_siglip import SiglipImageProcessorPil
+
+    from inferd.config import ModelConfig, VisionConfig
+    from inferd.models.gemma3_vision import Gemma3Projector
+    from inferd.models.vision_encoder import VisionEncoder
+
+    vc = transformers.SiglipVisionConfig(
+        hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+        image_size=16, patch_size=2,
+    )  # fmt: skip
+    tc = transformers.Gemma3TextConfig(vocab_size=64, hidden_size=48, intermediate_size=96,
+                                       num_hidden_layers=1, num_attention_heads=2,
+                                       num_key_value_heads=1, head_dim=16)  # fmt: skip
+    config = transformers.Gemma3Config(vision_config=vc, text_config=tc, mm_tokens_per_image=16,
+                                       image_token_index=60)  # fmt: skip
+    torch.manual_seed(0)
+    hf = transformers.Gemma3ForConditionalGeneration(config).eval()
+    with torch.no_grad():
+        for name, p in hf.named_parameters():
+            if "norm" in name or "bias" in name or "projection" in name:
+                p.add_(torch.randn_like(p) * 0.2)
+    vision = VisionConfig(kind="siglip", hidden_size=32, intermediate_size=64, num_layers=2,
+                          num_heads=4, image_size=16, patch_size=2, image_token_id=60,
+                          tokens_per_image=16, layer_norm_eps=vc.layer_norm_eps,
+                          hidden_act=vc.hidden_act, post_norm=True)  # fmt: skip
+    tower, projector = VisionEncoder(vision), Gemma3Projector(vision, 48)
+    state = hf.state_dict()
+    for module, prefix in (
+        (tower, "model.vision_tower."),
+        (projector, "model.multi_modal_projector."),
+    ):
+        module.load_state_dict({k[len(prefix) :]: v for k, v in state.items()
+                                if k.startswith(prefix) and ".head." not in k})  # fmt: skip
+
+    SiglipImageProcessorPil(size={"height": 16, "width": 16}).save_pretrained(tmp_path)
+    pics = random_images(3)
+    ref_pixels = SiglipImageProcessorPil.from_pretrained(tmp_path)(images=pics, return_tensors="pt")
+    pre = ImagePreprocessor.from_folder(ModelConfig("gemma3", 64, 48, 96, 1, 2, 1, 16,
+                                                    vision=vision), tmp_path)  # fmt: skip
+    pixels = torch.stack([pixel_values(pre.prepare(p, "image", 0)) for p in pics])
+    assert torch.equal(pixels, ref_pixels["pixel_values"])
+    with torch.no_grad():
+        ref = hf.model.get_image_features(pixel_values=pixels).pooler_output
+        ours = projector(tower(pixels))
+    assert ours.shape == (3, 16, 48)
+    torch.testing.assert_close(ours, ref, rtol=1e-5, atol=1e-5)
