@@ -46,7 +46,7 @@ def add_stats(total: EngineStats, part: EngineStats, gauges: bool = True) -> Eng
         a, b = getattr(total, f.name), getattr(part, f.name)
         if (f.name in _GAUGES or f.name == "lora_resident") and not gauges:
             continue
-        if f.name == "step_timing":
+        if f.name in ("step_timing", "step_efficiency"):  # records with their own `plus`
             changes[f.name] = b if a is None else (a if b is None else a.plus(b))
         elif f.name == "lora_resident":  # adapter names: resident on any replica
             changes[f.name] = tuple(sorted({*a, *b}))

@@ -92,3 +92,14 @@ def test_the_counts_cross_the_process_boundary_and_replicas_add_up():
     one = stats.step_efficiency.kinds["decode"]
     assert (merged.steps, merged.weight_bytes) == (2, 2 * one.weight_bytes)
     assert merged.mean_mbu == pytest.approx(one.mean_mbu)
+
+
+def test_ray_replicas_records_add_up_and_none_stays_none():
+    from inferd.ray_serve.replica_board import add_stats
+
+    meter = EfficiencyMeter(traffic(), lambda: PEAKS)
+    meter.observe([decode_row(5)], 1e-6, prefill=False)
+    counted, bare = stats_of(meter), EngineStats(0, 0, 0.0, 0, 0, 0, 0, 0, 0)
+    assert add_stats(bare, bare).step_efficiency is None
+    assert add_stats(bare, counted).step_efficiency == counted.step_efficiency
+    assert add_stats(counted, counted).step_efficiency.kinds["decode"].steps == 2
