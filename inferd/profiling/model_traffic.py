@@ -18,8 +18,10 @@ The KV cache: per layer, each row reads its attended context once (min(context, 
 tokens; keys and values, in the cache's own bytes per token); attention costs 4 FLOPs per
 query head, head dimension and attended key (q·k and the weighted sum of v), counted under
 the compute dtype. Norms, biases, the MoE router and LoRA adapters are left out (well under
-1% of a step's bytes on the models here). Under tensor parallelism the rank holds 1/N of the
-weights and KV: the counts are of the whole model (rank 0's times N).
+1% of a step's bytes on the models here), and so is a vision tower (plain torch layers without
+a weight method: it runs only for a request's images, not every step). Under tensor
+parallelism the rank holds 1/N of the weights and KV: the counts are of the whole model (rank
+0's times N).
 """
 
 from __future__ import annotations
