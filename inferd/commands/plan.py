@@ -90,7 +90,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", action="store_true", help="print JSON, not tables")
     parser.add_argument("--check", action="store_true",
                         help="run the engine on this machine at batches of 1, 8 and 32 and a "
-                        "512-token prefill, and print predicted against measured")
+                        "512-token prefill, and print predicted against measured; with a named "
+                        "--hardware, the predictions alone")
     parser.add_argument("--output-len-check", type=_positive(int), default=16,
                         help="tokens generated at each --check point")
     parser.add_argument("--clock", choices=("wall", "cpu"), default="wall",
@@ -184,20 +185,27 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _run_check(args: argparse.Namespace, facts) -> int:
-    from inferd.cpu_kernels import kernels_available
-    from inferd.llm import LLM
-    from inferd.plan.candidates import default_mode_slice
-    from inferd.plan.check import check_points, render_check
+    from inferd.plan.check import check_points, predicted_points, render_check
 
-    if args.hardware.strip().lower() != "this":
-        raise ValueError("--check runs the engine on this machine: --hardware must be 'this'")
-    if facts.format == "config":
+    if facts.format == "config" and args.hardware.strip().lower() == "this":
         raise ValueError("--check runs a model file: give a GGUF file, folder or name")
-    peaks, model, _ = _this_machine(args.measure_again)
-    model_slice = default_mode_slice(facts, peaks, kernels_available())
-    points, notes = check_points(facts, model_slice, model, LLM,
-                                 output_len=args.output_len_check,
-                                 clock=args.clock)  # fmt: skip
+    if args.hardware.strip().lower() != "this":
+        # predictions only, written down before a run on that hardware checks them
+        hw, _ = _hardware(args)
+        points = predicted_points(facts, hw, args.output_len_check)
+        notes = [f"predictions only: this machine is not {hw.description} (bf16 weights, "
+                 f"{hw.model.overhead.source})"]  # fmt: skip
+        peaks = hw.peaks
+    else:
+        from inferd.cpu_kernels import kernels_available
+        from inferd.llm import LLM
+        from inferd.plan.candidates import default_mode_slice
+
+        peaks, model, _ = _this_machine(args.measure_again)
+        model_slice = default_mode_slice(facts, peaks, kernels_available())
+        points, notes = check_points(facts, model_slice, model, LLM,
+                                     output_len=args.output_len_check,
+                                     clock=args.clock)  # fmt: skip
     if args.json:
         json.dump([p.to_dict() for p in points], sys.stdout, indent=2)
         print()

@@ -40,12 +40,14 @@ class CheckPoint:
     input_len: int
     output_len: int
     predicted: float
-    measured: float
+    measured: float | None  # None: predictions only (another machine's)
 
     @property
-    def error(self) -> float:
+    def error(self) -> float | None:
         """(predicted - measured) / measured."""
-        return (self.predicted - self.measured) / self.measured if self.measured else 0.0
+        if not self.measured:
+            return None
+        return (self.predicted - self.measured) / self.measured
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -60,6 +62,24 @@ def predict_batch(model: StepModel, m: ModelSlice, batch: int, prompt: int,
     tpot = model.decode(m, batch, context).time_s
     total = prefill + (output - 1) * tpot
     return tpot, batch * output / total
+
+
+def predicted_points(facts, hw, output_len: int = 16,
+                     batches=CHECK_BATCHES) -> list[CheckPoint]:  # fmt: skip
+    """The check's points predicted for a named profile (bf16 weights, one device)."""
+    from inferd.plan.candidates import Layout, build_candidate
+
+    c = build_candidate(facts, "bf16", Layout(), device="cuda" if hw.kind == "gpu" else "cpu",
+                        capacity=hw.peaks.memory_bytes, context=CHECK_PREFILL + output_len,
+                        concurrency=max(batches), peaks_flops=hw.peaks.flops_s)  # fmt: skip
+    points = []
+    for batch in batches:
+        tpot, rate = predict_batch(hw.model, c.slice, batch, CHECK_PROMPT, output_len)
+        points.append(CheckPoint("tpot_s", batch, CHECK_PROMPT, output_len, tpot, None))
+        points.append(CheckPoint("output_tok_s", batch, CHECK_PROMPT, output_len, rate, None))
+    prefill = hw.model.prefill(c.slice, CHECK_PREFILL).time_s
+    points.append(CheckPoint("prefill_s", 1, CHECK_PREFILL, 1, prefill, None))
+    return points
 
 
 def _prompts(batch: int, length: int, salt: int) -> list[dict]:
@@ -128,15 +148,17 @@ def render_check(points: list[CheckPoint], notes: list[str], peaks, facts) -> No
     from rich.table import Table
 
     console = Console()
-    console.print(f"{facts.name} on {peaks.name}; peaks measured {peaks.measured_at}")
+    when = f"; peaks measured {peaks.measured_at}" if peaks.measured_at else ""
+    console.print(f"{facts.name} on {peaks.name}{when}")
     table = Table(title="predicted against measured (error = (predicted - measured) / measured)")
     for col in ("metric", "batch", "input", "output", "predicted", "measured", "error"):
         table.add_column(col, justify="left" if col == "metric" else "right")
     for p in points:
-        fmt = "{:.1f}" if p.metric == "output_tok_s" else "{:.4f}"
+        fmt = "{:.1f}" if p.metric == "output_tok_s" else "{:.5f}"
+        measured = "-" if p.measured is None else fmt.format(p.measured)
+        error = "-" if p.error is None else f"{p.error:+.0%}"
         table.add_row(p.metric, str(p.batch), str(p.input_len), str(p.output_len),
-                      fmt.format(p.predicted), fmt.format(p.measured),
-                      f"{p.error:+.0%}")  # fmt: skip
+                      fmt.format(p.predicted), measured, error)  # fmt: skip
     console.print(table)
     for note in notes:
         console.print(note)
