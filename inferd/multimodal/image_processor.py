@@ -15,7 +15,7 @@ may hold them expanded already.
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
@@ -134,6 +134,16 @@ class ImagePreprocessor:
             last = start + length
         out.extend(ids[last:])
         return out, records
+
+
+def shifted(images: list[ImageInput], dropped: int) -> list[ImageInput]:
+    """The images of a prompt whose first `dropped` tokens were cut (truncate_prompt_tokens),
+    their offsets moved; an image the cut reaches is refused, not silently half-kept."""
+    if any(i.offset < dropped for i in images):
+        message = (f"truncating the prompt to its last tokens would cut an image's "
+                   f"placeholders (its first {dropped} tokens go)")  # fmt: skip
+        raise InvalidRequest("truncate_prompt_tokens", message)
+    return [replace(i, offset=i.offset - dropped) for i in images]
 
 
 def _runs(ids: list[int], token: int) -> list[tuple[int, int]]:

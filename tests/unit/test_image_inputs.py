@@ -18,7 +18,7 @@ from inferd.engine.frontend.input_processor import InputLimits, InputProcessor
 from inferd.engine.transport import ipc
 from inferd.errors import InvalidRequest
 from inferd.multimodal.image_decode import decode_image
-from inferd.multimodal.image_input import pixel_values
+from inferd.multimodal.image_input import ImageInput, pixel_values
 from inferd.multimodal.image_processor import ImagePreprocessor
 from inferd.sampling_params import SamplingParams
 
@@ -109,3 +109,13 @@ def test_images_cross_the_process_boundary(preprocessor):
     back = ipc.decode_to_core(ipc.encode(ipc.Add(request))).request
     assert back.images == images
     assert torch.equal(pixel_values(back.images[0]), pixel_values(images[0]))
+
+
+def test_truncation_moves_the_images_or_refuses_to_cut_one():
+    from inferd.multimodal.image_processor import shifted
+
+    image = ImageInput(offset=5, length=16, content_hash=b"h", pixels=b"", height=0, width=0)
+    assert shifted([image], 3)[0].offset == 2
+    with pytest.raises(InvalidRequest, match="would cut an image") as e:
+        shifted([image], 6)
+    assert e.value.param == "truncate_prompt_tokens"

@@ -14,7 +14,7 @@ from inferd.engine_client import PromptInput
 from inferd.errors import ContextTooLong, InvalidRequest
 from inferd.loader.lora_adapter import read_adapter_config
 from inferd.lora_request import LoRARequest
-from inferd.multimodal.image_processor import ImagePreprocessor
+from inferd.multimodal.image_processor import ImagePreprocessor, shifted
 from inferd.pooling_params import PoolerConfig, PoolingParams
 from inferd.sampling_params import MAX_LOGPROBS, MAX_STOP_STRING_LENGTH, SamplingParams
 
@@ -93,6 +93,7 @@ class InputProcessor:
             keep = params.truncate_prompt_tokens
             keep = self.max_model_len if keep == -1 else keep
             if len(ids) > keep:  # the prompt's text no longer describes it
+                images = shifted(images, len(ids) - keep)
                 text, ids = None, ids[-keep:]
         room = self.max_model_len - len(ids)
         if room < 1:
