@@ -266,6 +266,11 @@ class Scheduler:
         lane_open = True  # background sequences may be admitted (background_lane.py)
         while not stalled and len(self.waiting) > skipped and budget > 0:
             seq = self.waiting[skipped]
+            if seq.request.background:  # the lane's rule 3 (background_lane.py)
+                lane_open = lane_open and may_admit_background(self.waiting, self.running, chosen)
+                if not lane_open:
+                    skipped += 1  # NOTE: it keeps its place, holding nothing
+                    continue
             if len(self.running) >= self.max_num_seqs:
                 if self._make_room(seq, chosen, preempted):
                     budget = self.max_num_batched_tokens - sum(n for _, n, _ in chosen)
@@ -286,11 +291,7 @@ class Scheduler:
                     prefix, loaded = self._with_loaded_blocks(seq, prefix)
                 start = prefix[0]
             n = min(seq.num_tokens - start, budget)
-            if seq.request.background:  # the lane's rule 3, within its budget (rule 1)
-                lane_open = lane_open and may_admit_background(self.waiting, self.running, chosen)
-                if not lane_open:
-                    skipped += 1  # NOTE: it keeps its place, holding nothing
-                    continue
+            if seq.request.background:  # within the lane's budget (rule 1)
                 n = min(n, background_prefill_budget(chosen, budget))
             if not self.kv.allocate(seq, n, prefix):
                 if loaded is not None:
