@@ -167,6 +167,7 @@ def default_mode_slice(facts: ModelFacts, peaks, block_kernels: bool, context: i
     from inferd.memory.weights import resolve_dtype
 
     precision = "gguf" if facts.format == "gguf" and block_kernels else resolve_dtype("auto", "cpu")
+    context = min(context, facts.config.max_position_embeddings)
     c = build_candidate(facts, precision, Layout(), device="cpu", capacity=peaks.memory_bytes,
                         context=context, concurrency=1, peaks_flops=peaks.flops_s)  # fmt: skip
     return c.slice

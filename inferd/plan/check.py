@@ -82,9 +82,10 @@ def predicted_points(facts, hw, output_len: int = 16,
     return points
 
 
-def _prompts(batch: int, length: int, salt: int) -> list[dict]:
+def _prompts(batch: int, length: int, salt: int, vocab: int) -> list[dict]:
     # distinct token ids per prompt and run, so the prefix cache never serves a prompt
-    return [{"prompt_token_ids": [100 + (salt * 7919 + i * 131 + j) % 20000 for j in range(length)]}
+    span = max(min(vocab, 20000) - 1, 2)
+    return [{"prompt_token_ids": [1 + (salt * 7919 + i * 131 + j) % span for j in range(length)]}
             for i in range(batch)]  # fmt: skip
 
 
@@ -112,7 +113,8 @@ def check_points(facts, m: ModelSlice, model: StepModel, make_llm, output_len: i
         salt += 1
         params = SamplingParams(max_tokens=out, ignore_eos=True, temperature=0.0)
         t0, c0 = time.perf_counter(), time.process_time()
-        outs = llm.generate(_prompts(batch, prompt, salt), params, use_tqdm=False)
+        outs = llm.generate(_prompts(batch, prompt, salt, facts.config.vocab_size), params,
+                            use_tqdm=False)  # fmt: skip
         wall, cpu = time.perf_counter() - t0, (time.process_time() - c0) / threads
         return outs, wall if clock == "wall" else cpu
 
@@ -132,13 +134,15 @@ def check_points(facts, m: ModelSlice, model: StepModel, make_llm, output_len: i
         points.append(CheckPoint("tpot_s", batch, CHECK_PROMPT, output_len, tpot, measured_tpot))
         points.append(CheckPoint("output_tok_s", batch, CHECK_PROMPT, output_len, rate,
                                  batch * output_len / took))  # fmt: skip
-    generate(1, CHECK_PREFILL, 1)  # warm-up
-    outs, took = generate(1, CHECK_PREFILL, 1)
+    # a model of a shorter context prefills what it holds (and the point says so: input_len)
+    prefill_len = min(CHECK_PREFILL, facts.config.max_position_embeddings - 1)
+    generate(1, prefill_len, 1)  # warm-up
+    outs, took = generate(1, prefill_len, 1)
     measured = outs[0].metrics.first_token_time - outs[0].metrics.first_scheduled_time
     if clock == "cpu":
         measured = took
-    predicted = model.prefill(m, CHECK_PREFILL).time_s
-    points.append(CheckPoint("prefill_s", 1, CHECK_PREFILL, 1, predicted, measured))
+    predicted = model.prefill(m, prefill_len).time_s
+    points.append(CheckPoint("prefill_s", 1, prefill_len, 1, predicted, measured))
     notes.append(f"load average after: {os.getloadavg()[0]:.2f} on {os.cpu_count()} cores")
     return points, notes
 
