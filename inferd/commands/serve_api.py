@@ -37,6 +37,14 @@ def add_api_arguments(parser: argparse.ArgumentParser) -> None:
         help="/v1/responses: responses kept in memory for previous_response_id and GET "
         "/v1/responses/{id} (store: true), least recently used dropped first; 0 keeps none",
     )
+    api.add_argument(
+        "--allowed-media-domains",
+        nargs="+",
+        default=[],
+        metavar="HOST",
+        help="hosts whose http(s) image URLs chat messages may name, fetched by the server "
+        "(default: none: image URLs are refused, images must come as base64 data: URLs)",
+    )
 
 
 def api_settings(args: argparse.Namespace) -> APISettings:
@@ -45,4 +53,5 @@ def api_settings(args: argparse.Namespace) -> APISettings:
     return APISettings(
         return_tokens_as_token_ids=args.return_tokens_as_token_ids,
         max_stored_responses=args.max_stored_responses,
+        allowed_media_domains=tuple(args.allowed_media_domains),
     )

@@ -6,8 +6,9 @@ vision models' templates turn into their placeholder: `<image>`, `<start_of_imag
   Responses API's `input_image` and Anthropic's base64 `image` blocks are translated to it);
 * the offline API's `{"type": "image_pil", "image_pil": <PIL image>}` (vLLM's spelling).
 
-Only base64 `data:` URLs are read: an http(s) URL would make the server fetch whatever a client
-names, and servers are often offline; it is refused, saying to send the image inline.
+Base64 `data:` URLs are read as they are. An http(s) URL is read only when the server fetched
+it already (image_fetch.py: hosts listed by `--allowed-media-domains`); otherwise it is refused,
+saying to send the image inline.
 """
 
 from __future__ import annotations
@@ -22,14 +23,18 @@ from inferd.multimodal.image_decode import decode_image
 IMAGE_PART_TYPES = ("image_url", "image_pil")
 
 
-def image_from_url(url: Any, param: str):
-    """A `data:` URL's image, decoded and checked (image_decode.py)."""
+def image_from_url(url: Any, param: str, fetched: dict[str, bytes] | None = None):
+    """A `data:` URL's image, or a fetched URL's (`fetched`: url → body), decoded and checked
+    (image_decode.py)."""
     if not isinstance(url, str):
         raise InvalidRequest(param, f"{param} must be a string (a data: URL)")
+    if fetched and url in fetched:
+        return decode_image(fetched[url], param)
     if url.startswith(("http://", "https://")):
-        raise InvalidRequest(param, f"{param}: image URLs are not fetched by this server; send "
-                             "the image inline as a base64 data: URL "
-                             "(data:image/png;base64,...)")  # fmt: skip
+        message = (f"{param}: image URLs are not fetched by this server (only from hosts "
+                   "listed by --allowed-media-domains); send the image inline as a base64 "
+                   "data: URL (data:image/png;base64,...)")  # fmt: skip
+        raise InvalidRequest(param, message)
     head, comma, data = url.partition(",")
     if not url.startswith("data:") or not comma:
         raise InvalidRequest(param, f"{param} must be a base64 data: URL "
@@ -46,9 +51,23 @@ def image_from_url(url: Any, param: str):
     return decode_image(raw, param)
 
 
-def split_images(messages: list[dict[str, Any]], where: str = "messages"):
+def image_parts(messages: list[dict[str, Any]], where: str = "messages"):
+    """(param, url) of every image_url part, in order."""
+    for i, message in enumerate(messages):
+        content = message.get("content") if isinstance(message, dict) else None
+        for j, part in enumerate(content if isinstance(content, list) else []):
+            if isinstance(part, dict) and part.get("type") == "image_url":
+                inner = part.get("image_url")
+                url = inner.get("url") if isinstance(inner, dict) else inner
+                if isinstance(url, str):
+                    yield f"{where}[{i}].content[{j}].image_url.url", url
+
+
+def split_images(messages: list[dict[str, Any]], where: str = "messages",
+                 fetched: dict[str, bytes] | None = None):  # fmt: skip
     """(the messages with every image part as `{"type": "image"}`, the decoded images in
-    order). Messages without image parts are passed as they are."""
+    order); `fetched`: the bodies of http(s) URLs fetched already (image_fetch.py). Messages
+    without image parts are passed as they are."""
     images, out = [], []
     for i, message in enumerate(messages):
         content = message.get("content") if isinstance(message, dict) else None
@@ -64,7 +83,7 @@ def split_images(messages: list[dict[str, Any]], where: str = "messages"):
             if part["type"] == "image_url":
                 inner = part.get("image_url")
                 url = inner.get("url") if isinstance(inner, dict) else inner
-                images.append(image_from_url(url, f"{at}.image_url.url"))
+                images.append(image_from_url(url, f"{at}.image_url.url", fetched))
             else:
                 images.append(decode_image(part.get("image_pil"), f"{at}.image_pil"))
             parts.append({"type": "image"})

@@ -119,3 +119,46 @@ def test_the_engines_image_refusals_name_the_messages(http):
     assert r.status_code == 400, r.text
     assert r.json()["error"] == {**r.json()["error"], "param": "messages",
                                  "message": "this model reads text only"}  # fmt: skip
+
+
+@pytest.fixture
+def image_host():
+    """A local HTTP server with one PNG at /cat.png (anything else: 404)."""
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    body = base64.b64decode(_data_url(size=(7, 5)).split(",", 1)[1])
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_GET(self):
+            self.send_response(200 if self.path == "/cat.png" else 404)
+            self.end_headers()
+            if self.path == "/cat.png":
+                self.wfile.write(body)
+
+        def log_message(self, *args):
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}"
+    finally:
+        server.shutdown()
+
+
+def test_image_urls_are_fetched_from_listed_hosts_only(image_host):
+    from inferd.server.app import ServerSettings
+    from inferd.server.http.api_settings import APISettings
+
+    settings = ServerSettings(api=APISettings(allowed_media_domains=("127.0.0.1",)))
+    fake = ScriptedClient()
+    with TestClient(create_app(fake, settings)) as http:
+        r = http.post("/v1/chat/completions", json=_chat(f"{image_host}/cat.png"))
+        assert r.status_code == 200, r.text
+        assert [i.size for i in fake.last[1]["multi_modal_data"]["image"]] == [(7, 5)]
+        r = http.post("/v1/chat/completions", json=_chat(f"{image_host}/dog.png"))
+        assert r.status_code == 400 and "answered HTTP 404" in r.json()["error"]["message"]
+        other = image_host.replace("127.0.0.1", "localhost")  # the same server, not listed
+        r = http.post("/v1/chat/completions", json=_chat(f"{other}/cat.png"))
+        assert r.status_code == 400 and "--allowed-media-domains" in r.json()["error"]["message"]

@@ -20,6 +20,7 @@ from typing import Any
 from fastapi import Request
 
 from inferd.errors import InvalidRequest
+from inferd.multimodal.image_fetch import fetch_images
 from inferd.multimodal.image_parts import split_images
 from inferd.outputs import PositionLogprobs, RequestOutput
 from inferd.sampling_params import SamplingParams
@@ -61,8 +62,11 @@ async def start_chat(
     plan = plan_tools(body, state.tools)
     params = chat_params(body, plan.spec, special_tokens=plan.special_tokens)
     refuse_streamed_prompt_logprobs(body.stream, params.prompt_logprobs)
-    # image parts decoded (400s naming the part), then `{"type": "image"}` for the template
-    messages, images = split_images(body.template_messages(images=True))
+    # image parts fetched (listed hosts) and decoded (400s naming the part), then
+    # `{"type": "image"}` for the template
+    messages = body.template_messages(images=True)
+    fetched = await fetch_images(messages, state.api.allowed_media_domains)
+    messages, images = split_images(messages, fetched=fetched)
     # 400/503 before rendering: the messages' text bounds the prompt's tokens from below.
     keep = params.truncate_prompt_tokens
     group = state.admit(request, [all_text(messages)], params.n, "messages", keep=keep)

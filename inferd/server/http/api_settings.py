@@ -15,3 +15,6 @@ class APISettings:
     # /v1/responses: how many responses `store` keeps for `previous_response_id` and
     # GET /v1/responses/{id}, least recently used dropped first; 0 stores none.
     max_stored_responses: int = DEFAULT_STORED_RESPONSES
+    # Hosts whose http(s) image URLs chat messages may name (vLLM's --allowed-media-domains);
+    # empty: every image URL is refused, images come inline (inferd/multimodal/image_fetch.py).
+    allowed_media_domains: tuple[str, ...] = ()
