@@ -87,9 +87,16 @@ class MachinePeaks:
 
 
 def machine_key() -> str:
-    """What identifies this machine's peaks: CPU model, its flags, the core count."""
+    """What identifies this machine's peaks: CPU model, its flags, the core count (and the
+    threads inferd runs with, where they are not the cores: OMP_NUM_THREADS=1 measures a
+    one-thread machine)."""
+    import torch
+
     flags = " ".join(sorted(cpu_info.cpu_flags()))
-    text = f"v{CACHE_VERSION}|{cpu_info.cpu_model()}|{flags}|{os.cpu_count()}"
+    cores, threads = os.cpu_count(), torch.get_num_threads()
+    text = f"v{CACHE_VERSION}|{cpu_info.cpu_model()}|{flags}|{cores}"
+    if threads != cores:
+        text += f"|{threads} threads"
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 

@@ -120,6 +120,11 @@ def checklist(plan: Plan) -> list[tuple[str, str]]:
                       f"{e.heat_btu_h:,.0f} BTU/h to remove; "
                       f"{e.tokens_per_joule:.2f} output tokens per joule{cost}"))  # fmt: skip
     sla = []
+    op = best.at_workload or op  # the SLA is the workload's: its concurrency, or its rate's
+    if w.rate is not None and best.at_workload is not None:
+        keeps = "keeps up" if best.keeps_up else "does not keep up"
+        sla.append(f"{w.rate:g} requests/s need {best.at_workload.concurrency} running a "
+                   f"replica ({keeps})")  # fmt: skip
     if w.ttft_p99_s is not None and op is not None:
         sla.append(f"TTFT p99 {_ms(op.ttft_s)} against {_ms(w.ttft_p99_s)}")
     if w.tpot_p99_s is not None and op is not None:
