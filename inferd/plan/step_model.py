@@ -36,7 +36,8 @@ FIT_MODEL = None  # the embedded model: what the fit runs
 FIT_DECODE_BATCHES = (1, 2, 4)
 FIT_PREFILL_TOKENS = (16, 64, 128)
 FIT_PROMPT = 16
-FIT_VERSION = 2
+FIT_DECODE_STEPS = 16  # a decode step: the difference of runs of 2 and 2 + this many tokens
+FIT_VERSION = 3
 
 
 @dataclass(frozen=True)
@@ -130,9 +131,10 @@ def measure_fit_points(llm, threads: int) -> list[dict]:
 
     points = []
     for batch in FIT_DECODE_BATCHES:
-        short, long = run(batch, FIT_PROMPT, 2), run(batch, FIT_PROMPT, 10)
-        points.append({"kind": "decode", "rows": batch, "context": FIT_PROMPT + 5,
-                       "seconds": max(long - short, 0.0) / 8})  # fmt: skip
+        short, long = run(batch, FIT_PROMPT, 2), run(batch, FIT_PROMPT, 2 + FIT_DECODE_STEPS)
+        points.append({"kind": "decode", "rows": batch,
+                       "context": FIT_PROMPT + 2 + FIT_DECODE_STEPS // 2,
+                       "seconds": max(long - short, 0.0) / FIT_DECODE_STEPS})  # fmt: skip
     for tokens in FIT_PREFILL_TOKENS:
         points.append({"kind": "prefill", "rows": tokens, "context": 0,
                        "seconds": run(1, tokens, 1)})  # fmt: skip
