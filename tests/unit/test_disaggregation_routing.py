@@ -87,7 +87,7 @@ def test_the_ledger_counts_hand_overs_arrivals_and_recomputed_blocks():
     decode = ledger.annotate(2, _stats(read))
     assert (prefill.engine_role, prefill.kv_transfers, prefill.kv_transfer_bytes) == (
         "prefill", 2, 4096)  # fmt: skip
-    assert prefill.kv_transfer_seconds == pytest.approx(0.75)  # its flushes
+    assert prefill.kv_transfer_seconds == pytest.approx(0.75)  # its waits for writes
     assert (decode.engine_role, decode.kv_transfers, decode.kv_transfer_bytes) == (
         "decode", 1, 2048)  # fmt: skip
     assert decode.kv_transfer_seconds == 0.125  # its reads
@@ -160,3 +160,29 @@ def test_metrics_show_each_engines_role_and_transfers():
     assert 'inferd:kv_transfer_seconds_total{engine="0",model_name="m"} 0.5' in text
     colocated = ServerMetrics("m").render(_stats()).decode()
     assert "engine_role" not in colocated and "kv_transfer" not in colocated
+
+
+def test_the_transfer_watch_waits_for_the_last_blocks_file(tmp_path):
+    import asyncio
+
+    from inferd.engine.disaggregation.transfer_watch import TransferWatch
+    from inferd.engine.kv_tiers.block_store import block_path
+
+    watch = TransferWatch(tmp_path / "tier")
+    name = bytes(range(32))
+    assert not watch.written(name)  # no tier folder yet
+    path = block_path(tmp_path / "tier" / "identity", name)
+    path.parent.mkdir(parents=True)
+    assert not asyncio.run(watch.wait(name, timeout=0.02))
+
+    async def written_later() -> bool:
+        async def write() -> None:
+            await asyncio.sleep(0.01)
+            path.write_bytes(b"x")
+
+        task = asyncio.ensure_future(write())
+        found = await watch.wait(name, timeout=5)
+        await task
+        return found
+
+    assert asyncio.run(written_later())

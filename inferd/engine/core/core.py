@@ -240,12 +240,6 @@ class EngineCore:
                        kv_blocks_loaded=c.blocks_loaded, kv_saves_dropped=c.saves_dropped,
                        kv_lookups_late=c.lookups_late)  # fmt: skip
 
-    def flush_kv_saves(self) -> None:
-        """Return once every block saved so far is in the tiers: a prefill engine of
-        disaggregated serving (engine/disaggregation/) hands its request on after this."""
-        if self.connector is not None:
-            self.connector.flush()
-
     def clear_kv_tiers(self) -> int:
         """Delete every block of the KV tiers (POST /kv/clear); returns how many files."""
         return self.connector.clear() if self.connector is not None else 0

@@ -243,8 +243,7 @@ class CoreLoop:
             if message.method == "snapshot":
                 result = self.snapshots(self.core)
             elif message.method in ("start_profile", "stop_profile", "rank_reports",
-                                    "clear_kv_tiers", "sleep", "wake_up",
-                                    "flush_kv_saves"):  # fmt: skip
+                                    "clear_kv_tiers", "sleep", "wake_up"):  # fmt: skip
                 result = getattr(self.core, message.method)(*message.args)
             else:
                 raise ValueError(f"the engine core has no method {message.method!r}")

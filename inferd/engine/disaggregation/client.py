@@ -7,8 +7,8 @@ data-parallel client (engine/frontend/async_core_client.py) whose engines have r
     prefill engine: computes the prompt under a one-token copy of the request; every full
                block is saved write-through into the transfer tier (the KV connector's RAM
                tier in /dev/shm), and its finished output stays in the front end
-    hand-over: the front end has the prefill engine flush its saves (a call between its
-               steps), then sends the request itself to the decode engine
+    hand-over: the front end waits until the prompt's last handed block is in the tier
+               (transfer_watch.py), then sends the request itself to the decode engine
     decode engine: its connector loads the handed blocks as prefix-cache hits, computes the
                last partial block and samples every token: the client hears only from it
 
@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
@@ -43,8 +44,10 @@ from inferd.engine.disaggregation.engine_roles import (
 )
 from inferd.engine.disaggregation.ledger import TransferLedger
 from inferd.engine.disaggregation.routing import DEFAULT_MIN_PROMPT, handed_blocks, route_prompt
+from inferd.engine.disaggregation.transfer_watch import TransferWatch
 from inferd.engine.frontend.async_core_client import AsyncCoreClient, CoreReplica, _settle
 from inferd.engine.frontend.dp_router import NoReplica
+from inferd.engine.kv_tiers.connector import memory_tier_root
 from inferd.engine.transport import ipc
 from inferd.engine_client import EngineStats, PromptInput
 from inferd.engine_snapshot import EngineSnapshot
@@ -65,7 +68,8 @@ class Handoff:
     decode: int  # the decode engine chosen at admission (re-chosen at hand-over if it died)
     message: bytes  # the request's Add for the decode engine
     blocks: int  # full blocks the decode engine can take (routing.handed_blocks)
-    flushing: bool = False  # its prompt is done; the prefill engine's saves are being flushed
+    last_block: bytes  # the name of the last of them: once it is in the tier, they all are
+    handing: bool = False  # its prompt is done; its blocks' writes are being waited for
 
 
 class DisaggregatedClient(AsyncCoreClient):
@@ -80,6 +84,8 @@ class DisaggregatedClient(AsyncCoreClient):
         self._handoffs: dict[str, Handoff] = {}
         self._arriving: dict[str, tuple[int, int]] = {}  # rid → (decode engine, handed blocks)
         self.routes: dict[str, int] = {}  # route_prompt's reasons, counted (logs, tests)
+        # NOTE: the engines' RAM tier is this process's (core_loop.py passes its pid).
+        self.watch = TransferWatch(memory_tier_root(os.getpid()))
 
     def launch(self) -> None:
         super().launch()
@@ -119,9 +125,10 @@ class DisaggregatedClient(AsyncCoreClient):
             self._arriving.pop(request_id, None)
         else:
             target, payload = self.replicas[route.prefill], _encoded(_prompt_only(request))
-            self._handoffs[request_id] = Handoff(route.prefill, decode, message,
-                                                 handed_blocks(len(ids),
-                                                               self.router.block_size))  # fmt: skip
+            blocks = handed_blocks(len(ids), self.router.block_size)
+            names = self.router.block_names(ids, request.cache_salt, request.lora_request)
+            self._handoffs[request_id] = Handoff(route.prefill, decode, message, blocks,
+                                                 names[blocks - 1])  # fmt: skip
         return target, lambda: target.process.send_bytes(payload)
 
     def _forget(self, request_id: str) -> None:
@@ -153,20 +160,15 @@ class DisaggregatedClient(AsyncCoreClient):
         for request_id, computed in ended:
             replica.active.discard(request_id)
             handoff = self._handoffs.get(request_id)
-            if handoff is not None and not handoff.flushing:
-                handoff.flushing = True
+            if handoff is not None and not handoff.handing:
+                handoff.handing = True
                 asyncio.ensure_future(self._hand_over(request_id, handoff, computed))
 
-    async def _hand_over(self, request_id: str, handoff: Handoff, flush: bool) -> None:
-        prefill = self.replicas[handoff.prefill]
-        if flush and prefill.dead is None:
+    async def _hand_over(self, request_id: str, handoff: Handoff, computed: bool) -> None:
+        if computed:  # else the decode engine computes what is not in the tier
             started = time.monotonic()
-            try:
-                await self._call_all("flush_kv_saves", replicas=[prefill])
-            except EngineDeadError:
-                pass  # what it wrote loads on the decode engine; the rest is recomputed there
-            else:
-                self.ledger.handed_over(handoff.prefill, time.monotonic() - started)
+            await self.watch.wait(handoff.last_block)  # NOTE: after it, late blocks recompute
+            self.ledger.handed_over(handoff.prefill, time.monotonic() - started)
         if self._handoffs.pop(request_id, None) is None or request_id not in self._queues:
             self._forget(request_id)  # aborted (or failed) meanwhile
             return
@@ -228,10 +230,10 @@ class DisaggregatedClient(AsyncCoreClient):
             return
         replica.dead = replica.process.end_reason
         mine = [rid for rid, h in self._handoffs.items()
-                if h.prefill == index and not h.flushing]  # fmt: skip
+                if h.prefill == index and not h.handing]  # fmt: skip
         log.error("%s; its %d prompts are computed on decode engines instead", replica.dead,
                   len(mine))  # fmt: skip
-        for future in self._calls.values():  # a flush it will never answer
+        for future in self._calls.values():  # a call it will never answer
             if not future.done():
                 future.set_exception(EngineDeadError(replica.dead))
         self._calls.clear()

@@ -1,9 +1,10 @@
 """What moved between the engines of a disaggregated server, per engine, for /metrics
 (EngineStats' kv_transfer* fields) and the dashboard.
 
-    prefill engine   a hand-over: its request finished its prompt and the engine's saves were
-                     flushed to the transfer tier; seconds: that flush (the write the decode
-                     engine waits for); bytes: what its connector wrote to the transfer tier
+    prefill engine   a hand-over: its request finished its prompt and the prompt's last handed
+                     block is in the transfer tier; seconds: the wait for that write (what the
+                     request waits between its prompt and the decode engine); bytes: what its
+                     connector wrote to the transfer tier
     decode engine    an arrival: the request's first output says how many prompt tokens came
                      from the pool or a tier (`num_cached_tokens`); the handed blocks beyond
                      those were recomputed (a block late past the connector's LOAD_WAIT_S,
@@ -27,7 +28,7 @@ TRANSFER_TIER = "memory"  # the tier the engines hand blocks through (/dev/shm)
 @dataclass
 class EngineTransfers:
     transfers: int = 0
-    seconds: float = 0.0  # a prefill engine's flush waits
+    seconds: float = 0.0  # a prefill engine's waits for its blocks' writes
     blocks_recomputed: int = 0
 
 
@@ -36,10 +37,10 @@ class TransferLedger:
         self.roles = roles
         self.engines = [EngineTransfers() for _ in roles]
 
-    def handed_over(self, prefill: int, flush_seconds: float) -> None:
+    def handed_over(self, prefill: int, write_wait_seconds: float) -> None:
         e = self.engines[prefill]
         e.transfers += 1
-        e.seconds += flush_seconds
+        e.seconds += write_wait_seconds
 
     def arrived(self, decode: int, handed_blocks: int, cached_tokens: int,
                 block_size: int) -> int:  # fmt: skip

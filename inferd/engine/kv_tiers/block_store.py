@@ -67,8 +67,7 @@ class BlockStore:
 
     # ---- reading (the loader thread) ----------------------------------------------------------
     def path_of(self, block_hash: bytes) -> Path:
-        text = block_hash.hex()
-        return self.folder / text[:2] / (text + SUFFIX)
+        return block_path(self.folder, block_hash)
 
     def contains(self, block_hash: bytes) -> bool:
         return self.path_of(block_hash).is_file()
@@ -238,6 +237,12 @@ class BlockStore:
         with self._lock:
             self.stats = replace(self.stats, **{k: getattr(self.stats, k) + v
                                                 for k, v in amounts.items()})  # fmt: skip
+
+
+def block_path(folder: Path, block_hash: bytes) -> Path:
+    """Where a block's file lies in a tier's identity folder (the layout above)."""
+    text = block_hash.hex()
+    return folder / text[:2] / (text + SUFFIX)
 
 
 def _write_all(fd: int, data) -> None:

@@ -5,8 +5,8 @@ engine's role, and what moved through the transfer tier, per engine (the `engine
     inferd:kv_transfers_total                          requests handed on (prefill engine) or
                                                        received (decode engine)
     inferd:kv_transfer_bytes_total                     bytes written (prefill) or read (decode)
-    inferd:kv_transfer_seconds_total                   a prefill engine's flush waits, a decode
-                                                       engine's block reads
+    inferd:kv_transfer_seconds_total                   waits for a prefill engine's block
+                                                       writes, a decode engine's block reads
     inferd:kv_transfer_blocks_recomputed_total         handed blocks a decode engine recomputed
                                                        (late, lost or damaged)
 
@@ -26,8 +26,8 @@ _COUNTERS = {
                      "engine) or received (a decode engine)."),
     "kv_transfer_bytes": ("kv_transfer_bytes", "Bytes of handed KV blocks written to the "
                           "transfer tier (a prefill engine) or read from it (a decode engine)."),
-    "kv_transfer_seconds": ("kv_transfer_seconds", "Seconds moving handed KV: a prefill "
-                            "engine's flushes, a decode engine's reads (off its steps)."),
+    "kv_transfer_seconds": ("kv_transfer_seconds", "Seconds moving handed KV: the waits for "
+                            "a prefill engine's writes, a decode engine's reads (off its steps)."),
     "kv_transfer_blocks_recomputed": ("kv_transfer_blocks_recomputed", "Handed KV blocks a "
                                       "decode engine recomputed (late, lost or damaged)."),
 }  # fmt: skip
