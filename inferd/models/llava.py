@@ -21,6 +21,7 @@ from inferd.layers.weight_scheme import WeightScheme, as_scheme
 from inferd.models.architecture import Architecture
 from inferd.models.llama import LlamaForCausalLM
 from inferd.models.vision_encoder import VisionEncoder, activation
+from inferd.models.vision_language import VisionLanguageModel
 
 # The text models a LLaVA checkpoint may hold that compute as Llama does.
 _TEXT_MODEL_TYPES = ("llama",)
@@ -38,23 +39,6 @@ class LlavaProjector(nn.Module):
 
     def forward(self, features: torch.Tensor) -> torch.Tensor:
         return self.linear_2(self.act(self.linear_1(features)))
-
-
-class VisionLanguageModel:
-    """What the engine asks of a model with an image side (mixed into the family's class)."""
-
-    vision_tower: VisionEncoder
-    multi_modal_projector: nn.Module
-
-    def encode_images(self, pixels: torch.Tensor) -> torch.Tensor:
-        """Preprocessed images [images, channels, size, size] → float32 embeddings
-        [images, tokens_per_image, hidden], one row per placeholder token."""
-        features = self.vision_tower(pixels.to(self.vision_dtype))
-        return self.multi_modal_projector(features).float()
-
-    def skips_tensor(self, name: str) -> bool:
-        prefix = "vision_tower."
-        return name.startswith(prefix) and self.vision_tower.unused_tensor(name[len(prefix) :])
 
 
 class LlavaForCausalLM(VisionLanguageModel, LlamaForCausalLM):
