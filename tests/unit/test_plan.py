@@ -179,3 +179,36 @@ def test_durations_parse():
     assert parse_duration("200ms") == pytest.approx(0.2) and parse_duration("1.5") == 1.5
     with pytest.raises(argparse.ArgumentTypeError):
         parse_duration("soon")
+
+
+def test_the_overhead_fit_recovers_known_overheads():
+    from inferd.plan.candidates import Layout, build_candidate
+    from inferd.plan.machine_peaks import MachinePeaks
+    from inferd.plan.step_model import StepModel, StepOverhead, fit_overhead
+
+    peaks = MachinePeaks("box", 2, 16 << 30, 20e9, {"float32": 60e9})
+    facts = load_model(None, "qwen2", "0.5B")
+    c = build_candidate(facts, "fp32", Layout(), device="cpu", capacity=peaks.memory_bytes,
+                        context=256, concurrency=1, peaks_flops=peaks.flops_s)  # fmt: skip
+    size = facts.config.num_layers * facts.config.hidden_size
+    truth = StepModel(peaks, 1.0, 1.0, StepOverhead(0.004, 0.0, 2e-5, size, "", 0.010))
+    points = [
+        {"kind": "decode", "rows": n, "context": 24, "seconds": truth.decode(c.slice, n, 24).time_s}
+        for n in (1, 2, 4)
+    ]
+    points += [{"kind": "prefill", "rows": n, "context": 0,
+                "seconds": truth.prefill(c.slice, n).time_s} for n in (16, 64, 128)]  # fmt: skip
+    fitted = fit_overhead(points, c.slice, peaks)
+    assert fitted.fixed_s == pytest.approx(0.004, rel=1e-6)
+    assert fitted.prefill_s == pytest.approx(0.010, rel=1e-6)
+    assert fitted.per_token_s == pytest.approx(2e-5, rel=1e-6)
+
+
+def test_throughput_by_rows_interpolates_between_measured_rows():
+    from inferd.plan.machine_peaks import MachinePeaks
+
+    peaks = MachinePeaks("box", 2, 1 << 30, 1e9, {"q4_k": 100.0},
+                         flops_s_by_rows={"q4_k": {"1": 10.0, "4": 30.0, "16": 90.0}})  # fmt: skip
+    assert peaks.flops_at("q4_k", 1) == 10.0 and peaks.flops_at("q4_k", 64) == 90.0
+    assert peaks.flops_at("q4_k", 2) == pytest.approx(20.0)  # halfway in log(rows)
+    assert peaks.flops_at("q8_0", 2) == 100.0  # no curve: the peak
