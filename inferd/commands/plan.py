@@ -154,6 +154,7 @@ def run(args: argparse.Namespace) -> int:
         from inferd.bench.plots import pyplot
 
         pyplot()  # without matplotlib: say so before measuring anything
+    _refuse_flags_that_do_not_apply(args)
     facts = load_model(args.model or args.model_pos, args.arch, args.params)
     if args.check:
         return _run_check(args, facts)
@@ -182,6 +183,28 @@ def run(args: argparse.Namespace) -> int:
 
     render(Console(width=None if sys.stdout.isatty() else 160), plan)
     return 0
+
+
+# flag → (attribute, its default): what a plan reads and --check does not, and the reverse
+_PLAN_ONLY = {"--devices": ("devices", 1), "--interconnect": ("interconnect", None),
+              "--precision": ("precision", None), "--kv-cache-dtype": ("kv_cache_dtype", "auto"),
+              "--prompt-len": ("prompt_len", 512), "--output-len": ("output_len", 128),
+              "--concurrency": ("concurrency", None), "--rate": ("rate", None),
+              "--ttft-p99": ("ttft_p99", None), "--tpot-p99": ("tpot_p99", None),
+              "--max-num-batched-tokens": ("max_num_batched_tokens", None),
+              "--price-per-hour": ("price_per_hour", None), "--tdp": ("tdp", None),
+              "--plot": ("plot", None)}  # fmt: skip
+_CHECK_ONLY = {"--clock": ("clock", "wall"), "--output-len-check": ("output_len_check", 16)}
+
+
+def _refuse_flags_that_do_not_apply(args: argparse.Namespace) -> None:
+    """A flag the chosen mode would not read is refused by name, never ignored."""
+    table, mode = (_PLAN_ONLY, "--check") if args.check else (_CHECK_ONLY, "a plan")
+    given = [flag for flag, (attr, default) in table.items() if getattr(args, attr) != default]
+    if given:
+        raise ValueError(f"{', '.join(given)}: not read by {mode} (its points are fixed: "
+                         "batches of 1, 8 and 32, a 512-token prefill)" if args.check else
+                         f"{', '.join(given)}: only read by --check")  # fmt: skip
 
 
 def _run_check(args: argparse.Namespace, facts) -> int:

@@ -160,6 +160,10 @@ def test_cli_refuses_bad_input_by_name(capsys):
     assert cli.main(["plan", "--arch", "llama", "--params", "7B", "--hardware", "h200",
                      "--rate", "1", "--concurrency", "2"]) == 2  # fmt: skip
     assert "not both" in capsys.readouterr().err
+    assert cli.main(["plan", "--check", "--concurrency", "4"]) == 2
+    assert "--concurrency: not read by --check" in capsys.readouterr().err
+    assert cli.main(["plan", "--arch", "llama", "--params", "7B", "--clock", "cpu"]) == 2
+    assert "--clock: only read by --check" in capsys.readouterr().err
 
 
 def test_cli_plan_json_on_a_profile(capsys):
