@@ -70,7 +70,7 @@ def model_app(args: argparse.Namespace, client, engine: ServedModel, template: s
         profiler_dir=args.profiler_dir,
         enable_request_timeline=args.enable_request_timeline,
         dashboard=not args.disable_dashboard,
-        seats=engine.max_num_seqs * args.data_parallel_size,
+        seats=engine.max_num_seqs * generating_engines(args),
         max_queued_requests=args.max_queued_requests,
         max_queued_tokens=max_queued_tokens,
         max_prompts_per_request=args.max_prompts_per_request,
@@ -84,6 +84,13 @@ def model_app(args: argparse.Namespace, client, engine: ServedModel, template: s
         batch=batch_settings(args),
     )
     return create_app(client, settings)
+
+
+def generating_engines(args: argparse.Namespace) -> int:
+    """Engine cores that run sequences to their end: the replicas, or the decode engines."""
+    if getattr(args, "disaggregate", False):
+        return args.decode_engines or 1
+    return args.data_parallel_size
 
 
 def serve_http(args: argparse.Namespace, app, drain, client=None) -> int:
