@@ -44,9 +44,10 @@ def _tokenizer_with_image_token(folder: Path) -> int:
     return tok.token_to_id(IMAGE_TOKEN)
 
 
-def make_tiny_llava(folder: Path, seed: int = 0):
+def make_tiny_llava(folder: Path, seed: int = 0, text: str = "llama"):
     """A tiny random LlavaForConditionalGeneration (float32, eval) saved in `folder`, with its
-    tokenizer and a PIL-based image processor config; returns the HF model."""
+    tokenizer and a PIL-based image processor config; returns the HF model. `text`: the text
+    model's family (llama, mistral: a sliding window shorter than the prompts, qwen2)."""
     import transformers
     from transformers.models.clip.image_processing_pil_clip import CLIPImageProcessorPil
 
@@ -56,12 +57,15 @@ def make_tiny_llava(folder: Path, seed: int = 0):
         hidden_size=32, intermediate_size=64, num_hidden_layers=3, num_attention_heads=4,
         image_size=IMAGE_SIZE, patch_size=PATCH, projection_dim=32,
     )  # fmt: skip
-    text = transformers.LlamaConfig(
+    text_class, extra = {"llama": ("LlamaConfig", {}),
+                         "mistral": ("MistralConfig", {"sliding_window": 12}),
+                         "qwen2": ("Qwen2Config", {})}[text]  # fmt: skip
+    text_config = getattr(transformers, text_class)(
         vocab_size=image_token + 8, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
-        bos_token_id=1, eos_token_id=2, pad_token_id=3, initializer_range=0.1,
+        bos_token_id=1, eos_token_id=2, pad_token_id=3, initializer_range=0.1, **extra,
     )  # fmt: skip
-    config = transformers.LlavaConfig(vision_config=vision, text_config=text,
+    config = transformers.LlavaConfig(vision_config=vision, text_config=text_config,
                                       image_token_index=image_token)  # fmt: skip
     torch.manual_seed(seed)
     model = transformers.LlavaForConditionalGeneration(config).to(torch.float32).eval()

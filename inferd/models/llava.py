@@ -1,5 +1,6 @@
 """LLaVA (HF `LlavaForConditionalGeneration`): a CLIP vision tower, a two-layer MLP projector
-from its features to the text model's embedding width, and a Llama text model. Every projected
+from its features to the text model's embedding width, and a text model that computes as Llama
+does (Llama, Mistral, Qwen2: `_TEXT_FAMILIES`). Every projected
 feature row replaces one `<image>` placeholder token of the prompt (the engine puts them there:
 `CausalLM.forward`'s `embeds`); the text model then computes as plain Llama.
 
@@ -19,12 +20,16 @@ from inferd.distributed.state import SINGLE, TPGroup
 from inferd.errors import ModelLoadError
 from inferd.layers.weight_scheme import WeightScheme, as_scheme
 from inferd.models.architecture import Architecture
+from inferd.models.llama import ARCHITECTURE as LLAMA
 from inferd.models.llama import LlamaForCausalLM
+from inferd.models.mistral import ARCHITECTURE as MISTRAL
+from inferd.models.qwen2 import ARCHITECTURE as QWEN2
 from inferd.models.vision_encoder import VisionEncoder, activation
 from inferd.models.vision_language import VisionLanguageModel
 
-# The text models a LLaVA checkpoint may hold that compute as Llama does.
-_TEXT_MODEL_TYPES = ("llama",)
+# The text models a LLaVA checkpoint may hold that compute as Llama does, by their config's
+# `model_type`: each family's record reads its own fields (Mistral's window, Qwen2's biases).
+_TEXT_FAMILIES = {"llama": LLAMA, "mistral": MISTRAL, "qwen2": QWEN2}
 
 
 class LlavaProjector(nn.Module):
@@ -100,11 +105,14 @@ def vision_config(r, projector: str = "llava") -> VisionConfig:
 
 
 def _hf_fields(r) -> dict:
-    text_type = (r.cfg.get("text_config") or {}).get("model_type", "llama")
-    if text_type not in _TEXT_MODEL_TYPES:
-        raise ModelLoadError(f"{r.source}: LLaVA with a {text_type!r} text model is not supported "
-                             f"yet (inferd reads: {', '.join(_TEXT_MODEL_TYPES)})")  # fmt: skip
-    return dict(vision=vision_config(r))
+    text = r.cfg.get("text_config") or {}
+    family = _TEXT_FAMILIES.get(text.get("model_type", "llama"))
+    if family is None:
+        known = ", ".join(_TEXT_FAMILIES)
+        raise ModelLoadError(f"{r.source}: LLaVA with a {text.get('model_type')!r} text model "
+                             f"is not supported yet (inferd reads: {known})")  # fmt: skip
+    fields = family.hf_fields(type(r)(text, f"{r.source}: text_config"))
+    return {**fields, "vision": vision_config(r)}
 
 
 def _vision_tensors(config: ModelConfig) -> dict[str, tuple[int, ...]]:

@@ -165,3 +165,22 @@ def test_gemma3_image_features_match_hf(tmp_path):
         ours = projector(tower(pixels))
     assert ours.shape == (3, 16, 48)
     torch.testing.assert_close(ours, ref, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("text", ["mistral", "qwen2"])
+def test_llava_with_other_text_models_matches_hf(tmp_path, text):
+    # Mistral's window (12, shorter than the prompt) and Qwen2's q/k/v biases, read from
+    # text_config by their own records
+    hf = make_tiny_llava(tmp_path, text=text)
+    model = load_model(open_checkpoint(tmp_path), torch.float32, torch.device("cpu"))
+    vision = model.config.vision
+    prompt = _prompt(vision.image_token_id, vision.tokens_per_image, 1)
+    if text == "mistral":  # the window must bite, or the parity proves nothing about it
+        assert model.config.layer_window(0) == 12 < len(prompt)
+    pixels = hf_pixels(tmp_path, random_images(1))
+    ref_logits, ref_tokens = hf_greedy_with_images(hf, prompt, pixels, 8)
+    with torch.no_grad():
+        features = model.encode_images(pixels)
+    logits, tokens = inferd_greedy(model, prompt, list(features), 8, 7)
+    torch.testing.assert_close(logits, ref_logits, rtol=1e-4, atol=1e-4)
+    assert tokens == ref_tokens
