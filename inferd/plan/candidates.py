@@ -107,6 +107,15 @@ def rate_key(precision: str, peaks_flops: dict) -> str:
     return key
 
 
+def _checkpoint_for(facts: ModelFacts, device: str):
+    """The stored weights where the plan runs them as stored; on a GPU a pre-quantised HF
+    checkpoint (AWQ, GPTQ, ...) is planned from its config, at the precisions weighed there."""
+    ckpt = facts.checkpoint
+    if ckpt is not None and device != "cpu" and getattr(ckpt, "quant", None) is not None:
+        return None
+    return ckpt
+
+
 def build_candidate(facts: ModelFacts, precision: str, layout: Layout, *, device: str,
                     capacity: int, context: int, concurrency: int, peaks_flops: dict,
                     max_num_batched_tokens: int | None = None,
@@ -125,7 +134,7 @@ def build_candidate(facts: ModelFacts, precision: str, layout: Layout, *, device
         max_num_batched_tokens=max_num_batched_tokens,
         tensor_parallel_size=layout.tp,
         device=device,
-        checkpoint=facts.checkpoint,
+        checkpoint=_checkpoint_for(facts, device),
         name=facts.name,
         block_kernels=precision == "gguf",
     )
