@@ -23,7 +23,8 @@ from inferd.commands.serve_features import (
     with_request_limits,
 )
 from inferd.commands.serve_lora import lora_modules, runtime_updating
-from inferd.commands.serve_models import run_many, serves_many
+from inferd.commands.serve_model_flags import serves_many
+from inferd.commands.serve_models import run_many
 from inferd.commands.serve_ray import run_on_ray, uses_ray
 from inferd.commands.serve_startup import show_startup_logs
 from inferd.commands.startup_gc import engine_started

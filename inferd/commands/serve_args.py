@@ -12,7 +12,7 @@ from inferd.commands.serve_batch import add_batch_arguments
 from inferd.commands.serve_disaggregation import add_disaggregation_arguments
 from inferd.commands.serve_features import add_feature_arguments
 from inferd.commands.serve_lora import add_lora_arguments
-from inferd.commands.serve_models import add_models_arguments
+from inferd.commands.serve_model_flags import add_models_arguments
 from inferd.commands.serve_ray_args import add_ray_arguments
 
 DEFAULT_MAX_QUEUED_TOKENS = 1 << 20  # prompt tokens waiting: minutes of prefill on a CPU

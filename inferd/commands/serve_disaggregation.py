@@ -81,7 +81,7 @@ def disaggregates(args: argparse.Namespace) -> bool:
     for flag, why in _REFUSED.items():
         if getattr(args, flag, None):
             raise ValueError(f"--disaggregate with --{flag.replace('_', '-')}: {why}")
-    from inferd.commands.serve_models import serves_many
+    from inferd.commands.serve_model_flags import serves_many
 
     if serves_many(args):
         raise ValueError("--disaggregate with several models (--model NAME=PATH, "

@@ -16,7 +16,8 @@ from starlette.testclient import TestClient
 from tiny_gguf import write_tiny_gguf
 
 from inferd.commands.serve_args import add_arguments
-from inferd.commands.serve_models import build_server, model_specs, serves_many
+from inferd.commands.serve_model_flags import model_specs, serves_many
+from inferd.commands.serve_models import build_server
 
 PROMPT = [1, 5, 9, 14, 20]
 ENGINE = ["--no-engine-core-process", "--kv-cache-memory", "16MiB", "--max-model-len", "256"]
