@@ -73,6 +73,7 @@ def test_two_hundred_abandoned_requests_do_not_hold_up_the_next(server, http):
     assert http.post("/v1/completions", json=short).status_code == 200
     normal = time.monotonic() - start
     aborts = aborted(http)
+    tokens_before = metric(http, "inferd:generation_tokens_total")
 
     async def give_up_after_half_a_second() -> list:
         limits = httpx.Limits(max_connections=256, max_keepalive_connections=0)
@@ -90,7 +91,11 @@ def test_two_hundred_abandoned_requests_do_not_hold_up_the_next(server, http):
     assert r.status_code == 200
     assert after < 2 * normal + 2.0, (after, normal)
     assert wait_for(lambda: running(http) == 0 and waiting(http) == 0, timeout=5)
-    assert aborted(http) > aborts  # those that reached the engine were aborted, not finished
+    # Those that reached the engine were aborted, not finished: run to their end, the 200 would
+    # have generated 40,000 tokens. (On a loaded machine none may reach the engine within 0.5 s,
+    # so the abort count may stay where it was.)
+    assert aborted(http) >= aborts
+    assert metric(http, "inferd:generation_tokens_total") - tokens_before < 2_000
 
 
 @pytest.fixture(scope="module")
